@@ -1,0 +1,35 @@
+// Page-aligned allocations, so the Metal backend can wrap caller memory without copying.
+#include <cstdlib>
+#include <unistd.h>
+
+#include "core/backend.h"
+#include "core/export.h"
+
+extern "C" {
+
+MFA_EXPORT size_t mfa_page_size(void) {
+    const long page = sysconf(_SC_PAGESIZE);
+    return page > 0 ? (size_t)page : 4096;
+}
+
+MFA_EXPORT void* mfa_alloc(size_t bytes) {
+    const size_t page = mfa_page_size();
+    // Whole pages: a Metal no-copy buffer must cover a page-aligned length.
+    const size_t pages = bytes / page + (bytes % page != 0) + (bytes == 0);
+    size_t length;
+    if (__builtin_mul_overflow(pages, page, &length)) {
+        mfa_set_error(MFA_ERROR_SIZE_OVERFLOW, "mfa_alloc: %zu bytes rounded up to whole %zu-byte "
+                      "pages overflows", bytes, page);
+        return nullptr;
+    }
+    void* ptr = nullptr;
+    if (posix_memalign(&ptr, page, length) != 0) {
+        mfa_set_error(MFA_ERROR_OUT_OF_MEMORY, "mfa_alloc: cannot allocate %zu bytes", length);
+        return nullptr;
+    }
+    return ptr;
+}
+
+MFA_EXPORT void mfa_free(void* ptr) { std::free(ptr); }
+
+}  // extern "C"

@@ -1,0 +1,247 @@
+/* Forward and backward results of every available backend against a naive double-precision
+ * reference written here: explicit scores, softmax and gradients, one row at a time. */
+#include "test_util.h"
+
+typedef struct config {
+    const char* name;
+    mfa_dtype dtype;
+    int64_t b, hq, hkv, nq, nk, d, dv;
+    int causal;
+    mfa_alignment alignment;
+    int64_t left, right;
+    float scale; /* 0 = default */
+    int bshd;
+} config;
+
+static int visible(const config* c, int64_t i, int64_t j) {
+    int64_t p = i + (c->alignment == MFA_ALIGN_BOTTOM_RIGHT ? c->nk - c->nq : 0);
+    if (c->causal && j > p) return 0;
+    if (c->left >= 0 && j < p - c->left) return 0;
+    if (c->right >= 0 && j > p + c->right) return 0;
+    return 1;
+}
+
+typedef struct tensors {
+    test_tensor q, k, v, out, lse, dout, dq, dk, dv;
+} tensors;
+
+/* Reference gradients and outputs, dense double arrays in [b][h][s][d] order. */
+typedef struct reference {
+    double *out, *lse, *dq, *dk, *dv;
+} reference;
+
+static double* zeros(int64_t n) { return (double*)calloc((size_t)n, sizeof(double)); }
+
+static reference compute_reference(const config* c, const tensors* t) {
+    reference r;
+    const double scale = c->scale != 0.0f ? c->scale : 1.0 / sqrt((double)c->d);
+    const int64_t group = c->hq / c->hkv;
+    r.out = zeros(c->b * c->hq * c->nq * c->dv);
+    r.lse = zeros(c->b * c->hq * c->nq);
+    r.dq = zeros(c->b * c->hq * c->nq * c->d);
+    r.dk = zeros(c->b * c->hkv * c->nk * c->d);
+    r.dv = zeros(c->b * c->hkv * c->nk * c->dv);
+    double* s = zeros(c->nk);
+    double* p = zeros(c->nk);
+    double* dp = zeros(c->nk);
+    for (int64_t b = 0; b < c->b; ++b)
+        for (int64_t h = 0; h < c->hq; ++h) {
+            const int64_t hk = h / group;
+            for (int64_t i = 0; i < c->nq; ++i) {
+                const int64_t row = (b * c->hq + h) * c->nq + i;
+                double m = -INFINITY;
+                for (int64_t j = 0; j < c->nk; ++j) {
+                    s[j] = -INFINITY;
+                    if (!visible(c, i, j)) continue;
+                    double dot = 0;
+                    for (int64_t x = 0; x < c->d; ++x)
+                        dot += test_get(&t->q.t, b, h, i, x) * test_get(&t->k.t, b, hk, j, x);
+                    s[j] = dot * scale;
+                    if (s[j] > m) m = s[j];
+                }
+                if (m == -INFINITY) {
+                    r.lse[row] = -INFINITY;
+                    continue; /* out and gradients stay 0 */
+                }
+                double l = 0;
+                for (int64_t j = 0; j < c->nk; ++j) l += s[j] == -INFINITY ? 0 : exp(s[j] - m);
+                r.lse[row] = m + log(l);
+                double delta = 0; /* rowsum(dO * O) */
+                for (int64_t j = 0; j < c->nk; ++j) {
+                    p[j] = s[j] == -INFINITY ? 0 : exp(s[j] - m) / l;
+                    dp[j] = 0;
+                    for (int64_t y = 0; y < c->dv; ++y) {
+                        r.out[row * c->dv + y] += p[j] * test_get(&t->v.t, b, hk, j, y);
+                        dp[j] += test_get(&t->dout.t, b, h, i, y) * test_get(&t->v.t, b, hk, j, y);
+                    }
+                }
+                for (int64_t y = 0; y < c->dv; ++y)
+                    delta += r.out[row * c->dv + y] * test_get(&t->dout.t, b, h, i, y);
+                for (int64_t j = 0; j < c->nk; ++j) {
+                    if (p[j] == 0) continue;
+                    const double ds = p[j] * (dp[j] - delta);
+                    const int64_t krow = (b * c->hkv + hk) * c->nk + j;
+                    for (int64_t x = 0; x < c->d; ++x) {
+                        r.dq[row * c->d + x] += scale * ds * test_get(&t->k.t, b, hk, j, x);
+                        r.dk[krow * c->d + x] += scale * ds * test_get(&t->q.t, b, h, i, x);
+                    }
+                    for (int64_t y = 0; y < c->dv; ++y)
+                        r.dv[krow * c->dv + y] += p[j] * test_get(&t->dout.t, b, h, i, y);
+                }
+            }
+        }
+    free(s);
+    free(p);
+    free(dp);
+    return r;
+}
+
+static void free_reference(reference* r) {
+    free(r->out); free(r->lse); free(r->dq); free(r->dk); free(r->dv);
+}
+
+/* Outputs are compared with an absolute tolerance relative to the largest reference value:
+ * fp32 accumulation over at most a few hundred terms keeps f32 results within ~1e-5 of that
+ * scale; f16 and bf16 outputs are rounded once on store (2^-11 and 2^-8 relative) and their
+ * inputs are exact in the reference, so a few units of that rounding bound the error. */
+static double tolerance(mfa_dtype dtype) {
+    switch (dtype) {
+        case MFA_DTYPE_F32: return 2e-5;
+        case MFA_DTYPE_F16: return 4e-3;
+        default: return 3e-2;
+    }
+}
+
+static void compare(const char* label, const char* what, const test_tensor* got,
+                    const double* want, double tol) {
+    const mfa_tensor* t = &got->t;
+    double max_ref = 0, max_err = 0;
+    int64_t n = t->shape[0] * t->shape[1] * t->shape[2] * t->shape[3];
+    for (int64_t i = 0; i < n; ++i)
+        if (fabs(want[i]) > max_ref) max_ref = fabs(want[i]);
+    int64_t at = 0;
+    for (int64_t b = 0; b < t->shape[0]; ++b)
+        for (int64_t h = 0; h < t->shape[1]; ++h)
+            for (int64_t s = 0; s < t->shape[2]; ++s)
+                for (int64_t d = 0; d < t->shape[3]; ++d, ++at) {
+                    double g = test_get(t, b, h, s, d);
+                    double e = isfinite(g) ? fabs(g - want[at]) : INFINITY;
+                    if (e > max_err) max_err = e;
+                }
+    CHECK(max_err <= tol * (max_ref > 1 ? max_ref : 1), "%s: %s max error %.3g (scale %.3g, tol %.3g)",
+          label, what, max_err, max_ref, tol);
+}
+
+static void compare_lse(const char* label, const test_tensor* got, const double* want) {
+    const mfa_tensor* t = &got->t;
+    int64_t at = 0;
+    double max_err = 0;
+    for (int64_t b = 0; b < t->shape[0]; ++b)
+        for (int64_t h = 0; h < t->shape[1]; ++h)
+            for (int64_t s = 0; s < t->shape[2]; ++s, ++at) {
+                double g = test_get(t, b, h, s, 0);
+                if (want[at] == -INFINITY) {
+                    CHECK(g == -INFINITY, "%s: lse of a fully masked row is %g, not -inf", label, g);
+                    continue;
+                }
+                double e = isfinite(g) ? fabs(g - want[at]) : INFINITY;
+                if (e > max_err) max_err = e;
+            }
+    /* lse is f32 for every dtype; scores of |x| < 1 inputs stay small, so 1e-4 is loose for
+     * f32 accumulation and tight enough to catch a base-2 / natural-log mix-up. */
+    CHECK(max_err <= 1e-4, "%s: lse max error %.3g", label, max_err);
+}
+
+static void run(mfa_context* ctx, const char* backend, const config* c) {
+    char label[160];
+    snprintf(label, sizeof label, "%s/%s", backend, c->name);
+    tensors t;
+    t.q = test_tensor_make(c->dtype, c->b, c->hq, c->nq, c->d, c->bshd);
+    t.k = test_tensor_make(c->dtype, c->b, c->hkv, c->nk, c->d, c->bshd);
+    t.v = test_tensor_make(c->dtype, c->b, c->hkv, c->nk, c->dv, c->bshd);
+    t.out = test_tensor_make(c->dtype, c->b, c->hq, c->nq, c->dv, c->bshd);
+    t.lse = test_tensor_make(MFA_DTYPE_F32, c->b, c->hq, c->nq, 1, 0);
+    t.dout = test_tensor_make(c->dtype, c->b, c->hq, c->nq, c->dv, c->bshd);
+    t.dq = test_tensor_make(c->dtype, c->b, c->hq, c->nq, c->d, c->bshd);
+    t.dk = test_tensor_make(c->dtype, c->b, c->hkv, c->nk, c->d, c->bshd);
+    t.dv = test_tensor_make(c->dtype, c->b, c->hkv, c->nk, c->dv, c->bshd);
+    test_fill_random(&t.q);
+    test_fill_random(&t.k);
+    test_fill_random(&t.v);
+    test_fill_random(&t.dout);
+    /* NaN-poison the outputs: every element must be written. */
+    memset(t.out.storage, 0xff, t.out.bytes);
+    memset(t.dq.storage, 0xff, t.dq.bytes);
+    memset(t.dk.storage, 0xff, t.dk.bytes);
+    memset(t.dv.storage, 0xff, t.dv.bytes);
+
+    mfa_attention_params params;
+    mfa_attention_params_init(&params);
+    params.causal = c->causal;
+    params.alignment = c->alignment;
+    params.window_left = c->left;
+    params.window_right = c->right;
+    params.scale = c->scale;
+
+    mfa_status s = mfa_attention_forward(ctx, &params, &t.q.t, &t.k.t, &t.v.t, &t.out.t, &t.lse.t);
+    CHECK(s == MFA_OK, "%s: forward failed: %s", label, mfa_last_error());
+    if (s == MFA_OK) {
+        s = mfa_attention_backward(ctx, &params, &t.q.t, &t.k.t, &t.v.t, &t.out.t, &t.dout.t,
+                                   &t.lse.t, &t.dq.t, &t.dk.t, &t.dv.t);
+        CHECK(s == MFA_OK, "%s: backward failed: %s", label, mfa_last_error());
+    }
+    if (s == MFA_OK) {
+        /* The reference reads out only through the library's inputs, never its outputs. */
+        reference r = compute_reference(c, &t);
+        const double tol = tolerance(c->dtype);
+        compare(label, "out", &t.out, r.out, tol);
+        compare_lse(label, &t.lse, r.lse);
+        /* Gradients go through one more rounded product (dS) in low precision. */
+        compare(label, "dq", &t.dq, r.dq, 2 * tol);
+        compare(label, "dk", &t.dk, r.dk, 2 * tol);
+        compare(label, "dv", &t.dv, r.dv, 2 * tol);
+        free_reference(&r);
+    }
+    test_tensor* all[] = {&t.q, &t.k, &t.v, &t.out, &t.lse, &t.dout, &t.dq, &t.dk, &t.dv};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) test_tensor_free(all[i]);
+}
+
+static const config configs[] = {
+    {"plain f32", MFA_DTYPE_F32, 1, 2, 2, 17, 17, 16, 16, 0, MFA_ALIGN_BOTTOM_RIGHT, -1, -1, 0, 0},
+    {"nq<nk causal bottom-right", MFA_DTYPE_F32, 2, 2, 1, 9, 23, 8, 5, 1, MFA_ALIGN_BOTTOM_RIGHT, -1, -1, 0, 0},
+    {"nq>nk causal bottom-right (masked rows)", MFA_DTYPE_F32, 1, 3, 3, 21, 6, 12, 12, 1, MFA_ALIGN_BOTTOM_RIGHT, -1, -1, 0, 0},
+    {"causal top-left", MFA_DTYPE_F32, 1, 2, 2, 13, 30, 7, 9, 1, MFA_ALIGN_TOP_LEFT, -1, -1, 0, 1},
+    {"window gqa bshd", MFA_DTYPE_F32, 2, 4, 2, 40, 33, 33, 20, 0, MFA_ALIGN_BOTTOM_RIGHT, 5, 2, 0, 1},
+    {"window masks rows", MFA_DTYPE_F32, 1, 2, 1, 12, 40, 4, 4, 0, MFA_ALIGN_TOP_LEFT, 0, -1, 0, 0},
+    {"mqa custom scale", MFA_DTYPE_F32, 1, 6, 1, 31, 19, 24, 40, 0, MFA_ALIGN_BOTTOM_RIGHT, -1, -1, 0.3f, 0},
+    {"single row and key", MFA_DTYPE_F32, 1, 1, 1, 1, 1, 1, 1, 0, MFA_ALIGN_BOTTOM_RIGHT, -1, -1, 0, 0},
+    {"large head dim", MFA_DTYPE_F32, 1, 1, 1, 9, 70, 300, 130, 1, MFA_ALIGN_BOTTOM_RIGHT, -1, -1, 0, 0},
+    {"f16 causal gqa", MFA_DTYPE_F16, 1, 4, 2, 37, 37, 64, 64, 1, MFA_ALIGN_BOTTOM_RIGHT, -1, -1, 0, 1},
+    {"bf16 window", MFA_DTYPE_BF16, 2, 2, 2, 29, 45, 32, 16, 0, MFA_ALIGN_BOTTOM_RIGHT, 8, 8, 0, 0},
+};
+
+static void run_all(mfa_backend backend, const mfa_context_options* options, const char* label) {
+    mfa_context* ctx;
+    if (mfa_context_create(backend, options, &ctx) != MFA_OK) {
+        CHECK(0, "cannot create %s context: %s", label, mfa_last_error());
+        return;
+    }
+    for (size_t i = 0; i < sizeof configs / sizeof configs[0]; ++i) run(ctx, label, &configs[i]);
+    mfa_context_destroy(ctx);
+}
+
+int main(void) {
+    run_all(MFA_BACKEND_CPU, NULL, "cpu");
+    if (mfa_backend_available(MFA_BACKEND_METAL_SIM)) {
+        mfa_context_options options;
+        mfa_context_options_init(&options);
+        options.gpu_family = MFA_GPU_FAMILY_APPLE7;
+        run_all(MFA_BACKEND_METAL_SIM, &options, "metal-sim/apple7");
+        options.gpu_family = MFA_GPU_FAMILY_APPLE9;
+        options.sim_schedule_seed = 12345;
+        run_all(MFA_BACKEND_METAL_SIM, &options, "metal-sim/apple9/shuffled");
+    } else {
+        printf("metal-sim not available in this build: only the cpu backend was checked\n");
+    }
+    return test_finish("test_numeric");
+}

@@ -1,0 +1,144 @@
+/* Small helpers shared by the C tests: checks that count failures, strided test tensors, and
+ * f16 / bf16 conversions written independently of the library. */
+#ifndef MFA_TEST_UTIL_H
+#define MFA_TEST_UTIL_H
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mfa.h"
+
+static int test_failures = 0;
+
+#define CHECK(cond, ...)                                                   \
+    do {                                                                   \
+        if (!(cond)) {                                                     \
+            fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, #cond); \
+            fprintf(stderr, __VA_ARGS__);                                  \
+            fprintf(stderr, "\n");                                         \
+            ++test_failures;                                               \
+        }                                                                  \
+    } while (0)
+
+static int test_finish(const char* name) {
+    if (test_failures) {
+        fprintf(stderr, "%s: %d check(s) failed\n", name, test_failures);
+        return 1;
+    }
+    printf("%s: all checks passed\n", name);
+    return 0;
+}
+
+/* A deterministic generator (xorshift64*), uniform in [-1, 1). */
+static uint64_t test_rng_state = 0x9E3779B97F4A7C15ull;
+static double test_uniform(void) {
+    test_rng_state ^= test_rng_state >> 12;
+    test_rng_state ^= test_rng_state << 25;
+    test_rng_state ^= test_rng_state >> 27;
+    uint64_t x = test_rng_state * 0x2545F4914F6CDD1Dull;
+    return (double)(x >> 11) * (2.0 / 9007199254740992.0) - 1.0;
+}
+
+/* IEEE binary16 and bfloat16, round to nearest even. */
+static uint16_t test_f32_to_f16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    int32_t exp = (int32_t)((x >> 23) & 0xff) - 127 + 15;
+    uint32_t mant = x & 0x7fffffu;
+    if (((x >> 23) & 0xff) == 0xff) return (uint16_t)(sign | 0x7c00u | (mant ? 0x200u : 0));
+    if (exp >= 31) return (uint16_t)(sign | 0x7c00u);
+    if (exp <= 0) {
+        if (exp < -10) return (uint16_t)sign;
+        mant |= 0x800000u;
+        uint32_t shift = (uint32_t)(14 - exp);
+        uint32_t half = mant >> shift, rem = mant & ((1u << shift) - 1), mid = 1u << (shift - 1);
+        if (rem > mid || (rem == mid && (half & 1))) ++half;
+        return (uint16_t)(sign | half);
+    }
+    uint32_t half = ((uint32_t)exp << 10) | (mant >> 13), rem = mant & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (half & 1))) ++half;
+    return (uint16_t)(sign | half);
+}
+static float test_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ffu;
+    float mag;
+    if (exp == 0) mag = ldexpf((float)mant, -24);
+    else if (exp == 31) mag = mant ? NAN : INFINITY;
+    else mag = ldexpf((float)(mant | 0x400u), (int)exp - 25);
+    return sign ? -mag : mag;
+}
+static uint16_t test_f32_to_bf16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u);
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return (uint16_t)(x >> 16);
+}
+static float test_bf16_to_f32(uint16_t b) {
+    uint32_t x = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+/* A test tensor owning its storage. Layout "bhsd" (0) or "bshd" (1). */
+typedef struct test_tensor {
+    mfa_tensor t;
+    void* storage;
+    size_t bytes;
+} test_tensor;
+
+static test_tensor test_tensor_make(mfa_dtype dtype, int64_t b, int64_t h, int64_t s, int64_t d,
+                                    int bshd) {
+    test_tensor x;
+    memset(&x, 0, sizeof x);
+    x.t.dtype = dtype;
+    x.t.shape[0] = b; x.t.shape[1] = h; x.t.shape[2] = s; x.t.shape[3] = d;
+    if (bshd) {
+        x.t.strides[3] = 1; x.t.strides[1] = d; x.t.strides[2] = h * d; x.t.strides[0] = s * h * d;
+    } else {
+        x.t.strides[3] = 1; x.t.strides[2] = d; x.t.strides[1] = s * d; x.t.strides[0] = h * s * d;
+    }
+    x.bytes = (size_t)(b * h * s * d) * mfa_dtype_size(dtype);
+    x.storage = malloc(x.bytes);
+    x.t.data = x.storage;
+    return x;
+}
+
+static int64_t test_offset(const mfa_tensor* t, int64_t b, int64_t h, int64_t s, int64_t d) {
+    return b * t->strides[0] + h * t->strides[1] + s * t->strides[2] + d * t->strides[3];
+}
+
+static double test_get(const mfa_tensor* t, int64_t b, int64_t h, int64_t s, int64_t d) {
+    int64_t o = test_offset(t, b, h, s, d);
+    switch (t->dtype) {
+        case MFA_DTYPE_F32: return ((const float*)t->data)[o];
+        case MFA_DTYPE_F16: return test_f16_to_f32(((const uint16_t*)t->data)[o]);
+        default: return test_bf16_to_f32(((const uint16_t*)t->data)[o]);
+    }
+}
+
+static void test_set(const mfa_tensor* t, int64_t b, int64_t h, int64_t s, int64_t d, float v) {
+    int64_t o = test_offset(t, b, h, s, d);
+    switch (t->dtype) {
+        case MFA_DTYPE_F32: ((float*)t->data)[o] = v; break;
+        case MFA_DTYPE_F16: ((uint16_t*)t->data)[o] = test_f32_to_f16(v); break;
+        default: ((uint16_t*)t->data)[o] = test_f32_to_bf16(v); break;
+    }
+}
+
+static void test_fill_random(test_tensor* x) {
+    for (int64_t b = 0; b < x->t.shape[0]; ++b)
+        for (int64_t h = 0; h < x->t.shape[1]; ++h)
+            for (int64_t s = 0; s < x->t.shape[2]; ++s)
+                for (int64_t d = 0; d < x->t.shape[3]; ++d)
+                    test_set(&x->t, b, h, s, d, (float)test_uniform());
+}
+
+static void test_tensor_free(test_tensor* x) { free(x->storage); x->storage = NULL; }
+
+#endif
