@@ -1,0 +1,70 @@
+"""mfa_native: exact attention (FlashAttention) for Apple GPUs and CPUs, over numpy arrays.
+
+A thin binding of libmfa's C API (cffi, ABI mode): no Python extension module is compiled, and
+the declarations come from the installed ``mfa.h`` at import.
+
+    >>> import numpy as np, mfa_native
+    >>> q = np.random.standard_normal((1, 8, 1024, 64)).astype(np.float32)
+    >>> out, lse = mfa_native.attention(q, q, q, causal=True, return_lse=True)
+    >>> dq, dk, dv = mfa_native.attention_backward(np.ones_like(out), q, q, q, out, lse,
+    ...                                            causal=True)
+
+Arrays are float32, float16 or ``ml_dtypes.bfloat16``, laid out ``[B, H, N, D]`` (or
+``[B, N, H, D]`` with ``layout="bshd"``), any strides; they are never copied.
+
+Functions: :func:`attention`, :func:`attention_backward`, :func:`empty`, :func:`info`,
+:func:`available_backends`. Classes: :class:`Context`, :class:`MFAError`.
+Command line: ``python -m mfa_native {info,demo,bench}``.
+
+Environment
+-----------
+MFA_LIBRARY
+    Path of a libmfa shared library to load instead of the one bundled in the package, e.g. a
+    CMake build directory's ``libmfa.so``, for working on the C library without reinstalling.
+    Its declarations are read from ``native/include/mfa.h`` of the source tree this package
+    lives in (``PYTHONPATH=python`` from a clone), or from MFA_HEADER.
+MFA_HEADER
+    Path of the ``mfa.h`` matching MFA_LIBRARY. The library's version must match the header's,
+    or import fails.
+
+Threads: cffi releases the GIL during every libmfa call, and contexts may be shared by threads.
+"""
+
+from ._library import ffi as _ffi, header_path as _header_path, lib as _lib, library_path as _library_path
+from ._context import Context, MFAError, available_backends, resolve_context as _resolve_context
+from ._attention import attention, attention_backward
+from ._memory import empty
+
+__all__ = [
+    "attention",
+    "attention_backward",
+    "Context",
+    "MFAError",
+    "available_backends",
+    "empty",
+    "info",
+]
+
+__version__ = _ffi.string(_lib.mfa_version_string()).decode()
+
+
+def info():
+    """Describe the loaded library and the default backend.
+
+    Returns
+    -------
+    dict
+        ``version`` (str), ``library`` and ``header`` (paths as str), ``backends`` (list of
+        available backend names), ``default_backend`` (what "auto" runs here), ``device``
+        (its device name) and ``capabilities`` (as :attr:`Context.capabilities`).
+    """
+    context = _resolve_context(None)
+    return {
+        "version": __version__,
+        "library": str(_library_path),
+        "header": str(_header_path),
+        "backends": available_backends(),
+        "default_backend": context.backend,
+        "device": context.device_name,
+        "capabilities": context.capabilities,
+    }

@@ -1,0 +1,203 @@
+"""Command line: ``python -m mfa_native {info,demo,bench}``."""
+
+import argparse
+import gc
+import json
+import math
+import sys
+import time
+import tracemalloc
+
+import numpy as np
+
+import mfa_native
+
+_DEMO_SIZES = {
+    # (batch, heads, sequence length, head dim)
+    "default": (1, 8, 2048, 64),
+    "small": (1, 2, 128, 32),
+}
+# mfa and the naive version both compute in float32; each output's error is a few float32
+# roundings (2^-24) times growth of order sqrt(N) over the sums, far below this bound, which is
+# relative to the largest magnitude of that output.
+_DEMO_TOLERANCE = 1e-4
+
+
+def _info(arguments):
+    details = mfa_native.info()
+    if arguments.json:
+        print(json.dumps(details, indent=2))
+        return 0
+    capabilities = details.pop("capabilities")
+    for key, value in details.items():
+        print(f"{key:16} {', '.join(value) if isinstance(value, list) else value}")
+    for key, value in capabilities.items():
+        print(f"{key:16} {', '.join(value) if isinstance(value, list) else value}")
+    return 0
+
+
+def _naive_forward(q, k, v, scale, causal):
+    """softmax(scale * q k^T) v with the whole score matrix in memory, as numpy code does it."""
+    scores = scale * (q @ np.swapaxes(k, -1, -2))
+    if causal:
+        # Bottom-right alignment: query i sees keys j <= i + (Nk - Nq).
+        seq_q, seq_k = scores.shape[-2:]
+        scores = np.where(np.tri(seq_q, seq_k, seq_k - seq_q, dtype=bool), scores, -np.inf)
+    row_max = scores.max(axis=-1, keepdims=True)
+    weights = np.exp(scores - row_max)
+    row_sum = weights.sum(axis=-1, keepdims=True)
+    out = (weights / row_sum) @ v
+    lse = (row_max + np.log(row_sum))[..., 0]
+    return out, lse
+
+
+def _naive_backward(dout, q, k, v, out, lse, scale, causal):
+    scores = scale * (q @ np.swapaxes(k, -1, -2))
+    if causal:
+        seq_q, seq_k = scores.shape[-2:]
+        scores = np.where(np.tri(seq_q, seq_k, seq_k - seq_q, dtype=bool), scores, -np.inf)
+    probabilities = np.exp(scores - lse[..., None])
+    dv = np.swapaxes(probabilities, -1, -2) @ dout
+    row_dot = np.sum(dout * out, axis=-1, keepdims=True)
+    dscores = probabilities * (dout @ np.swapaxes(v, -1, -2) - row_dot)
+    dq = scale * (dscores @ k)
+    dk = scale * (np.swapaxes(dscores, -1, -2) @ q)
+    return dq, dk, dv
+
+
+def _reset_peak_rss():
+    """Reset the kernel's resident-set high-water mark (Linux: VmHWM). False where impossible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _status_kib(field):
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def _measure(function):
+    """Run function() once; return (result, seconds, numpy peak bytes, RSS peak extra bytes).
+
+    numpy peak: tracemalloc's peak of memory allocated by numpy and Python during the call
+    (libmfa's own C allocations are invisible to it). RSS peak extra: how far the process's
+    resident set rose above its size at the start, from VmHWM after resetting it; None where
+    the high-water mark cannot be reset (it would then include earlier work).
+    """
+    gc.collect()
+    can_reset = _reset_peak_rss()
+    rss_before = _status_kib("VmRSS") if can_reset else None
+    tracemalloc.start()
+    start = time.perf_counter()
+    result = function()
+    seconds = time.perf_counter() - start
+    numpy_peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    rss_extra = (_status_kib("VmHWM") - rss_before) * 1024 if can_reset else None
+    return result, seconds, numpy_peak, rss_extra
+
+
+def _mib(count):
+    return "n/a" if count is None else f"{count / 2**20:9.1f} MiB"
+
+
+def _demo(arguments):
+    batch, heads, seq, dim = _DEMO_SIZES[arguments.size]
+    rng = np.random.default_rng(arguments.seed)
+    q, k, v, dout = (rng.standard_normal((batch, heads, seq, dim), dtype=np.float32)
+                     for _ in range(4))
+    scale = 1 / math.sqrt(dim)
+    context = mfa_native.Context(arguments.backend)
+    print(f"mfa_native {mfa_native.__version__} demo: B={batch} H={heads} N={seq} D={dim} "
+          f"float32, causal={arguments.causal}, backend {context.backend} "
+          f"({context.device_name})")
+
+    # mfa runs first: the naive version's large temporaries would otherwise stay in the
+    # allocator's free lists and hide mfa's resident-set growth.
+    (out, lse), mfa_forward = _timed(lambda: mfa_native.attention(
+        q, k, v, causal=arguments.causal, return_lse=True, backend=context))
+    grads, mfa_backward = _timed(lambda: mfa_native.attention_backward(
+        dout, q, k, v, out, lse, causal=arguments.causal, backend=context))
+    (ref_out, ref_lse), naive_forward = _timed(
+        lambda: _naive_forward(q, k, v, scale, arguments.causal))
+    ref_grads, naive_backward = _timed(
+        lambda: _naive_backward(dout, q, k, v, ref_out, ref_lse, scale, arguments.causal))
+    context.close()
+
+    print(f"{'':16}{'time':>10}   {'peak extra, numpy (tracemalloc)':>32}   "
+          f"{'peak extra, RSS (VmHWM)':>24}")
+    for label, (seconds, numpy_peak, rss_extra) in (
+        ("mfa forward", mfa_forward), ("naive forward", naive_forward),
+        ("mfa backward", mfa_backward), ("naive backward", naive_backward),
+    ):
+        print(f"{label:16}{seconds:9.3f}s   {_mib(numpy_peak):>32}   {_mib(rss_extra):>24}")
+
+    within_tolerance = True
+    for name, got, expected in zip(("out", "lse", "dq", "dk", "dv"),
+                                   (out, lse) + grads, (ref_out, ref_lse) + ref_grads):
+        error = float(np.max(np.abs(got.astype(np.float64) - expected)))
+        bound = _DEMO_TOLERANCE * float(np.max(np.abs(expected)))
+        within_tolerance &= error <= bound
+        print(f"max abs error {name:4} {error:.3e}  (tolerance {bound:.3e})"
+              f"{'' if error <= bound else '  FAILED'}")
+    return 0 if within_tolerance else 1
+
+
+def _timed(function):
+    result, *measurements = _measure(function)
+    return result, measurements
+
+
+def _bench(arguments):
+    # Imported here so that a missing benchmark module never affects the rest of the package.
+    try:
+        from mfa_native import bench
+    except ModuleNotFoundError as error:
+        print(f"python -m mfa_native bench: the benchmark module is not available ({error})",
+              file=sys.stderr)
+        return 2
+    status = bench.main(arguments.arguments)
+    return 0 if status is None else status
+
+
+def _parser():
+    parser = argparse.ArgumentParser(prog="python -m mfa_native", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    info = commands.add_parser("info", help="version, library, backends and capabilities")
+    info.add_argument("--json", action="store_true", help="print the details as JSON")
+    info.set_defaults(run=_info)
+
+    demo = commands.add_parser(
+        "demo", help="forward and backward against a naive numpy version: errors, time, memory")
+    demo.add_argument("--backend", default="auto",
+                      choices=["auto", "cpu", "metal", "metal-sim"],
+                      help="'auto' (default) is metal where an Apple GPU is usable, else cpu; "
+                           "metal-sim is a slow simulator")
+    demo.add_argument("--size", default="default", choices=sorted(_DEMO_SIZES),
+                      help="default: B=1 H=8 N=2048 D=64; small: B=1 H=2 N=128 D=32")
+    demo.add_argument("--causal", action="store_true", help="use a causal mask")
+    demo.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    demo.set_defaults(run=_demo)
+
+    bench = commands.add_parser("bench", add_help=False,
+                                help="benchmarks (arguments go to mfa_native.bench)")
+    bench.add_argument("arguments", nargs=argparse.REMAINDER)
+    bench.set_defaults(run=_bench)
+    return parser
+
+
+def main(argv=None):
+    arguments = _parser().parse_args(argv)
+    return arguments.run(arguments)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

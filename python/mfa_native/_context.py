@@ -1,0 +1,257 @@
+"""Library errors, backends and contexts."""
+
+import numbers
+import threading
+
+import ml_dtypes
+import numpy as np
+
+from ._library import ffi, lib
+
+__all__ = ["MFAError", "Context", "available_backends", "resolve_context"]
+
+
+def _enum_names(c_type, prefix):
+    """{value: lower-case name without prefix} of a C enum, e.g. MFA_GPU_FAMILY_APPLE7 -> 'apple7'."""
+    return {
+        value: name[len(prefix):].lower()
+        for value, name in ffi.typeof(c_type).elements.items()
+        if name.startswith(prefix)
+    }
+
+
+_BACKENDS = {
+    ffi.string(lib.mfa_backend_name(value)).decode(): value
+    for value in ffi.typeof("mfa_backend").elements
+}
+_GPU_FAMILIES = {
+    name: value
+    for value, name in _enum_names("mfa_gpu_family", "MFA_GPU_FAMILY_").items()
+    if value != lib.MFA_GPU_FAMILY_NONE
+}
+_FEATURE_NAMES = _enum_names("mfa_feature", "MFA_FEATURE_")
+_STATUS_NAMES = {
+    value: name[len("MFA_ERROR_"):] if name.startswith("MFA_ERROR_") else name[len("MFA_"):]
+    for value, name in ffi.typeof("mfa_status").elements.items()
+}
+# numpy dtype -> mfa_dtype. Non-native byte orders compare unequal and are rejected.
+DTYPES = {
+    np.dtype(np.float32): lib.MFA_DTYPE_F32,
+    np.dtype(np.float16): lib.MFA_DTYPE_F16,
+    np.dtype(ml_dtypes.bfloat16): lib.MFA_DTYPE_BF16,
+}
+_DTYPE_NAMES = {value: dtype.name for dtype, value in DTYPES.items()}
+
+
+class MFAError(Exception):
+    """An error reported by libmfa.
+
+    Attributes
+    ----------
+    status : int
+        The ``mfa_status`` value, e.g. 1 for an invalid argument.
+    status_name : str
+        The status without its ``MFA_ERROR_`` prefix, e.g. ``"INVALID_ARGUMENT"``,
+        ``"UNSUPPORTED"`` or ``"BACKEND_UNAVAILABLE"``.
+    message : str
+        The library's explanation (which argument, which dimension, expected vs got).
+    """
+
+    def __init__(self, status, message):
+        self.status = int(status)
+        self.status_name = _STATUS_NAMES.get(self.status, f"STATUS_{self.status}")
+        self.message = message
+        super().__init__(f"{message} [{self.status_name}]")
+
+
+def check(status):
+    """Raise MFAError for a failed libmfa call. Must run on the thread that made the call,
+    before it calls into libmfa again: the message is per thread."""
+    if status != lib.MFA_OK:
+        raise MFAError(status, ffi.string(lib.mfa_last_error()).decode("utf-8", "replace"))
+
+
+def available_backends():
+    """Names of the backends a Context can be created for on this machine.
+
+    Returns
+    -------
+    list of str
+        A subset of ``["cpu", "metal", "metal-sim"]``; ``"auto"`` (always usable) is not listed.
+    """
+    return [
+        name
+        for name, value in _BACKENDS.items()
+        if value != lib.MFA_BACKEND_AUTO and lib.mfa_backend_available(value)
+    ]
+
+
+def _is_integer(value):
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
+class Context:
+    """A libmfa backend with its device, caches and worker threads.
+
+    Parameters
+    ----------
+    backend : {"auto", "cpu", "metal", "metal-sim"}
+        ``"auto"`` picks metal where an Apple GPU is usable, otherwise cpu. A backend that is
+        not available here raises MFAError (status ``BACKEND_UNAVAILABLE``); there is no
+        fallback.
+    num_threads : int, optional
+        Worker threads of the cpu and metal-sim backends; 0 (the default) uses one per core.
+    gpu_family : {None, "apple7", "apple8", "apple9"}, optional
+        metal-sim only: the GPU family whose block sizes are simulated (None means apple9).
+    sim_seed : int, optional
+        metal-sim only: 0 runs simulated GPU threads in a fixed order; any other value
+        shuffles the order in which they run between barriers.
+
+    A context may be shared by many threads. ``close()`` (or leaving a ``with`` block) waits for
+    calls in progress on it to finish, then releases it; using it afterwards raises ValueError.
+    """
+
+    def __init__(self, backend="auto", *, num_threads=0, gpu_family=None, sim_seed=0):
+        if not isinstance(backend, str) or backend not in _BACKENDS:
+            raise ValueError(f"backend must be one of {sorted(_BACKENDS)}, got {backend!r}")
+        if not _is_integer(num_threads):
+            raise TypeError(f"num_threads must be an int, got {type(num_threads).__name__}")
+        if not 0 <= num_threads <= 2**31 - 1:
+            raise ValueError(f"num_threads must be >= 0 (0 = one per core), got {num_threads}")
+        if gpu_family is not None:
+            if gpu_family not in _GPU_FAMILIES:
+                raise ValueError(
+                    f"gpu_family must be None or one of {sorted(_GPU_FAMILIES)}, got {gpu_family!r}"
+                )
+            if backend != "metal-sim":
+                raise ValueError(f"gpu_family applies to backend 'metal-sim' only, not {backend!r}")
+        if not _is_integer(sim_seed):
+            raise TypeError(f"sim_seed must be an int, got {type(sim_seed).__name__}")
+        if not 0 <= sim_seed < 2**64:
+            raise ValueError(f"sim_seed must be in [0, 2**64), got {sim_seed}")
+        if sim_seed != 0 and backend != "metal-sim":
+            raise ValueError(f"sim_seed applies to backend 'metal-sim' only, not {backend!r}")
+
+        options = ffi.new("mfa_context_options*")
+        lib.mfa_context_options_init(options)
+        options.num_threads = num_threads
+        options.gpu_family = _GPU_FAMILIES[gpu_family] if gpu_family else lib.MFA_GPU_FAMILY_NONE
+        options.sim_schedule_seed = sim_seed
+        handle = ffi.new("mfa_context**")
+        check(lib.mfa_context_create(_BACKENDS[backend], options, handle))
+        self._handle = ffi.gc(handle[0], lib.mfa_context_destroy)
+        self._requested = backend
+        # Calls in flight; close() waits for them so the handle is never destroyed under a call.
+        self._users = 0
+        self._closed = False
+        self._state = threading.Condition()
+
+    def _acquire(self):
+        with self._state:
+            if self._closed:
+                raise ValueError("the Context is closed")
+            self._users += 1
+        return self._handle
+
+    def _release(self):
+        with self._state:
+            self._users -= 1
+            if self._users == 0:
+                self._state.notify_all()
+
+    def _call(self, function, *args):
+        """Call ``function(handle, *args)`` with this context's handle, then check its status."""
+        handle = self._acquire()
+        try:
+            check(function(handle, *args))
+        finally:
+            self._release()
+
+    def close(self):
+        """Release the context after calls in progress on it finish. Closing twice is allowed."""
+        with self._state:
+            if self._closed:
+                return
+            self._closed = True
+            self._state.wait_for(lambda: self._users == 0)
+        ffi.release(self._handle)
+
+    @property
+    def closed(self):
+        return self._closed
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    def _query(self, function):
+        handle = self._acquire()
+        try:
+            return function(handle)
+        finally:
+            self._release()
+
+    @property
+    def backend(self):
+        """The backend this context runs: "cpu", "metal" or "metal-sim" (never "auto")."""
+        value = self._query(lib.mfa_context_backend)
+        return ffi.string(lib.mfa_backend_name(value)).decode()
+
+    @property
+    def device_name(self):
+        """The device, e.g. "Apple M3 Max", or the CPU model and its SIMD level."""
+        return self._query(lambda handle: ffi.string(lib.mfa_context_device_name(handle)).decode())
+
+    @property
+    def capabilities(self):
+        """What this context can run.
+
+        Returns
+        -------
+        dict
+            ``dtypes``: list of numpy dtype names; ``features``: list of feature names
+            ("backward", "lse", "causal", "window", "gqa", "value_head_dim", "strides");
+            ``max_head_dim``: largest D and Dv; ``gpu_family``: "apple7".."apple9" or None;
+            ``num_threads``: worker threads (0 for metal).
+        """
+        caps = ffi.new("mfa_capabilities*")
+        caps.struct_size = ffi.sizeof("mfa_capabilities")
+        self._call(lib.mfa_context_capabilities, caps)
+        families = {value: name for name, value in _GPU_FAMILIES.items()}
+        return {
+            "dtypes": [name for value, name in sorted(_DTYPE_NAMES.items()) if caps.dtypes >> value & 1],
+            "features": [name for bit, name in sorted(_FEATURE_NAMES.items()) if caps.features & bit],
+            "max_head_dim": int(caps.max_head_dim),
+            "gpu_family": families.get(int(caps.gpu_family)),
+            "num_threads": int(caps.num_threads),
+        }
+
+    def __repr__(self):
+        if self._closed:
+            return f"<mfa_native.Context {self._requested!r} (closed)>"
+        return f"<mfa_native.Context {self.backend!r} on {self.device_name!r}>"
+
+
+_shared_contexts = {}
+_shared_contexts_lock = threading.Lock()
+
+
+def resolve_context(backend):
+    """The Context for an API call's ``backend`` argument: a Context as is; None or a backend
+    name through one lazily created, process-wide context per name."""
+    if isinstance(backend, Context):
+        return backend
+    name = "auto" if backend is None else backend
+    if not isinstance(name, str) or name not in _BACKENDS:
+        raise ValueError(
+            f"backend must be None, a Context or one of {sorted(_BACKENDS)}, got {backend!r}"
+        )
+    context = _shared_contexts.get(name)
+    if context is None:
+        with _shared_contexts_lock:
+            context = _shared_contexts.get(name)
+            if context is None:
+                context = _shared_contexts[name] = Context(name)
+    return context
