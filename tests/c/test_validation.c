@@ -204,7 +204,7 @@ static void test_backward_arguments(void) {
     BACKWARD_CASE("dq shape", INVALID, "dq.shape[2] (seq) must equal q.shape[2] = 5",
                   f.dq.t.shape[2] = 4);
     BACKWARD_CASE("dk dtype", INVALID, "dk.dtype must be f32", f.dk.t.dtype = MFA_DTYPE_F16);
-    BACKWARD_CASE("dv heads", INVALID, "dv.shape[1] (heads) must equal k.shape[1] = 2",
+    BACKWARD_CASE("dv heads", INVALID, "dv.shape[1] (heads) must equal v.shape[1] = 2",
                   f.dv.t.shape[1] = 4);
     BACKWARD_CASE("dv aliases dk", INVALID, "overlaps", f.dv.t.data = f.dk.t.data);
     BACKWARD_CASE("dq aliases dout", INVALID, "dq overlaps dout", f.dq.t.data = f.dout.t.data);

@@ -1,15 +1,14 @@
-// The public entry points: versions, dtypes, backends, contexts and the attention calls.
-// Everything here validates and then hands a checked mfa_problem to the context's backend.
-#include <algorithm>
-#include <cmath>
-#include <cstring>
-#include <new>
+/* The public entry points: versions, dtypes, backends, contexts and the attention calls.
+ * Everything here validates and then hands a checked mfa_problem to the context's backend.
+ * Plain C, like validate.c, so that out-of-range enum values from callers are well defined. */
+#include <stdlib.h>
+#include <string.h>
 
 #include "core/backend.h"
 #include "core/export.h"
 #include "core/validate.h"
 
-static_assert(MFA_VERSION_NUMBER ==
+_Static_assert(MFA_VERSION_NUMBER ==
                   MFA_VERSION_MAJOR * 10000 + MFA_VERSION_MINOR * 100 + MFA_VERSION_PATCH,
               "MFA_VERSION_NUMBER must match the MAJOR, MINOR and PATCH macros");
 
@@ -19,13 +18,11 @@ static_assert(MFA_VERSION_NUMBER ==
 struct mfa_context {
     const mfa_backend_ops* ops;
     void* state;
-    mfa_capabilities caps;  // queried once; backends' capabilities do not change
+    mfa_capabilities caps; /* queried once; backends' capabilities do not change */
 };
 
-namespace {
-
-// The backends compiled into this library, or NULL.
-const mfa_backend_ops* backend_ops(mfa_backend backend) {
+/* The backends compiled into this library, or NULL. */
+static const mfa_backend_ops* backend_ops(int backend) {
     switch (backend) {
         case MFA_BACKEND_CPU: return mfa_cpu_backend_ops();
 #if MFA_HAVE_METAL
@@ -34,11 +31,11 @@ const mfa_backend_ops* backend_ops(mfa_backend backend) {
 #if MFA_HAVE_METAL_SIM
         case MFA_BACKEND_METAL_SIM: return mfa_metal_sim_backend_ops();
 #endif
-        default: return nullptr;
+        default: return NULL;
     }
 }
 
-const char* why_not_built(mfa_backend backend) {
+static const char* why_not_built(int backend) {
     switch (backend) {
         case MFA_BACKEND_METAL:
             return "the metal backend is built only on Apple platforms";
@@ -49,24 +46,21 @@ const char* why_not_built(mfa_backend backend) {
     }
 }
 
-bool valid_backend(mfa_backend backend) {
+static int valid_backend(int backend) {
     return backend == MFA_BACKEND_AUTO || backend == MFA_BACKEND_CPU ||
            backend == MFA_BACKEND_METAL || backend == MFA_BACKEND_METAL_SIM;
 }
 
-bool valid_family(mfa_gpu_family family) {
+static int valid_family(int family) {
     return family == MFA_GPU_FAMILY_NONE || family == MFA_GPU_FAMILY_APPLE7 ||
            family == MFA_GPU_FAMILY_APPLE8 || family == MFA_GPU_FAMILY_APPLE9;
 }
 
-mfa_status check_context(const mfa_context* ctx) {
-    if (ctx == nullptr) return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT, "ctx is NULL");
+static mfa_status check_context(const mfa_context* ctx) {
+    if (ctx == NULL) return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT, "ctx is NULL");
     return MFA_OK;
 }
 
-}  // namespace
-
-extern "C" {
 
 MFA_EXPORT unsigned mfa_version_number(void) { return MFA_VERSION_NUMBER; }
 
@@ -76,7 +70,7 @@ MFA_EXPORT const char* mfa_version_string(void) {
 }
 
 MFA_EXPORT size_t mfa_dtype_size(mfa_dtype dtype) {
-    switch (dtype) {
+    switch ((int)dtype) {
         case MFA_DTYPE_F32: return 4;
         case MFA_DTYPE_F16: return 2;
         case MFA_DTYPE_BF16: return 2;
@@ -85,7 +79,7 @@ MFA_EXPORT size_t mfa_dtype_size(mfa_dtype dtype) {
 }
 
 MFA_EXPORT const char* mfa_dtype_name(mfa_dtype dtype) {
-    switch (dtype) {
+    switch ((int)dtype) {
         case MFA_DTYPE_F32: return "f32";
         case MFA_DTYPE_F16: return "f16";
         case MFA_DTYPE_BF16: return "bf16";
@@ -94,8 +88,8 @@ MFA_EXPORT const char* mfa_dtype_name(mfa_dtype dtype) {
 }
 
 MFA_EXPORT void mfa_attention_params_init(mfa_attention_params* params) {
-    if (params == nullptr) return;
-    std::memset(params, 0, sizeof *params);
+    if (params == NULL) return;
+    memset(params, 0, sizeof *params);
     params->struct_size = sizeof *params;
     params->scale = 0.0f;
     params->causal = 0;
@@ -105,7 +99,7 @@ MFA_EXPORT void mfa_attention_params_init(mfa_attention_params* params) {
 }
 
 MFA_EXPORT const char* mfa_backend_name(mfa_backend backend) {
-    switch (backend) {
+    switch ((int)backend) {
         case MFA_BACKEND_AUTO: return "auto";
         case MFA_BACKEND_CPU: return "cpu";
         case MFA_BACKEND_METAL: return "metal";
@@ -115,14 +109,14 @@ MFA_EXPORT const char* mfa_backend_name(mfa_backend backend) {
 }
 
 MFA_EXPORT int mfa_backend_available(mfa_backend backend) {
-    if (backend == MFA_BACKEND_AUTO) return 1;
-    const mfa_backend_ops* ops = backend_ops(backend);
-    return ops != nullptr && ops->available() ? 1 : 0;
+    if ((int)backend == MFA_BACKEND_AUTO) return 1;
+    const mfa_backend_ops* ops = backend_ops((int)backend);
+    return ops != NULL && ops->available() ? 1 : 0;
 }
 
 MFA_EXPORT void mfa_context_options_init(mfa_context_options* options) {
-    if (options == nullptr) return;
-    std::memset(options, 0, sizeof *options);
+    if (options == NULL) return;
+    memset(options, 0, sizeof *options);
     options->struct_size = sizeof *options;
     options->num_threads = 0;
     options->gpu_family = MFA_GPU_FAMILY_NONE;
@@ -131,15 +125,15 @@ MFA_EXPORT void mfa_context_options_init(mfa_context_options* options) {
 
 MFA_EXPORT mfa_status mfa_context_create(mfa_backend backend, const mfa_context_options* options,
                                          mfa_context** out) {
-    if (out == nullptr) return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT, "out is NULL");
-    *out = nullptr;
-    if (!valid_backend(backend)) {
+    if (out == NULL) return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT, "out is NULL");
+    *out = NULL;
+    if (!valid_backend((int)backend)) {
         return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT, "backend = %d is not an mfa_backend",
                              (int)backend);
     }
     mfa_context_options resolved;
     mfa_context_options_init(&resolved);
-    if (options != nullptr) {
+    if (options != NULL) {
         if (options->struct_size != sizeof(mfa_context_options)) {
             return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
                                  "options.struct_size = %zu, expected %zu: initialise options "
@@ -156,7 +150,7 @@ MFA_EXPORT mfa_status mfa_context_create(mfa_backend backend, const mfa_context_
                              "options.num_threads must be in [0, 4096] (0 = one per core), got %d",
                              (int)resolved.num_threads);
     }
-    if (!valid_family(resolved.gpu_family)) {
+    if (!valid_family((int)resolved.gpu_family)) {
         return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
                              "options.gpu_family = %d is not an mfa_gpu_family",
                              (int)resolved.gpu_family);
@@ -169,9 +163,9 @@ MFA_EXPORT mfa_status mfa_context_create(mfa_backend backend, const mfa_context_
                              mfa_backend_name(backend));
     }
 
-    const mfa_backend_ops* ops = backend_ops(backend);
-    if (ops == nullptr) {
-        return mfa_set_error(MFA_ERROR_BACKEND_UNAVAILABLE, "%s", why_not_built(backend));
+    const mfa_backend_ops* ops = backend_ops((int)backend);
+    if (ops == NULL) {
+        return mfa_set_error(MFA_ERROR_BACKEND_UNAVAILABLE, "%s", why_not_built((int)backend));
     }
     if (!ops->available()) {
         return mfa_set_error(MFA_ERROR_BACKEND_UNAVAILABLE,
@@ -179,17 +173,17 @@ MFA_EXPORT mfa_status mfa_context_create(mfa_backend backend, const mfa_context_
                              mfa_backend_name(backend),
                              backend == MFA_BACKEND_METAL ? " (no Apple7 or later GPU found)" : "");
     }
-    mfa_context* ctx = new (std::nothrow) mfa_context();
-    if (ctx == nullptr) {
+    mfa_context* ctx = (mfa_context*)calloc(1, sizeof *ctx);
+    if (ctx == NULL) {
         return mfa_set_error(MFA_ERROR_OUT_OF_MEMORY, "cannot allocate a context");
     }
     ctx->ops = ops;
     mfa_status status = ops->create(&resolved, &ctx->state);
     if (status != MFA_OK) {
-        delete ctx;
+        free(ctx);
         return status;
     }
-    std::memset(&ctx->caps, 0, sizeof ctx->caps);
+    memset(&ctx->caps, 0, sizeof ctx->caps);
     ctx->caps.struct_size = sizeof ctx->caps;
     ops->capabilities(ctx->state, &ctx->caps);
     *out = ctx;
@@ -197,9 +191,9 @@ MFA_EXPORT mfa_status mfa_context_create(mfa_backend backend, const mfa_context_
 }
 
 MFA_EXPORT void mfa_context_destroy(mfa_context* ctx) {
-    if (ctx == nullptr) return;
+    if (ctx == NULL) return;
     ctx->ops->destroy(ctx->state);
-    delete ctx;
+    free(ctx);
 }
 
 MFA_EXPORT mfa_backend mfa_context_backend(const mfa_context* ctx) {
@@ -213,16 +207,16 @@ MFA_EXPORT const char* mfa_context_device_name(const mfa_context* ctx) {
 MFA_EXPORT mfa_status mfa_context_capabilities(const mfa_context* ctx, mfa_capabilities* caps) {
     mfa_status status = check_context(ctx);
     if (status) return status;
-    if (caps == nullptr) return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT, "caps is NULL");
+    if (caps == NULL) return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT, "caps is NULL");
     if (caps->struct_size < sizeof(caps->struct_size)) {
         return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
                              "caps->struct_size = %zu; set it to sizeof(mfa_capabilities)",
                              caps->struct_size);
     }
-    // A caller built against an older header gets the prefix it knows about.
+    /* A caller built against an older header gets the prefix it knows about. */
     const size_t given = caps->struct_size;
-    const size_t n = std::min(given, sizeof(mfa_capabilities));
-    std::memcpy(caps, &ctx->caps, n);
+    const size_t n = given < sizeof(mfa_capabilities) ? given : sizeof(mfa_capabilities);
+    memcpy(caps, &ctx->caps, n);
     caps->struct_size = given;
     return MFA_OK;
 }
@@ -233,15 +227,10 @@ MFA_EXPORT mfa_status mfa_attention_forward(mfa_context* ctx, const mfa_attentio
                                             const mfa_tensor* lse) {
     mfa_status status = check_context(ctx);
     if (status) return status;
-    mfa::CallTensors tensors;
-    tensors.q = q;
-    tensors.k = k;
-    tensors.v = v;
-    tensors.out = out;
-    tensors.lse = lse;
+    const mfa_call_tensors tensors = {q, k, v, out, lse, NULL, NULL, NULL, NULL};
     mfa_problem problem;
-    status = mfa::build_problem(ctx->caps, mfa_backend_name(ctx->ops->backend), params, tensors,
-                                false, &problem);
+    status = mfa_build_problem(&ctx->caps, mfa_backend_name(ctx->ops->backend), params, &tensors,
+                               false, &problem);
     if (status) return status;
     return ctx->ops->forward(ctx->state, &problem);
 }
@@ -258,21 +247,11 @@ MFA_EXPORT mfa_status mfa_attention_backward(mfa_context* ctx, const mfa_attenti
         return mfa_set_error(MFA_ERROR_UNSUPPORTED, "the %s backend has no backward pass",
                              mfa_backend_name(ctx->ops->backend));
     }
-    mfa::CallTensors tensors;
-    tensors.q = q;
-    tensors.k = k;
-    tensors.v = v;
-    tensors.out = out;
-    tensors.lse = lse;
-    tensors.dout = dout;
-    tensors.dq = dq;
-    tensors.dk = dk;
-    tensors.dv = dv;
+    const mfa_call_tensors tensors = {q, k, v, out, lse, dout, dq, dk, dv};
     mfa_problem problem;
-    status = mfa::build_problem(ctx->caps, mfa_backend_name(ctx->ops->backend), params, tensors,
-                                true, &problem);
+    status = mfa_build_problem(&ctx->caps, mfa_backend_name(ctx->ops->backend), params, &tensors,
+                               true, &problem);
     if (status) return status;
     return ctx->ops->backward(ctx->state, &problem);
 }
 
-}  // extern "C"

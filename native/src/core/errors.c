@@ -1,16 +1,12 @@
-// Per-thread error messages and status names.
-#include <cstdarg>
-#include <cstdio>
+/* Per-thread error messages and status names. */
+#include <stdarg.h>
+#include <stdio.h>
 
 #include "core/backend.h"
 #include "core/export.h"
 
-namespace {
-// One message per thread: concurrent callers never see each other's errors.
-thread_local char last_error_message[1024] = "";
-}  // namespace
-
-extern "C" {
+/* One message per thread: concurrent callers never see each other's errors. */
+static _Thread_local char last_error_message[1024];
 
 MFA_EXPORT const char* mfa_status_string(mfa_status status) {
     switch (status) {
@@ -31,9 +27,7 @@ MFA_EXPORT const char* mfa_last_error(void) { return last_error_message; }
 mfa_status mfa_set_error(mfa_status status, const char* format, ...) {
     va_list args;
     va_start(args, format);
-    std::vsnprintf(last_error_message, sizeof last_error_message, format, args);
+    vsnprintf(last_error_message, sizeof last_error_message, format, args);
     va_end(args);
     return status;
 }
-
-}  // extern "C"
