@@ -1,0 +1,344 @@
+/*
+ * The attention planner: problem + GPU family -> kernels, constants, grid, memory, bindings.
+ */
+#include "planner/planner.h"
+
+#include <limits.h>
+#include <string.h>
+
+#include "planner/tables.h"
+
+/* Sequence lengths are int32 in the kernels, and row + band sums must not overflow. */
+#define MFA_PLAN_MAX_SEQUENCE (INT64_C(1) << 30)
+
+static const char* const kernel_names[3] = {
+    "mfa_attention_forward",
+    "mfa_attention_backward_query",
+    "mfa_attention_backward_key_value",
+};
+
+const char* mfa_operand_name(mfa_operand operand) {
+    static const char* const names[MFA_OPERAND_COUNT] = {"Q", "K", "V", "O", "L",
+                                                         "D", "dO", "dV", "dK", "dQ"};
+    return (unsigned)operand < MFA_OPERAND_COUNT ? names[operand] : "?";
+}
+
+static uint32_t round_up(uint32_t value, uint32_t multiple) {
+    return (value + multiple - 1) / multiple * multiple;
+}
+
+static int64_t clamp64(int64_t value, int64_t lo, int64_t hi) {
+    return value < lo ? lo : value > hi ? hi : value;
+}
+
+/* The extent of a strided view in elements: the lowest and highest element offsets reached. */
+typedef struct extent {
+    int64_t lowest, highest;
+    int empty;
+} extent;
+
+static mfa_status view_extent(const int64_t shape[4], const int64_t stride[4], const char* name,
+                              extent* out) {
+    out->lowest = out->highest = 0;
+    out->empty = 0;
+    for (int i = 0; i < 4; ++i)
+        if (shape[i] == 0) out->empty = 1;
+    if (out->empty) return MFA_OK;
+    for (int i = 0; i < 4; ++i) {
+        int64_t reach;
+        if (__builtin_mul_overflow(stride[i], shape[i] - 1, &reach) ||
+            __builtin_add_overflow(reach < 0 ? out->lowest : out->highest, reach,
+                                   reach < 0 ? &out->lowest : &out->highest))
+            return mfa_set_error(MFA_ERROR_SIZE_OVERFLOW,
+                                 "metal planner: the extent of %s does not fit in 64 bits", name);
+    }
+    return MFA_OK;
+}
+
+typedef struct operand_spec {
+    mfa_operand operand;
+    int writable;
+    const mfa_view* view;  /* NULL: the D scratch */
+    int64_t shape[4];
+    int64_t elem_size;
+} operand_spec;
+
+/* Binds one operand: the binding covers exactly the bytes the view can reach, and the
+ * layout's origin locates element (0,0,0,0) inside it. */
+static mfa_status bind_operand(mfa_pass_plan* pass, const operand_spec* spec,
+                               mfa_operand_layout* layout) {
+    int64_t stride[4];
+    if (spec->view) {
+        memcpy(stride, spec->view->stride, sizeof stride);
+    } else { /* scratch D: contiguous [B, Hq, Nq] */
+        stride[3] = 0;
+        stride[2] = 1;
+        stride[1] = spec->shape[2];
+        stride[0] = spec->shape[1] * spec->shape[2];
+    }
+    if (spec->operand == MFA_OPERAND_L || spec->operand == MFA_OPERAND_D) stride[3] = 0;
+    extent e;
+    mfa_status status = view_extent(spec->shape, stride, mfa_operand_name(spec->operand), &e);
+    if (status != MFA_OK) return status;
+    int64_t bytes, offset;
+    if (__builtin_mul_overflow(e.highest - e.lowest + 1, spec->elem_size, &bytes) ||
+        __builtin_mul_overflow(e.lowest, spec->elem_size, &offset))
+        return mfa_set_error(MFA_ERROR_SIZE_OVERFLOW,
+                             "metal planner: the byte extent of %s does not fit in 64 bits",
+                             mfa_operand_name(spec->operand));
+    layout->origin = -e.lowest;
+    memcpy(layout->stride, stride, sizeof stride);
+    mfa_buffer_binding* binding = &pass->bindings[pass->num_bindings++];
+    binding->index = (uint32_t)spec->operand; /* MFA_BUFFER_* equals the operand number */
+    binding->operand = spec->operand;
+    binding->writable = spec->writable;
+    binding->byte_offset = e.empty ? 0 : offset;
+    binding->byte_length = e.empty ? 0 : bytes;
+    return MFA_OK;
+}
+
+static void add_constant(mfa_pass_plan* pass, uint32_t index, uint32_t type, uint32_t value) {
+    mfa_function_constant* c = &pass->constants[pass->num_constants++];
+    c->index = index;
+    c->type = type;
+    c->value = value;
+}
+
+/* Shape of the block grid of one pass, chosen from the tables and the limits. */
+static mfa_status choose_blocks(const mfa_problem* problem, mfa_gpu_family family,
+                                mfa_pass_kind kind, uint32_t max_threads, mfa_pass_plan* pass) {
+    const mfa_precision_class precision =
+        problem->dtype == MFA_DTYPE_F32 ? MFA_PRECISION_F32 : MFA_PRECISION_16BIT;
+    const int64_t widest = problem->head_dim > problem->head_dim_v ? problem->head_dim
+                                                                   : problem->head_dim_v;
+    const mfa_block_row* row =
+        mfa_block_row_for(mfa_block_table_for(family, precision, kind), widest);
+
+    uint32_t parallel = row->block_parallel;
+    while (parallel > 8 && parallel / 8 * 32 > max_threads) parallel /= 2;
+    if (parallel / 8 * 32 > max_threads)
+        return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
+                             "metal planner: max_threads_per_threadgroup %u is below one "
+                             "simdgroup (32 threads)", max_threads);
+
+    const uint32_t widest8 = round_up((uint32_t)widest, 8);
+    const uint32_t head = row->block_head < widest8 ? row->block_head : widest8;
+    /* Output columns per threadgroup: a whole number of staging tiles, as many as fit the
+     * accumulator registers. */
+    uint32_t out = round_up(widest8, head);
+    const uint32_t out_cap = MFA_MAX_BLOCK_OUT / head * head;
+    if (out > out_cap) out = out_cap;
+
+    /* The operand a cache flag keeps in registers, per pass. */
+    const int64_t first_width = problem->head_dim;
+    const int64_t second_width = kind == MFA_PASS_FORWARD ? 0 : problem->head_dim_v;
+    const int cache_first = row->cache_parallel && first_width <= MFA_MAX_CACHED_HEAD;
+    const int cache_second =
+        row->cache_parallel2 && second_width > 0 && second_width <= MFA_MAX_CACHED_HEAD;
+
+    pass->block_parallel = parallel;
+    pass->block_traversal = row->block_traversal;
+    pass->block_head = head;
+    pass->block_out = out;
+    pass->cached_operands = 0;
+    if (kind == MFA_PASS_BACKWARD_KEY_VALUE) {
+        if (cache_first) pass->cached_operands |= 1u << MFA_OPERAND_K;
+        if (cache_second) pass->cached_operands |= 1u << MFA_OPERAND_V;
+    } else {
+        if (cache_first) pass->cached_operands |= 1u << MFA_OPERAND_Q;
+        if (cache_second) pass->cached_operands |= 1u << MFA_OPERAND_DOUT;
+    }
+    pass->threads_per_threadgroup = parallel / 8 * 32;
+    const uint32_t per_row_vectors = kind == MFA_PASS_BACKWARD_KEY_VALUE ? 2 : 0;
+    const uint32_t bytes =
+        4 * mfa_staging_floats(parallel, row->block_traversal, head, per_row_vectors);
+    pass->threadgroup_memory_length = round_up(bytes, 16);
+    if (pass->threadgroup_memory_length > MFA_PLAN_THREADGROUP_MEMORY_LIMIT)
+        return mfa_set_error(MFA_ERROR_INTERNAL,
+                             "metal planner: table row for D=%lld needs %u bytes of threadgroup "
+                             "memory (limit %d)", (long long)widest,
+                             pass->threadgroup_memory_length, MFA_PLAN_THREADGROUP_MEMORY_LIMIT);
+
+    add_constant(pass, MFA_FC_DTYPE, MFA_CONSTANT_TYPE_UINT, (uint32_t)problem->dtype);
+    add_constant(pass, MFA_FC_HEAD_DIM, MFA_CONSTANT_TYPE_UINT, (uint32_t)problem->head_dim);
+    add_constant(pass, MFA_FC_HEAD_DIM_V, MFA_CONSTANT_TYPE_UINT, (uint32_t)problem->head_dim_v);
+    add_constant(pass, MFA_FC_BLOCK_PARALLEL, MFA_CONSTANT_TYPE_UINT, parallel);
+    add_constant(pass, MFA_FC_BLOCK_TRAVERSAL, MFA_CONSTANT_TYPE_UINT, row->block_traversal);
+    add_constant(pass, MFA_FC_BLOCK_HEAD, MFA_CONSTANT_TYPE_UINT, head);
+    add_constant(pass, MFA_FC_BLOCK_OUT, MFA_CONSTANT_TYPE_UINT, out);
+    add_constant(pass, MFA_FC_CACHE_PARALLEL, MFA_CONSTANT_TYPE_BOOL, (uint32_t)cache_first);
+    add_constant(pass, MFA_FC_CACHE_PARALLEL2, MFA_CONSTANT_TYPE_BOOL, (uint32_t)cache_second);
+    return MFA_OK;
+}
+
+static mfa_status check_problem(const mfa_problem* problem, mfa_gpu_family family,
+                                uint32_t max_threads) {
+    if (family != MFA_GPU_FAMILY_APPLE7 && family != MFA_GPU_FAMILY_APPLE8 &&
+        family != MFA_GPU_FAMILY_APPLE9)
+        return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
+                             "metal planner: gpu family %d is not Apple7, Apple8 or Apple9",
+                             (int)family);
+    if (max_threads < 32)
+        return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
+                             "metal planner: max_threads_per_threadgroup %u is below one "
+                             "simdgroup (32 threads)", max_threads);
+    if (problem->head_dim < 1 || problem->head_dim > MFA_PLAN_MAX_HEAD_DIM ||
+        problem->head_dim_v < 1 || problem->head_dim_v > MFA_PLAN_MAX_HEAD_DIM)
+        return mfa_set_error(MFA_ERROR_UNSUPPORTED,
+                             "metal planner: head dims D=%lld Dv=%lld outside 1..%d",
+                             (long long)problem->head_dim, (long long)problem->head_dim_v,
+                             MFA_PLAN_MAX_HEAD_DIM);
+    if (problem->seq_q > MFA_PLAN_MAX_SEQUENCE || problem->seq_k > MFA_PLAN_MAX_SEQUENCE)
+        return mfa_set_error(MFA_ERROR_UNSUPPORTED,
+                             "metal planner: sequence lengths Nq=%lld Nk=%lld exceed 2^30",
+                             (long long)problem->seq_q, (long long)problem->seq_k);
+    if (problem->batch > INT32_MAX || problem->heads_q > INT32_MAX)
+        return mfa_set_error(MFA_ERROR_UNSUPPORTED,
+                             "metal planner: batch %lld or heads %lld exceed 2^31-1",
+                             (long long)problem->batch, (long long)problem->heads_q);
+    return MFA_OK;
+}
+
+/* The per-call argument block, minus operand layouts (filled when binding). */
+static void fill_params(const mfa_problem* problem, mfa_kernel_params* params) {
+    memset(params, 0, sizeof *params);
+    params->batch = (int32_t)problem->batch;
+    params->heads_q = (int32_t)problem->heads_q;
+    params->heads_kv = (int32_t)problem->heads_kv;
+    params->group = (int32_t)problem->group;
+    params->seq_q = (int32_t)problem->seq_q;
+    params->seq_k = (int32_t)problem->seq_k;
+    /* Window widths beyond both lengths are unbounded in effect; capping them first keeps the
+     * 64-bit sums below from overflowing. */
+    const int64_t far = INT64_C(4) * MFA_PLAN_MAX_SEQUENCE;
+    const int64_t lo = problem->window_left < 0
+                           ? -problem->seq_q
+                           : problem->diag_offset - clamp64(problem->window_left, 0, far);
+    const int64_t hi = problem->window_right < 0
+                           ? problem->seq_k
+                           : problem->diag_offset + clamp64(problem->window_right, 0, far);
+    params->band_lo = (int32_t)clamp64(lo, -problem->seq_q, problem->seq_k);
+    params->band_hi = (int32_t)clamp64(hi, -problem->seq_q, problem->seq_k);
+    params->scale = problem->scale;
+    params->scale_log2 = (float)((double)problem->scale * 1.4426950408889634);
+}
+
+static mfa_status plan_pass(const mfa_problem* problem, mfa_gpu_family family,
+                            uint32_t max_threads, mfa_pass_kind kind, mfa_pass_plan* pass) {
+    memset(pass, 0, sizeof *pass);
+    pass->kind = kind;
+    pass->kernel_name = kernel_names[kind];
+    mfa_status status = choose_blocks(problem, family, kind, max_threads, pass);
+    if (status != MFA_OK) return status;
+    if (kind == MFA_PASS_FORWARD)
+        add_constant(pass, MFA_FC_HAS_LSE, MFA_CONSTANT_TYPE_BOOL, problem->lse.data != NULL);
+
+    mfa_kernel_params* params = &pass->params;
+    fill_params(problem, params);
+    const int64_t rows = kind == MFA_PASS_BACKWARD_KEY_VALUE ? problem->seq_k : problem->seq_q;
+    const int64_t out_width = kind == MFA_PASS_FORWARD ? problem->head_dim_v
+                              : kind == MFA_PASS_BACKWARD_QUERY
+                                  ? problem->head_dim
+                                  : (problem->head_dim > problem->head_dim_v ? problem->head_dim
+                                                                             : problem->head_dim_v);
+    const int64_t out_blocks = (out_width + pass->block_out - 1) / pass->block_out;
+    const int64_t row_blocks = (rows + pass->block_parallel - 1) / pass->block_parallel;
+    params->out_blocks = (int32_t)out_blocks;
+    pass->threadgroups[0] = (uint64_t)(row_blocks * out_blocks);
+    pass->threadgroups[1] =
+        (uint64_t)(kind == MFA_PASS_BACKWARD_KEY_VALUE ? problem->heads_kv : problem->heads_q);
+    pass->threadgroups[2] = (uint64_t)problem->batch;
+    if (pass->threadgroups[0] > UINT32_MAX)
+        return mfa_set_error(MFA_ERROR_UNSUPPORTED,
+                             "metal planner: %llu threadgroups along x exceed 2^32-1",
+                             (unsigned long long)pass->threadgroups[0]);
+    pass->params_index = MFA_BUFFER_PARAMS;
+
+    const int64_t esize = problem->dtype == MFA_DTYPE_F32 ? 4 : 2;
+    const int64_t B = problem->batch, Hq = problem->heads_q, Hkv = problem->heads_kv;
+    const int64_t Nq = problem->seq_q, Nk = problem->seq_k;
+    const int64_t D = problem->head_dim, Dv = problem->head_dim_v;
+    const operand_spec q = {MFA_OPERAND_Q, 0, &problem->q, {B, Hq, Nq, D}, esize};
+    const operand_spec k = {MFA_OPERAND_K, 0, &problem->k, {B, Hkv, Nk, D}, esize};
+    const operand_spec v = {MFA_OPERAND_V, 0, &problem->v, {B, Hkv, Nk, Dv}, esize};
+    const operand_spec l_in = {MFA_OPERAND_L, 0, &problem->lse, {B, Hq, Nq, 1}, 4};
+    const operand_spec d_scratch_out = {MFA_OPERAND_D, 1, NULL, {B, Hq, Nq, 1}, 4};
+    const operand_spec d_scratch_in = {MFA_OPERAND_D, 0, NULL, {B, Hq, Nq, 1}, 4};
+    const operand_spec dout = {MFA_OPERAND_DOUT, 0, &problem->dout, {B, Hq, Nq, Dv}, esize};
+
+    const struct {
+        const operand_spec* spec;
+        mfa_operand_layout* layout;
+    } * item, forward[] = {{&q, &params->q}, {&k, &params->k}, {&v, &params->v}},
+      backward_query[] = {{&q, &params->q},       {&k, &params->k},
+                          {&v, &params->v},       {&l_in, &params->l},
+                          {&d_scratch_out, &params->d}, {&dout, &params->dout}},
+      backward_key_value[] = {{&q, &params->q},      {&k, &params->k},
+                              {&v, &params->v},      {&l_in, &params->l},
+                              {&d_scratch_in, &params->d}, {&dout, &params->dout}};
+    size_t count;
+    if (kind == MFA_PASS_FORWARD) {
+        item = forward;
+        count = sizeof forward / sizeof forward[0];
+    } else if (kind == MFA_PASS_BACKWARD_QUERY) {
+        item = backward_query;
+        count = sizeof backward_query / sizeof backward_query[0];
+    } else {
+        item = backward_key_value;
+        count = sizeof backward_key_value / sizeof backward_key_value[0];
+    }
+    for (size_t i = 0; i < count; ++i)
+        if ((status = bind_operand(pass, item[i].spec, item[i].layout)) != MFA_OK) return status;
+
+    if (kind == MFA_PASS_FORWARD) {
+        const operand_spec o = {MFA_OPERAND_O, 1, &problem->out, {B, Hq, Nq, Dv}, esize};
+        if ((status = bind_operand(pass, &o, &params->o)) != MFA_OK) return status;
+        if (problem->lse.data) {
+            const operand_spec l_out = {MFA_OPERAND_L, 1, &problem->lse, {B, Hq, Nq, 1}, 4};
+            if ((status = bind_operand(pass, &l_out, &params->l)) != MFA_OK) return status;
+        }
+    } else if (kind == MFA_PASS_BACKWARD_QUERY) {
+        const operand_spec o = {MFA_OPERAND_O, 0, &problem->out, {B, Hq, Nq, Dv}, esize};
+        const operand_spec dq = {MFA_OPERAND_DQ, 1, &problem->dq, {B, Hq, Nq, D}, esize};
+        if ((status = bind_operand(pass, &o, &params->o)) != MFA_OK ||
+            (status = bind_operand(pass, &dq, &params->dq)) != MFA_OK)
+            return status;
+    } else {
+        const operand_spec dk = {MFA_OPERAND_DK, 1, &problem->dk, {B, Hkv, Nk, D}, esize};
+        const operand_spec dv = {MFA_OPERAND_DV, 1, &problem->dv, {B, Hkv, Nk, Dv}, esize};
+        if ((status = bind_operand(pass, &dk, &params->dk)) != MFA_OK ||
+            (status = bind_operand(pass, &dv, &params->dv)) != MFA_OK)
+            return status;
+    }
+    return MFA_OK;
+}
+
+mfa_status mfa_plan_forward(const mfa_problem* problem, mfa_gpu_family family,
+                            uint32_t max_threads_per_threadgroup, mfa_plan* plan) {
+    mfa_status status = check_problem(problem, family, max_threads_per_threadgroup);
+    if (status != MFA_OK) return status;
+    memset(plan, 0, sizeof *plan);
+    plan->num_passes = 1;
+    return plan_pass(problem, family, max_threads_per_threadgroup, MFA_PASS_FORWARD,
+                     &plan->passes[0]);
+}
+
+mfa_status mfa_plan_backward(const mfa_problem* problem, mfa_gpu_family family,
+                             uint32_t max_threads_per_threadgroup, mfa_plan* plan) {
+    mfa_status status = check_problem(problem, family, max_threads_per_threadgroup);
+    if (status != MFA_OK) return status;
+    memset(plan, 0, sizeof *plan);
+    plan->num_passes = 2;
+    int64_t scratch;
+    if (__builtin_mul_overflow(problem->batch, problem->heads_q, &scratch) ||
+        __builtin_mul_overflow(scratch, problem->seq_q, &scratch) ||
+        __builtin_mul_overflow(scratch, (int64_t)sizeof(float), &scratch))
+        return mfa_set_error(MFA_ERROR_SIZE_OVERFLOW,
+                             "metal planner: the backward scratch size does not fit in 64 bits");
+    plan->scratch_bytes = scratch;
+    if ((status = plan_pass(problem, family, max_threads_per_threadgroup,
+                            MFA_PASS_BACKWARD_QUERY, &plan->passes[0])) != MFA_OK)
+        return status;
+    return plan_pass(problem, family, max_threads_per_threadgroup, MFA_PASS_BACKWARD_KEY_VALUE,
+                     &plan->passes[1]);
+}

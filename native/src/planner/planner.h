@@ -1,0 +1,129 @@
+/*
+ * planner.h - how to run one attention call on an Apple GPU: which kernels, in which order,
+ * with which function constants, grid, threadgroup memory and buffer bindings.
+ *
+ * Portable C11, no Metal types: the Objective-C host turns a plan into encoder calls and the
+ * metal-sim backend turns the same plan into simulator dispatches, so both run exactly the
+ * same configuration. A plan is plain data owned by the caller; planning is pure and
+ * thread-safe.
+ *
+ * Host recipe for each pass of a plan, in order:
+ *   1. function  = library function `kernel_name`, specialised with every entry of
+ *                  `function_constants` (setConstantValue:type:atIndex: with the entry's
+ *                  type code; bool values are one byte, uint values four).
+ *   2. pipeline  = from that function. If the pipeline's maxTotalThreadsPerThreadgroup is below
+ *                  `threads_per_threadgroup`, plan again passing that maximum.
+ *   3. bindings  = for each entry, the operand's memory from (view data + byte_offset) for
+ *                  byte_length bytes at buffer index `index`; `params` with setBytes at
+ *                  `params_index`; threadgroup memory `threadgroup_memory_length` at index 0.
+ *   4. dispatch  = dispatchThreadgroups:`threadgroups` threadsPerThreadgroup:
+ *                  (threads_per_threadgroup, 1, 1). Passes whose threadgroup count is zero
+ *                  have no work and are skipped.
+ * Backward plans need a float scratch buffer of `scratch_bytes` bytes for operand D, written
+ * by the first pass and read by the second; encode the passes in order in one queue.
+ */
+#ifndef MFA_PLANNER_PLANNER_H
+#define MFA_PLANNER_PLANNER_H
+
+#include <stdint.h>
+
+#include "attention_params.h"
+#include "core/backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum mfa_pass_kind {
+    MFA_PASS_FORWARD = 0,             /* O and L */
+    MFA_PASS_BACKWARD_QUERY = 1,      /* D = rowsum(dO * O), then dQ */
+    MFA_PASS_BACKWARD_KEY_VALUE = 2   /* dK and dV */
+} mfa_pass_kind;
+
+/* The memory a binding refers to. */
+typedef enum mfa_operand {
+    MFA_OPERAND_Q = 0,
+    MFA_OPERAND_K = 1,
+    MFA_OPERAND_V = 2,
+    MFA_OPERAND_O = 3,
+    MFA_OPERAND_L = 4,        /* the problem's lse view (f32) */
+    MFA_OPERAND_D = 5,        /* the backward scratch (f32, [B, Hq, Nq] contiguous) */
+    MFA_OPERAND_DOUT = 6,
+    MFA_OPERAND_DV = 7,
+    MFA_OPERAND_DK = 8,
+    MFA_OPERAND_DQ = 9,
+    MFA_OPERAND_COUNT = 10
+} mfa_operand;
+
+/* MTLDataType codes used for function constants. */
+#define MFA_CONSTANT_TYPE_UINT 33
+#define MFA_CONSTANT_TYPE_BOOL 53
+
+typedef struct mfa_function_constant {
+    uint32_t index;  /* [[function_constant(index)]] */
+    uint32_t type;   /* MFA_CONSTANT_TYPE_* */
+    uint32_t value;  /* for BOOL: 0 or 1, to be passed as one byte */
+} mfa_function_constant;
+
+typedef struct mfa_buffer_binding {
+    uint32_t index;        /* [[buffer(index)]] */
+    mfa_operand operand;
+    int32_t writable;      /* the kernel writes through this binding */
+    int64_t byte_offset;   /* from the operand view's data pointer to the first byte bound; <= 0
+                              when strides are negative; 0 for the scratch D */
+    int64_t byte_length;   /* bytes from there that the kernel may touch (exact extent) */
+} mfa_buffer_binding;
+
+#define MFA_PLAN_MAX_CONSTANTS 16
+#define MFA_PLAN_MAX_BINDINGS 10
+#define MFA_PLAN_MAX_PASSES 2
+
+typedef struct mfa_pass_plan {
+    mfa_pass_kind kind;
+    const char* kernel_name;          /* static storage */
+    /* Block shape (also present among the function constants). */
+    uint32_t block_parallel;          /* rows of the parallel operand per threadgroup */
+    uint32_t block_traversal;         /* rows of the traversed operand per loop step */
+    uint32_t block_head;              /* feature columns staged through threadgroup memory at once */
+    uint32_t block_out;               /* output feature columns accumulated per threadgroup */
+    uint32_t cached_operands;         /* bit (1u << mfa_operand) per operand held in registers */
+    uint32_t num_constants;
+    mfa_function_constant constants[MFA_PLAN_MAX_CONSTANTS];
+    uint64_t threadgroups[3];         /* threadgroups per grid (x: row blocks * out blocks, y: heads, z: batch) */
+    uint32_t threads_per_threadgroup; /* 1-D threadgroups: 32 * block_parallel / 8 */
+    uint32_t threadgroup_memory_length; /* bytes at [[threadgroup(0)]]; multiple of 16, <= 32 KB */
+    uint32_t num_bindings;
+    mfa_buffer_binding bindings[MFA_PLAN_MAX_BINDINGS];
+    uint32_t params_index;            /* [[buffer(params_index)]] receives `params` */
+    mfa_kernel_params params;
+} mfa_pass_plan;
+
+typedef struct mfa_plan {
+    uint32_t num_passes;                  /* forward 1, backward 2 */
+    mfa_pass_plan passes[MFA_PLAN_MAX_PASSES];
+    int64_t scratch_bytes;                /* backward: bytes of the f32 D scratch; else 0 */
+} mfa_plan;
+
+/* Largest threadgroup memory a plan requests (Apple4+: 32 KB). */
+#define MFA_PLAN_THREADGROUP_MEMORY_LIMIT 32768
+/* Largest D and Dv the kernels accept. */
+#define MFA_PLAN_MAX_HEAD_DIM 1024
+
+/* mfa_plan_forward() / mfa_plan_backward(): fill *plan for problem on family (APPLE7, 8 or 9).
+ * max_threads_per_threadgroup bounds the threadgroup size (1024 unless a pipeline reported
+ * less). Fails with mfa_set_error (INVALID_ARGUMENT for a bad family or limit, UNSUPPORTED for
+ * shapes outside the kernels' range, SIZE_OVERFLOW for extents beyond 64 bits) and leaves
+ * *plan unspecified. */
+mfa_status mfa_plan_forward(const mfa_problem* problem, mfa_gpu_family family,
+                            uint32_t max_threads_per_threadgroup, mfa_plan* plan);
+mfa_status mfa_plan_backward(const mfa_problem* problem, mfa_gpu_family family,
+                             uint32_t max_threads_per_threadgroup, mfa_plan* plan);
+
+/* mfa_operand_name(): "Q", "K", ..., "dQ"; "?" otherwise. Static storage. */
+const char* mfa_operand_name(mfa_operand operand);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MFA_PLANNER_PLANNER_H */

@@ -1,0 +1,422 @@
+/*
+ * Planner unit tests: every table row fits the hardware limits, every plan covers the problem
+ * exactly once, bindings are complete and distinct, function constants agree with the plan,
+ * and the band folded into the kernel arguments sees exactly the keys backend.h says.
+ *
+ * The planner is compiled into this test directly (it is hidden inside libmfa), so the test
+ * supplies the one symbol it needs from the core, mfa_set_error.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "planner/planner.h"
+#include "planner/tables.h"
+
+static int failures = 0;
+static char last_error[512];
+
+#define CHECK(cond, ...)                                                               \
+    do {                                                                               \
+        if (!(cond)) {                                                                 \
+            if (failures < 40) {                                                       \
+                fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, #cond); \
+                fprintf(stderr, __VA_ARGS__);                                          \
+                fprintf(stderr, "\n");                                                 \
+            }                                                                          \
+            ++failures;                                                                \
+        }                                                                              \
+    } while (0)
+
+mfa_status mfa_set_error(mfa_status status, const char* format, ...) {
+    va_list args;
+    va_start(args, format);
+    vsnprintf(last_error, sizeof last_error, format, args);
+    va_end(args);
+    return status;
+}
+
+static const mfa_gpu_family families[] = {MFA_GPU_FAMILY_APPLE7, MFA_GPU_FAMILY_APPLE8,
+                                          MFA_GPU_FAMILY_APPLE9};
+static const mfa_dtype dtypes[] = {MFA_DTYPE_F32, MFA_DTYPE_F16, MFA_DTYPE_BF16};
+
+/* A bhsd problem over dummy (never dereferenced) addresses; strides as given or contiguous. */
+typedef struct test_problem {
+    mfa_problem p;
+    char storage[1]; /* the views only need distinct non-null addresses */
+} test_problem;
+
+static void contiguous(mfa_view* view, char* base, int64_t h, int64_t n, int64_t d) {
+    view->data = base;
+    view->stride[3] = 1;
+    view->stride[2] = d;
+    view->stride[1] = n * d;
+    view->stride[0] = h * n * d;
+}
+
+static mfa_problem make_problem(mfa_dtype dtype, int64_t b, int64_t hq, int64_t hkv, int64_t nq,
+                                int64_t nk, int64_t d, int64_t dv, int with_lse) {
+    static char base[16];
+    mfa_problem p;
+    memset(&p, 0, sizeof p);
+    p.dtype = dtype;
+    p.batch = b;
+    p.heads_q = hq;
+    p.heads_kv = hkv;
+    p.group = hq / hkv;
+    p.seq_q = nq;
+    p.seq_k = nk;
+    p.head_dim = d;
+    p.head_dim_v = dv;
+    p.scale = 0.125f;
+    p.diag_offset = nk - nq;
+    p.window_left = -1;
+    p.window_right = -1;
+    contiguous(&p.q, base + 1, hq, nq, d);
+    contiguous(&p.k, base + 2, hkv, nk, d);
+    contiguous(&p.v, base + 3, hkv, nk, dv);
+    contiguous(&p.out, base + 4, hq, nq, dv);
+    contiguous(&p.lse, with_lse ? base + 5 : NULL, hq, nq, 1);
+    if (!with_lse) p.lse.data = NULL;
+    contiguous(&p.dout, base + 6, hq, nq, dv);
+    contiguous(&p.dq, base + 7, hq, nq, d);
+    contiguous(&p.dk, base + 8, hkv, nk, d);
+    contiguous(&p.dv, base + 9, hkv, nk, dv);
+    return p;
+}
+
+static uint32_t constant_value(const mfa_pass_plan* pass, uint32_t index, int* found) {
+    *found = 0;
+    for (uint32_t i = 0; i < pass->num_constants; ++i)
+        if (pass->constants[i].index == index) {
+            ++*found;
+            return pass->constants[i].value;
+        }
+    return 0;
+}
+
+/* Structural checks that hold for every pass of every plan. */
+static void check_pass(const mfa_problem* p, const mfa_pass_plan* pass, uint32_t max_threads) {
+    CHECK(pass->threadgroup_memory_length <= MFA_PLAN_THREADGROUP_MEMORY_LIMIT, "tg %u",
+          pass->threadgroup_memory_length);
+    CHECK(pass->threadgroup_memory_length % 16 == 0, "tg %u", pass->threadgroup_memory_length);
+    CHECK(pass->threadgroup_memory_length >=
+              4 * mfa_staging_floats(pass->block_parallel, pass->block_traversal, pass->block_head,
+                                     pass->kind == MFA_PASS_BACKWARD_KEY_VALUE ? 2 : 0),
+          "tg memory below the kernel's carve-up");
+    CHECK(pass->threads_per_threadgroup == pass->block_parallel / 8 * 32, "threads %u",
+          pass->threads_per_threadgroup);
+    CHECK(pass->threads_per_threadgroup <= max_threads, "threads %u > %u",
+          pass->threads_per_threadgroup, max_threads);
+    CHECK(pass->block_parallel % 8 == 0 && pass->block_parallel <= MFA_MAX_BLOCK_PARALLEL,
+          "P %u", pass->block_parallel);
+    CHECK(pass->block_traversal % 8 == 0 && pass->block_traversal <= MFA_MAX_BLOCK_TRAVERSAL,
+          "T %u", pass->block_traversal);
+    CHECK(pass->block_head % 8 == 0 && pass->block_head > 0, "head %u", pass->block_head);
+    CHECK(pass->block_out % pass->block_head == 0 && pass->block_out <= MFA_MAX_BLOCK_OUT,
+          "out %u head %u", pass->block_out, pass->block_head);
+    CHECK(pass->params_index == MFA_BUFFER_PARAMS, "params index");
+    CHECK(pass->kernel_name && strncmp(pass->kernel_name, "mfa_attention_", 14) == 0, "name");
+
+    /* Function constants: distinct indices, values equal to the plan's fields. */
+    for (uint32_t i = 0; i < pass->num_constants; ++i)
+        for (uint32_t j = i + 1; j < pass->num_constants; ++j)
+            CHECK(pass->constants[i].index != pass->constants[j].index, "duplicate constant %u",
+                  pass->constants[i].index);
+    int found;
+    const struct {
+        uint32_t index, expected;
+    } expect[] = {
+        {MFA_FC_DTYPE, (uint32_t)p->dtype},
+        {MFA_FC_HEAD_DIM, (uint32_t)p->head_dim},
+        {MFA_FC_HEAD_DIM_V, (uint32_t)p->head_dim_v},
+        {MFA_FC_BLOCK_PARALLEL, pass->block_parallel},
+        {MFA_FC_BLOCK_TRAVERSAL, pass->block_traversal},
+        {MFA_FC_BLOCK_HEAD, pass->block_head},
+        {MFA_FC_BLOCK_OUT, pass->block_out},
+        {MFA_FC_CACHE_PARALLEL,
+         (pass->cached_operands &
+          (1u << (pass->kind == MFA_PASS_BACKWARD_KEY_VALUE ? MFA_OPERAND_K : MFA_OPERAND_Q))) != 0},
+        {MFA_FC_CACHE_PARALLEL2,
+         (pass->cached_operands &
+          (1u << (pass->kind == MFA_PASS_BACKWARD_KEY_VALUE ? MFA_OPERAND_V : MFA_OPERAND_DOUT))) != 0},
+    };
+    for (size_t i = 0; i < sizeof expect / sizeof expect[0]; ++i) {
+        uint32_t value = constant_value(pass, expect[i].index, &found);
+        CHECK(found == 1, "constant %u present %d times", expect[i].index, found);
+        CHECK(value == expect[i].expected, "constant %u = %u, expected %u", expect[i].index, value,
+              expect[i].expected);
+    }
+    for (uint32_t i = 0; i < pass->num_constants; ++i) {
+        const mfa_function_constant* c = &pass->constants[i];
+        CHECK(c->type == MFA_CONSTANT_TYPE_UINT || c->type == MFA_CONSTANT_TYPE_BOOL, "type");
+        if (c->type == MFA_CONSTANT_TYPE_BOOL) CHECK(c->value <= 1, "bool %u", c->value);
+    }
+    uint32_t has_lse = constant_value(pass, MFA_FC_HAS_LSE, &found);
+    if (pass->kind == MFA_PASS_FORWARD) {
+        CHECK(found == 1 && has_lse == (p->lse.data != NULL), "has_lse");
+    } else {
+        CHECK(found == 0, "has_lse only in forward");
+    }
+    /* Caching never exceeds the kernels' register arrays. */
+    if (constant_value(pass, MFA_FC_CACHE_PARALLEL, &found))
+        CHECK(p->head_dim <= MFA_MAX_CACHED_HEAD, "cached D %lld", (long long)p->head_dim);
+    if (constant_value(pass, MFA_FC_CACHE_PARALLEL2, &found))
+        CHECK(p->head_dim_v <= MFA_MAX_CACHED_HEAD, "cached Dv %lld", (long long)p->head_dim_v);
+
+    /* Bindings: exactly the operands the pass uses, each at its own index. */
+    uint32_t want;
+    uint32_t writes;
+    switch (pass->kind) {
+    case MFA_PASS_FORWARD:
+        want = 1u << MFA_OPERAND_Q | 1u << MFA_OPERAND_K | 1u << MFA_OPERAND_V | 1u << MFA_OPERAND_O |
+               (p->lse.data ? 1u << MFA_OPERAND_L : 0);
+        writes = 1u << MFA_OPERAND_O | (p->lse.data ? 1u << MFA_OPERAND_L : 0);
+        break;
+    case MFA_PASS_BACKWARD_QUERY:
+        want = 1u << MFA_OPERAND_Q | 1u << MFA_OPERAND_K | 1u << MFA_OPERAND_V | 1u << MFA_OPERAND_O |
+               1u << MFA_OPERAND_L | 1u << MFA_OPERAND_D | 1u << MFA_OPERAND_DOUT | 1u << MFA_OPERAND_DQ;
+        writes = 1u << MFA_OPERAND_D | 1u << MFA_OPERAND_DQ;
+        break;
+    default:
+        want = 1u << MFA_OPERAND_Q | 1u << MFA_OPERAND_K | 1u << MFA_OPERAND_V | 1u << MFA_OPERAND_L |
+               1u << MFA_OPERAND_D | 1u << MFA_OPERAND_DOUT | 1u << MFA_OPERAND_DK | 1u << MFA_OPERAND_DV;
+        writes = 1u << MFA_OPERAND_DK | 1u << MFA_OPERAND_DV;
+        break;
+    }
+    uint32_t seen_ops = 0, seen_index = 0;
+    for (uint32_t i = 0; i < pass->num_bindings; ++i) {
+        const mfa_buffer_binding* b = &pass->bindings[i];
+        CHECK(!(seen_ops & (1u << b->operand)), "operand %s bound twice", mfa_operand_name(b->operand));
+        CHECK(!(seen_index & (1u << b->index)), "index %u bound twice", b->index);
+        CHECK(b->index != pass->params_index, "binding at the params index");
+        CHECK(b->index < 31, "index %u", b->index);
+        seen_ops |= 1u << b->operand;
+        seen_index |= 1u << b->index;
+        CHECK(!!b->writable == !!(writes & (1u << b->operand)), "%s writable=%d",
+              mfa_operand_name(b->operand), b->writable);
+    }
+    CHECK(seen_ops == want, "bound operands 0x%x, expected 0x%x", seen_ops, want);
+}
+
+/* Grid coverage: decode every threadgroup as the kernels do and count each output element. */
+static void check_coverage(const mfa_problem* p, const mfa_pass_plan* pass) {
+    const int kv = pass->kind == MFA_PASS_BACKWARD_KEY_VALUE;
+    const int64_t rows = kv ? p->seq_k : p->seq_q;
+    const int64_t heads = kv ? p->heads_kv : p->heads_q;
+    const int64_t width = pass->kind == MFA_PASS_FORWARD ? p->head_dim_v
+                          : pass->kind == MFA_PASS_BACKWARD_QUERY
+                              ? p->head_dim
+                              : (p->head_dim > p->head_dim_v ? p->head_dim : p->head_dim_v);
+    const int64_t total = p->batch * heads * rows * width;
+    unsigned char* count = calloc((size_t)(total ? total : 1), 1);
+    CHECK(pass->threadgroups[1] == (uint64_t)heads, "grid y %llu",
+          (unsigned long long)pass->threadgroups[1]);
+    CHECK(pass->threadgroups[2] == (uint64_t)p->batch, "grid z");
+    const uint32_t out_blocks = (uint32_t)pass->params.out_blocks;
+    CHECK(out_blocks >= 1 && pass->threadgroups[0] % out_blocks == 0, "out blocks %u", out_blocks);
+    for (uint64_t z = 0; z < pass->threadgroups[2]; ++z)
+        for (uint64_t y = 0; y < pass->threadgroups[1]; ++y)
+            for (uint64_t x = 0; x < pass->threadgroups[0]; ++x) {
+                const int64_t row_block = (int64_t)(x / out_blocks);
+                const int64_t out_block = (int64_t)(x % out_blocks);
+                int64_t any_row = 0;
+                for (int64_t r = row_block * pass->block_parallel;
+                     r < (row_block + 1) * pass->block_parallel && r < rows; ++r, ++any_row)
+                    for (int64_t c = out_block * pass->block_out;
+                         c < (out_block + 1) * pass->block_out && c < width; ++c)
+                        ++count[((z * heads + y) * rows + r) * width + c];
+                CHECK(any_row > 0, "threadgroup x=%llu has no rows", (unsigned long long)x);
+            }
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < total; ++i) wrong += count[i] != 1;
+    CHECK(wrong == 0, "%lld of %lld output elements not covered exactly once (%s)",
+          (long long)wrong, (long long)total, pass->kernel_name);
+    free(count);
+}
+
+static void test_table_rows(void) {
+    for (size_t f = 0; f < 3; ++f)
+        for (int precision = 0; precision < 2; ++precision)
+            for (int kind = 0; kind < 3; ++kind) {
+                mfa_block_table t = mfa_block_table_for(families[f], (mfa_precision_class)precision,
+                                                        (mfa_pass_kind)kind);
+                CHECK(t.num_rows > 0, "empty table");
+                for (uint32_t i = 0; i < t.num_rows; ++i) {
+                    const mfa_block_row* r = &t.rows[i];
+                    CHECK(i == 0 || r->max_head_dim > t.rows[i - 1].max_head_dim, "unsorted");
+                    CHECK(r->block_parallel % 8 == 0 && r->block_parallel <= MFA_MAX_BLOCK_PARALLEL,
+                          "P");
+                    CHECK(r->block_traversal % 8 == 0 &&
+                              r->block_traversal <= MFA_MAX_BLOCK_TRAVERSAL, "T");
+                    CHECK(r->block_head % 8 == 0, "head");
+                    uint32_t bytes = 4 * mfa_staging_floats(r->block_parallel, r->block_traversal,
+                                                            r->block_head, 2);
+                    CHECK(bytes <= MFA_PLAN_THREADGROUP_MEMORY_LIMIT,
+                          "row %u of table (%zu,%d,%d) needs %u bytes", i, f, precision, kind, bytes);
+                }
+            }
+}
+
+/* Every family x dtype x head dims up to the maximum plans within limits. */
+static void test_all_head_dims(void) {
+    static const int64_t dims[] = {1, 2, 3, 7, 8, 9, 15, 16, 17, 24, 31, 32, 33, 40, 48, 56,
+                                   63, 64, 65, 72, 80, 96, 100, 127, 128, 129, 144, 160, 192,
+                                   224, 255, 256, 257, 320, 384, 385, 512, 640, 777, 1024};
+    const size_t n = sizeof dims / sizeof dims[0];
+    for (size_t f = 0; f < 3; ++f)
+        for (size_t t = 0; t < 3; ++t)
+            for (size_t i = 0; i < n; ++i)
+                for (size_t j = 0; j < n; j += 3) {
+                    mfa_problem p = make_problem(dtypes[t], 1, 2, 1, 5, 7, dims[i], dims[j], 1);
+                    mfa_plan plan;
+                    mfa_status s = mfa_plan_forward(&p, families[f], 1024, &plan);
+                    CHECK(s == MFA_OK, "forward D=%lld: %s", (long long)dims[i], last_error);
+                    if (s == MFA_OK) check_pass(&p, &plan.passes[0], 1024);
+                    s = mfa_plan_backward(&p, families[f], 1024, &plan);
+                    CHECK(s == MFA_OK, "backward D=%lld: %s", (long long)dims[i], last_error);
+                    if (s == MFA_OK) {
+                        CHECK(plan.num_passes == 2, "passes");
+                        CHECK(plan.passes[0].kind == MFA_PASS_BACKWARD_QUERY &&
+                                  plan.passes[1].kind == MFA_PASS_BACKWARD_KEY_VALUE,
+                              "pass order: D before dK/dV");
+                        CHECK(plan.scratch_bytes == 1 * 2 * 5 * 4, "scratch %lld",
+                              (long long)plan.scratch_bytes);
+                        check_pass(&p, &plan.passes[0], 1024);
+                        check_pass(&p, &plan.passes[1], 1024);
+                    }
+                }
+}
+
+static void test_coverage(void) {
+    static const int64_t shapes[][7] = {
+        /* b, hq, hkv, nq, nk, d, dv */
+        {1, 1, 1, 1, 1, 1, 1},     {2, 4, 2, 33, 17, 64, 64}, {3, 6, 1, 100, 129, 40, 24},
+        {1, 2, 2, 31, 64, 300, 520}, {2, 3, 3, 17, 5, 129, 8},
+    };
+    for (size_t f = 0; f < 3; ++f)
+        for (size_t t = 0; t < 3; ++t)
+            for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; ++s) {
+                const int64_t* x = shapes[s];
+                mfa_problem p = make_problem(dtypes[t], x[0], x[1], x[2], x[3], x[4], x[5], x[6], 0);
+                mfa_plan plan;
+                if (mfa_plan_forward(&p, families[f], 1024, &plan) == MFA_OK)
+                    check_coverage(&p, &plan.passes[0]);
+                else
+                    CHECK(0, "forward: %s", last_error);
+                if (mfa_plan_backward(&p, families[f], 1024, &plan) == MFA_OK) {
+                    check_coverage(&p, &plan.passes[0]);
+                    check_coverage(&p, &plan.passes[1]);
+                } else {
+                    CHECK(0, "backward: %s", last_error);
+                }
+            }
+}
+
+/* The kernels' band test (i + band_lo <= j <= i + band_hi) against backend.h's rule. */
+static void test_band(void) {
+    static const int64_t windows[] = {-1, 0, 1, 2, 5, 40, INT64_MAX / 2};
+    const size_t nw = sizeof windows / sizeof windows[0];
+    for (int64_t nq = 1; nq <= 9; nq += 4)
+        for (int64_t nk = 1; nk <= 11; nk += 5)
+            for (int align = 0; align < 2; ++align)
+                for (size_t a = 0; a < nw; ++a)
+                    for (size_t b = 0; b < nw; ++b) {
+                        mfa_problem p = make_problem(MFA_DTYPE_F32, 1, 1, 1, nq, nk, 8, 8, 1);
+                        p.diag_offset = align ? 0 : nk - nq;
+                        p.window_left = windows[a];
+                        p.window_right = windows[b];
+                        mfa_plan plan;
+                        if (mfa_plan_forward(&p, MFA_GPU_FAMILY_APPLE9, 1024, &plan) != MFA_OK) {
+                            CHECK(0, "%s", last_error);
+                            continue;
+                        }
+                        const mfa_kernel_params* k = &plan.passes[0].params;
+                        CHECK(k->band_lo >= -nq && k->band_lo <= nk, "band_lo %d", k->band_lo);
+                        CHECK(k->band_hi >= -nq && k->band_hi <= nk, "band_hi %d", k->band_hi);
+                        for (int64_t i = 0; i < nq; ++i)
+                            for (int64_t j = 0; j < nk; ++j) {
+                                /* backend.h, in 128-bit-safe form: lo/hi may be huge. */
+                                int lo_ok = p.window_left < 0 ||
+                                            (double)j >= (double)(i + p.diag_offset) - (double)p.window_left;
+                                int hi_ok = p.window_right < 0 ||
+                                            (double)j <= (double)(i + p.diag_offset) + (double)p.window_right;
+                                int expected = lo_ok && hi_ok;
+                                int got = i + k->band_lo <= j && j <= i + k->band_hi;
+                                CHECK(expected == got, "nq=%lld nk=%lld wl=%lld wr=%lld i=%lld j=%lld",
+                                      (long long)nq, (long long)nk, (long long)p.window_left,
+                                      (long long)p.window_right, (long long)i, (long long)j);
+                            }
+                    }
+}
+
+/* Negative and broadcast (zero) strides bind the lowest reachable byte and the exact extent. */
+static void test_strided_bindings(void) {
+    static char memory[1 << 16];
+    mfa_problem p = make_problem(MFA_DTYPE_F16, 2, 3, 3, 5, 6, 4, 4, 1);
+    p.q.data = memory + 40000;
+    p.q.stride[0] = -3 * 5 * 4;
+    p.q.stride[1] = 4;       /* bshd */
+    p.q.stride[2] = -3 * 4;
+    p.q.stride[3] = 1;
+    p.k.stride[0] = 0;       /* broadcast over batch */
+    mfa_plan plan;
+    CHECK(mfa_plan_forward(&p, MFA_GPU_FAMILY_APPLE7, 1024, &plan) == MFA_OK, "%s", last_error);
+    const mfa_pass_plan* pass = &plan.passes[0];
+    for (uint32_t i = 0; i < pass->num_bindings; ++i) {
+        const mfa_buffer_binding* b = &pass->bindings[i];
+        if (b->operand == MFA_OPERAND_Q) {
+            const int64_t lowest = -60 * 1 + -12 * 4; /* b=1, s=4 */
+            const int64_t highest = 4 * 2 + 3;        /* h=2, d=3 */
+            CHECK(b->byte_offset == lowest * 2, "q offset %lld", (long long)b->byte_offset);
+            CHECK(b->byte_length == (highest - lowest + 1) * 2, "q length %lld",
+                  (long long)b->byte_length);
+            CHECK(pass->params.q.origin == -lowest, "q origin %lld", (long long)pass->params.q.origin);
+        }
+        if (b->operand == MFA_OPERAND_K)
+            CHECK(b->byte_length == 3 * 6 * 4 * 2 && b->byte_offset == 0, "k extent %lld",
+                  (long long)b->byte_length);
+        if (b->operand == MFA_OPERAND_L)
+            CHECK(b->byte_length == 2 * 3 * 5 * 4, "lse extent %lld", (long long)b->byte_length);
+    }
+}
+
+static void test_limits_and_errors(void) {
+    mfa_problem p = make_problem(MFA_DTYPE_F32, 1, 1, 1, 64, 64, 64, 64, 0);
+    mfa_plan plan;
+    CHECK(mfa_plan_forward(&p, MFA_GPU_FAMILY_APPLE7, 64, &plan) == MFA_OK, "%s", last_error);
+    CHECK(plan.passes[0].threads_per_threadgroup <= 64 && plan.passes[0].block_parallel == 16,
+          "P %u under a 64-thread pipeline", plan.passes[0].block_parallel);
+    check_coverage(&p, &plan.passes[0]);
+    CHECK(mfa_plan_forward(&p, MFA_GPU_FAMILY_APPLE9, 16, &plan) == MFA_ERROR_INVALID_ARGUMENT,
+          "max threads below a simdgroup");
+    CHECK(strstr(last_error, "max_threads_per_threadgroup") != NULL, "message: %s", last_error);
+    CHECK(mfa_plan_forward(&p, MFA_GPU_FAMILY_NONE, 1024, &plan) == MFA_ERROR_INVALID_ARGUMENT,
+          "family NONE");
+    CHECK(mfa_plan_forward(&p, (mfa_gpu_family)10, 1024, &plan) == MFA_ERROR_INVALID_ARGUMENT,
+          "family 10");
+    p.head_dim = MFA_PLAN_MAX_HEAD_DIM + 1;
+    CHECK(mfa_plan_backward(&p, MFA_GPU_FAMILY_APPLE9, 1024, &plan) == MFA_ERROR_UNSUPPORTED,
+          "D too large");
+    CHECK(strstr(last_error, "head dims") != NULL, "message: %s", last_error);
+    p.head_dim = 64;
+    p.seq_q = (INT64_C(1) << 30) + 1;
+    CHECK(mfa_plan_forward(&p, MFA_GPU_FAMILY_APPLE9, 1024, &plan) == MFA_ERROR_UNSUPPORTED,
+          "Nq too large");
+}
+
+int main(void) {
+    test_table_rows();
+    test_all_head_dims();
+    test_coverage();
+    test_band();
+    test_strided_bindings();
+    test_limits_and_errors();
+    if (failures) {
+        fprintf(stderr, "planner tests: %d check(s) failed\n", failures);
+        return 1;
+    }
+    printf("planner tests: all checks passed\n");
+    return 0;
+}
