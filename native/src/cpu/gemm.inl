@@ -1,0 +1,77 @@
+/*
+ * The one place where inner products happen: C (+)= A * B for small tiles, with A row-major and
+ * B packed as panels of NR floats (NR = NV vectors) per reduction step. Every product of the
+ * forward and backward passes (S = Q K^T, O += P V, dP = dO V^T, dQ += dS K, and their key-side
+ * mirrors) is this shape once its B operand is packed.
+ *
+ * Register blocking: an MR x NR block of C lives in MR * NV vector registers while the reduction
+ * runs; per step it loads NV vectors of B and broadcasts MR scalars of A. MR * NV accumulators
+ * hide the FMA latency (4 cycles x 2 pipes needs >= 8 independent chains) and, with the NV + 1
+ * operands, must fit the register file: MR comes from the ISA build (MFA_CPU_ROWS).
+ */
+
+static const int NV = 2;
+static const int64_t NR = NV * W;
+static const int MR = MFA_CPU_ROWS;
+
+template <int ROWS>
+static inline void micro_tile(int64_t depth, const float* a, int64_t lda, const float* b,
+                              float* c, int64_t ldc, bool accumulate)
+{
+    vf acc[ROWS][NV];
+#pragma GCC unroll 16
+    for (int r = 0; r < ROWS; ++r)
+        for (int v = 0; v < NV; ++v)
+            acc[r][v] = vsplat(0.0f);
+    for (int64_t k = 0; k < depth; ++k) {
+        vf bk[NV];
+        for (int v = 0; v < NV; ++v)
+            bk[v] = vload(b + k * NR + v * W);
+#pragma GCC unroll 16
+        for (int r = 0; r < ROWS; ++r) {
+            const vf ar = vsplat(a[r * lda + k]);
+            for (int v = 0; v < NV; ++v)
+                acc[r][v] += ar * bk[v];
+        }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < ROWS; ++r)
+        for (int v = 0; v < NV; ++v) {
+            float* cv = c + r * ldc + v * W;
+            vstore(cv, accumulate ? acc[r][v] + vload(cv) : acc[r][v]);
+        }
+}
+
+/* The row remainder of a tile (1 .. MR-1 rows) through the same kernel at a smaller height. */
+template <int ROWS>
+static inline void micro_tile_rows(int rows, int64_t depth, const float* a, int64_t lda,
+                                   const float* b, float* c, int64_t ldc, bool accumulate)
+{
+    if (rows == ROWS)
+        micro_tile<ROWS>(depth, a, lda, b, c, ldc, accumulate);
+    else
+        micro_tile_rows<ROWS - 1>(rows, depth, a, lda, b, c, ldc, accumulate);
+}
+
+template <>
+inline void micro_tile_rows<0>(int, int64_t, const float*, int64_t, const float*, float*,
+                               int64_t, bool)
+{
+}
+
+/* C[m x cols] (+)= A[m x depth] * B, where B is ceil(cols / NR) panels of depth x NR floats and
+ * C has row stride ldc >= round_up(cols, NR). depth may be 0 (C becomes or stays as is). */
+static void gemm_packed(int64_t m, int64_t cols, int64_t depth, const float* a, int64_t lda,
+                        const float* b, float* c, int64_t ldc, bool accumulate)
+{
+    const int64_t panels = (cols + NR - 1) / NR;
+    for (int64_t p = 0; p < panels; ++p) {
+        const float* bp = b + p * depth * NR;
+        float* cp = c + p * NR;
+        int64_t r = 0;
+        for (; r + MR <= m; r += MR)
+            micro_tile<MR>(depth, a + r * lda, lda, bp, cp + r * ldc, ldc, accumulate);
+        micro_tile_rows<MR - 1>((int)(m - r), depth, a + r * lda, lda, bp, cp + r * ldc, ldc,
+                                accumulate);
+    }
+}

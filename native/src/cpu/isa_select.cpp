@@ -1,0 +1,98 @@
+/*
+ * Choosing the instruction set the CPU kernels run at.
+ *
+ * How the SIMD code is written, and why: the kernels are written once, with GCC/Clang vector
+ * extensions (`float __attribute__((vector_size(N)))`), and that one source is compiled several
+ * times (kernels_<isa>.cpp) with different target flags into separate, internally linked copies.
+ *   - Intrinsics would need a hand-written copy of every kernel per ISA (AVX-512, AVX2, NEON, SSE)
+ *     to keep in sync; the vector extensions give one copy that GCC >= 9 and Clang (including
+ *     Apple clang, where NEON is the baseline) lower to each ISA's registers and FMAs.
+ *   - A portable SIMD library (Highway, xsimd) would do the same job but adds a dependency every
+ *     user must build, for the half-dozen operations the kernels need (FMA, loads, broadcast,
+ *     compare/select, exp2 from integer bit tricks).
+ *   - Per-file flags rather than target attributes, because attributes do not propagate into
+ *     inlined templates and would have to be spelled on every helper.
+ * Register blocking is explicit in the source (gemm.inl), so code quality does not depend on the
+ * auto-vectorizer; the compiler only allocates registers and unrolls fixed-count loops.
+ *
+ * Selection happens once per context, here, with cpuid (__builtin_cpu_supports, which also checks
+ * that the OS saves the wide registers). No code compiled with AVX flags runs unless this says so,
+ * so the library loads and runs on any x86-64. MFA_CPU_ISA in the environment pins one build
+ * ("avx512", "avx2" or "portable") so tests can cover every compiled path; asking for one the CPU
+ * lacks is an error, never a silent substitution.
+ */
+#include "cpu/isa_select.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+namespace {
+
+struct isa_choice {
+    const char* name;
+    const mfa_cpu_kernels* (*kernels)(void);
+    bool (*supported)(void);
+};
+
+bool always(void) { return true; }
+
+#if defined(__x86_64__) || defined(_M_X64)
+bool has_avx512(void)
+{
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("fma");
+}
+
+bool has_avx2(void)
+{
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+#endif
+
+/* Fastest first. */
+const isa_choice choices[] = {
+#if defined(__x86_64__) || defined(_M_X64)
+    {"avx512", mfa_cpu_kernels_avx512, has_avx512},
+    {"avx2", mfa_cpu_kernels_avx2, has_avx2},
+#endif
+    {"portable", mfa_cpu_kernels_portable, always},
+};
+
+} // namespace
+
+mfa_status mfa_cpu_select_kernels(const mfa_cpu_kernels** kernels)
+{
+    const char* pinned = getenv("MFA_CPU_ISA");
+    if (pinned && *pinned) {
+        for (const isa_choice& choice : choices) {
+            if (strcmp(choice.name, pinned) != 0)
+                continue;
+            if (!choice.supported())
+                return mfa_set_error(MFA_ERROR_UNSUPPORTED,
+                                     "MFA_CPU_ISA=%s: this CPU does not support %s", pinned,
+                                     choice.name);
+            *kernels = choice.kernels();
+            return MFA_OK;
+        }
+        return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
+                             "MFA_CPU_ISA=%s: expected one of the kernel builds in this library "
+                             "(%s%s)",
+                             pinned,
+#if defined(__x86_64__) || defined(_M_X64)
+                             "avx512, avx2, ",
+#else
+                             "",
+#endif
+                             "portable");
+    }
+    for (const isa_choice& choice : choices) {
+        if (choice.supported()) {
+            *kernels = choice.kernels();
+            return MFA_OK;
+        }
+    }
+    return mfa_set_error(MFA_ERROR_INTERNAL, "no CPU kernel build is usable");
+}
