@@ -1,0 +1,152 @@
+// metal-sim: runs the project's .metal kernels on the CPU with the execution semantics of an
+// Apple GPU. This header is the interface for the libmfa backend glue (backend.cpp) and for the
+// simulator's own tests. It mirrors one Metal compute dispatch:
+//
+//   [encoder setComputePipelineState:pipeline(kernel, function constants)]
+//   [encoder setBuffer:base offset:offset atIndex:i]                  -> Dispatch::buffers[i]
+//   [encoder setThreadgroupMemoryLength:n atIndex:i]                  -> Dispatch::threadgroup_memory_lengths[i]
+//   [encoder dispatchThreadgroups:grid threadsPerThreadgroup:group]   -> Dispatch::threadgroups, threads_per_threadgroup
+//
+// How kernels get here. Every metal/*.metal file is preprocessed with the compatibility headers
+// in native/src/metal_sim/include (metal_stdlib & co.), rewritten by metal_sim_codegen.py (which
+// strips Metal's attributes and generates the argument-binding glue from each kernel signature)
+// and compiled as C++ into libmfa; the kernels register themselves by name at load time. Tests
+// compile their own .metal files the same way with the CMake function mfa_sim_add_kernels().
+//
+// Supported kernel forms (anything else is a build error from the code generator, never a
+// silently unbound argument):
+//   kernel void name(...) { ... }                                   plain kernel, host name = name
+//   template <...> [[kernel]] void name(...) { ... }                template kernel, and per variant
+//   template [[host_name("host_name")]] [[kernel]] decltype(name<A, B>) name<A, B>;
+//   (also spelled `kernel void name(...)` in the template, and as macros expanding to either.)
+// Supported kernel parameters:
+//   device T* / device const T* / constant T* x [[buffer(i)]]       T: scalars, vectors, structs
+//   constant S& / device S& / device const S& x [[buffer(i)]]       bound buffer must hold sizeof(S)
+//   threadgroup T* x [[threadgroup(i)]]                             length from the dispatch
+//   built-ins, as uint/ushort/int or 2-/3-component vectors of them:
+//     thread_position_in_grid, thread_position_in_threadgroup, threadgroup_position_in_grid,
+//     threads_per_threadgroup, threadgroups_per_grid, threads_per_grid,
+//     dispatch_threads_per_threadgroup, thread_index_in_threadgroup, thread_index_in_simdgroup,
+//     simdgroup_index_in_threadgroup, threads_per_simdgroup, simdgroups_per_threadgroup
+//   [[buffer(i), function_constant(c)]]: optional buffer; a null pointer when c is false and
+//     the buffer is unbound.
+// Program-scope function constants: `constant T name [[function_constant(i)]];` (T a scalar
+// type), and derived constants `constant T name = <expression using function constants>;`.
+// Both are per dispatch (thread-local in the simulator), so concurrent dispatches with different
+// constants do not interfere. is_function_constant_defined(name) works on either.
+//
+// Not supported, and rejected at build time: `threadgroup` variables declared inside a kernel
+// body (declare threadgroup memory as a [[threadgroup(i)]] argument, as issue 4 asks), size_t
+// and ptrdiff_t kernel arguments, double, exceptions, RTTI, dynamic allocation, the C++
+// standard library. Address-space mismatches (a threadgroup pointer where a device pointer is
+// expected) are NOT caught: see include/metal_stdlib for why.
+//
+// Execution semantics (what a dispatch guarantees and checks):
+//   - Each threadgroup runs its threads as fibers on one worker; threadgroups are spread over
+//     num_workers OS threads. threadgroup_barrier, simdgroup_barrier, every simd_* function and
+//     every simdgroup_matrix operation is a real rendezvous of the threadgroup / SIMD-group.
+//   - SIMD-groups are 32 consecutive thread_index_in_threadgroup values, as on Apple GPUs.
+//   - A barrier or SIMD-group function reached by only part of its group (divergence, an early
+//     return, different call sites) fails the dispatch with a message naming the kernel, the
+//     threadgroup and the call sites; it never hangs.
+//   - Threadgroup memory is per threadgroup and starts as garbage (never zeros); more than
+//     32 KB in total, or a length that is not a multiple of 16, fails the dispatch.
+//   - schedule_seed != 0 shuffles the order in which runnable threads run between rendezvous,
+//     so a missing barrier shows up as wrong results; 0 runs them in index order.
+//   - dispatch() is thread-safe: many threads may dispatch at once, with any kernels.
+#ifndef MFA_METAL_SIM_SIM_H
+#define MFA_METAL_SIM_SIM_H
+
+#include <cstddef>
+#include <cstdint>
+
+#include "mfa.h"
+
+#if defined(__GNUC__) || defined(__clang__)
+#define MFA_SIM_API __attribute__((visibility("default")))
+#else
+#define MFA_SIM_API
+#endif
+
+namespace mfa::sim {
+
+inline constexpr int kMaxBufferBindings = 31;              // Metal's argument table size
+inline constexpr int kMaxThreadgroupMemoryBindings = 31;
+inline constexpr uint32_t kMaxThreadgroupMemoryBytes = 32768;  // Apple4+ limit, all bindings
+inline constexpr uint32_t kThreadgroupMemoryAlignment = 16;    // lengths must be multiples
+inline constexpr uint32_t kMaxThreadsPerThreadgroup = 1024;
+inline constexpr uint32_t kSimdWidth = 32;
+
+// The Metal data types a function constant can have (MTLDataType, scalar subset).
+enum class ConstantType : uint8_t { Bool, Char, UChar, Short, UShort, Int, UInt, Half, Float };
+
+// One MTLFunctionConstantValues entry: setConstantValue:&value type:type atIndex:index.
+// Build it with the helpers below; the type must match the kernel's declaration exactly, as
+// Metal's pipeline creation requires.
+struct FunctionConstant {
+    uint16_t index = 0;
+    ConstantType type = ConstantType::Int;
+    union {
+        bool b;
+        int32_t i;   // Char, Short, Int (range-checked against the declared type)
+        uint32_t u;  // UChar, UShort, UInt
+        float f;     // Half (rounded to nearest even when bound), Float
+    } value = {};
+
+    static FunctionConstant of_bool(uint16_t index, bool v) {
+        FunctionConstant c; c.index = index; c.type = ConstantType::Bool; c.value.b = v; return c;
+    }
+    static FunctionConstant of_int(uint16_t index, int32_t v) {
+        FunctionConstant c; c.index = index; c.type = ConstantType::Int; c.value.i = v; return c;
+    }
+    static FunctionConstant of_uint(uint16_t index, uint32_t v) {
+        FunctionConstant c; c.index = index; c.type = ConstantType::UInt; c.value.u = v; return c;
+    }
+    static FunctionConstant of_float(uint16_t index, float v) {
+        FunctionConstant c; c.index = index; c.type = ConstantType::Float; c.value.f = v; return c;
+    }
+    static FunctionConstant of_half(uint16_t index, float v) {
+        FunctionConstant c; c.index = index; c.type = ConstantType::Half; c.value.f = v; return c;
+    }
+};
+
+// setBuffer:offset:atIndex:. The kernel sees base + offset. length is the size of the
+// allocation at base (bytes), used to check struct arguments and offsets; run the tests under
+// AddressSanitizer (MFA_SANITIZE=ON) with exactly-sized allocations to catch out-of-bounds
+// element accesses. base is non-const because the kernel decides what it writes.
+struct BufferBinding {
+    void* base = nullptr;  // nullptr = not bound
+    size_t length = 0;
+    size_t offset = 0;
+};
+
+struct Size3 {
+    uint32_t x = 1, y = 1, z = 1;
+};
+
+struct Dispatch {
+    const char* kernel = nullptr;                 // host name of the kernel
+    const FunctionConstant* constants = nullptr;  // indices must be distinct
+    size_t num_constants = 0;
+    BufferBinding buffers[kMaxBufferBindings] = {};
+    uint32_t threadgroup_memory_lengths[kMaxThreadgroupMemoryBindings] = {};  // bytes
+    Size3 threadgroups;                           // dispatchThreadgroups: grid
+    Size3 threads_per_threadgroup;                // threadsPerThreadgroup:
+    uint64_t schedule_seed = 0;                   // 0 = index order; else shuffled
+    int num_workers = 0;                          // OS threads; 0 = one per core
+};
+
+// Runs the dispatch to completion. On failure returns an error status (MFA_ERROR_INVALID_ARGUMENT
+// for a malformed dispatch or unknown kernel, MFA_ERROR_DEVICE for a fault while running: a
+// divergent barrier, a partial SIMD-group operation, an unbound buffer the kernel uses, ...) and
+// records the message with mfa_set_error on the calling thread. Buffers may be partly written
+// when a dispatch fails, as on a GPU.
+MFA_SIM_API mfa_status dispatch(const Dispatch& dispatch);
+
+// Whether a kernel with this host name is compiled into the process (libmfa's kernels, plus any
+// a test executable compiled itself).
+MFA_SIM_API bool has_kernel(const char* name);
+
+}  // namespace mfa::sim
+
+#endif  // MFA_METAL_SIM_SIM_H
