@@ -144,7 +144,12 @@ def _params(causal, causal_alignment, window, scale):
     else:
         if not isinstance(scale, numbers.Real) or isinstance(scale, (bool, np.bool_)):
             raise TypeError(f"scale must be None or a real number, got {type(scale).__name__}")
-        scale_value = float(np.float32(scale)) if math.isfinite(scale) else float(scale)
+        try:
+            scale_value = float(scale)
+        except OverflowError:  # an int beyond the float range
+            scale_value = math.inf
+        with np.errstate(over="ignore"):  # too large for float32 is reported just below
+            scale_value = float(np.float32(scale_value))
         if not math.isfinite(scale_value) or scale_value == 0.0:
             raise ValueError(
                 f"scale must be finite and nonzero as a float32, got {scale!r}"
