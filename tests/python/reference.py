@@ -87,6 +87,21 @@ def attention_forward(q, k, v, *, causal=False, causal_alignment="bottom_right",
     return probs @ v, lse
 
 
+def forward_magnitudes(q, k, v, *, causal=False, causal_alignment="bottom_right", window=None,
+                       scale=None):
+    """Sizes for bounding floating-point errors, 0 on rows that see no key:
+    out evaluated on absolute values, P |V| (the sum of the absolute values of its terms), and
+    per row [B, Hq, Nq] the P-weighted mean of |scale| |q| |k|^T, the size of the terms of the
+    scores, whose rounding errors reach lse, P and everything computed from P."""
+    probs, _, scale = _probabilities(q, k, causal=causal, causal_alignment=causal_alignment,
+                                     window=window, scale=scale)
+    num_query_heads = probs.shape[1]
+    k = _repeat_kv_heads(np.abs(np.asarray(k, dtype=np.float64)), num_query_heads)
+    v = _repeat_kv_heads(np.abs(np.asarray(v, dtype=np.float64)), num_query_heads)
+    score_terms = abs(scale) * (np.abs(np.asarray(q, dtype=np.float64)) @ np.swapaxes(k, -1, -2))
+    return probs @ v, np.sum(probs * score_terms, axis=-1)
+
+
 def attention_backward(dout, q, k, v, *, out=None, causal=False, causal_alignment="bottom_right",
                        window=None, scale=None):
     """(dq, dk, dv) in float64 for the loss <out, dout>, by the softmax-gradient formulas
@@ -96,20 +111,45 @@ def attention_backward(dout, q, k, v, *, out=None, causal=False, causal_alignmen
 
     `out` is the forward output the gradient is taken around; pass the (rounded) array a backend
     received so that delta is computed from the same numbers. None recomputes it exactly."""
-    probs, _, scale = _probabilities(q, k, causal=causal, causal_alignment=causal_alignment,
-                                     window=window, scale=scale)
-    num_query_heads = probs.shape[1]
-    q = np.asarray(q, dtype=np.float64)
-    num_kv_heads = np.asarray(k).shape[1]
-    k = _repeat_kv_heads(np.asarray(k, dtype=np.float64), num_query_heads)
-    v = _repeat_kv_heads(np.asarray(v, dtype=np.float64), num_query_heads)
-    dout = np.asarray(dout, dtype=np.float64)
-    out = probs @ v if out is None else np.asarray(out, dtype=np.float64)
+    parts = _Backward(dout, q, k, v, out, causal=causal, causal_alignment=causal_alignment,
+                      window=window, scale=scale)
+    return parts.gradients(parts.probs * (parts.dprobs - parts.delta))
 
-    dprobs = dout @ np.swapaxes(v, -1, -2)
-    delta = np.sum(dout * out, axis=-1, keepdims=True)
-    dscores = probs * (dprobs - delta)
-    dq = scale * (dscores @ k)
-    dk = scale * (np.swapaxes(dscores, -1, -2) @ q)
-    dv = np.swapaxes(probs, -1, -2) @ dout
-    return dq, _sum_over_groups(dk, num_kv_heads), _sum_over_groups(dv, num_kv_heads)
+
+def gradient_magnitudes(dout, q, k, v, *, out=None, causal=False,
+                        causal_alignment="bottom_right", window=None, scale=None):
+    """(dq, dk, dv) evaluated on absolute values: every sum replaced by the sum of the absolute
+    values of its terms, including those of dP - delta, which cancel exactly when a row sees one
+    key. Floating-point evaluation errors of a sum are bounded relative to these magnitudes,
+    not to the (possibly cancelling) result."""
+    parts = _Backward(dout, q, k, v, out, causal=causal, causal_alignment=causal_alignment,
+                      window=window, scale=scale, absolute=True)
+    return parts.gradients(parts.probs * (parts.dprobs + parts.delta))
+
+
+class _Backward:
+    """The intermediate tensors both backward functions share, per query head."""
+
+    def __init__(self, dout, q, k, v, out, *, causal, causal_alignment, window, scale,
+                 absolute=False):
+        self.probs, _, self.scale = _probabilities(q, k, causal=causal,
+                                                   causal_alignment=causal_alignment,
+                                                   window=window, scale=scale)
+        num_query_heads = self.probs.shape[1]
+        self.num_kv_heads = np.asarray(k).shape[1]
+        magnitude = np.abs if absolute else np.asarray
+        self.q = magnitude(np.asarray(q, dtype=np.float64))
+        self.k = magnitude(_repeat_kv_heads(np.asarray(k, dtype=np.float64), num_query_heads))
+        v = _repeat_kv_heads(np.asarray(v, dtype=np.float64), num_query_heads)
+        out = self.probs @ v if out is None else np.asarray(out, dtype=np.float64)
+        self.dout = magnitude(np.asarray(dout, dtype=np.float64))
+        self.dprobs = self.dout @ np.swapaxes(magnitude(v), -1, -2)
+        self.delta = np.sum(self.dout * magnitude(out), axis=-1, keepdims=True)
+        if absolute:
+            self.scale = abs(self.scale)
+
+    def gradients(self, dscores):
+        dq = self.scale * (dscores @ self.k)
+        dk = self.scale * (np.swapaxes(dscores, -1, -2) @ self.q)
+        dv = np.swapaxes(self.probs, -1, -2) @ self.dout
+        return dq, _sum_over_groups(dk, self.num_kv_heads), _sum_over_groups(dv, self.num_kv_heads)

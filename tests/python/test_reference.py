@@ -185,3 +185,21 @@ def test_plausible_mistakes_change_the_result(mistake):
     else:
         wrong, _ = brute_force_attention(q, k, v, scale=1.0, **options)
     assert np.max(np.abs(wrong - out)) > 0.05 * np.max(np.abs(out))
+
+
+@pytest.mark.parametrize("case", SMALL_CASES, ids=SMALL_IDS)
+def test_magnitudes_bound_the_results(case):
+    *shape, options = case
+    q, k, v, dout = small_inputs(6, *shape)
+    out, _ = reference.attention_forward(q, k, v, **options)
+    out_magnitude, _ = reference.forward_magnitudes(q, k, v, **options)
+    assert np.all(np.abs(out) <= out_magnitude * (1 + 1e-12))
+    gradients = reference.attention_backward(dout, q, k, v, **options)
+    magnitudes = reference.gradient_magnitudes(dout, q, k, v, **options)
+    for gradient, magnitude in zip(gradients, magnitudes):
+        assert np.all(np.abs(gradient) <= magnitude * (1 + 1e-12) + 1e-15)
+    # With non-negative inputs and scale nothing in out cancels: its magnitude is out itself.
+    positive = {**options, "scale": abs(options.get("scale") or 1.0)}
+    out, _ = reference.attention_forward(np.abs(q), np.abs(k), np.abs(v), **positive)
+    out_magnitude, _ = reference.forward_magnitudes(np.abs(q), np.abs(k), np.abs(v), **positive)
+    np.testing.assert_allclose(out_magnitude, out, rtol=1e-12)

@@ -1,0 +1,213 @@
+"""Shared machinery of the numeric attention suite: which backends each test runs on, the cases
+(shapes and options) they get, inputs generated in the storage dtype, and how a result is judged
+against the float64 reference in reference.py."""
+
+import dataclasses
+import functools
+import zlib
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import mfa_native
+import reference
+
+DTYPES = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16),
+          "bf16": np.dtype(ml_dtypes.bfloat16)}
+
+# Unit roundoff 2^-p of a p-bit significand: f32 p = 24, f16 p = 11, bf16 p = 8.
+UNIT_ROUNDOFF = {"f32": 2.0**-24, "f16": 2.0**-11, "bf16": 2.0**-8}
+
+
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    """One way of running the suite: a backend name plus, for metal-sim, the simulated GPU family
+    and the seed that shuffles the order of simulated threads between barriers."""
+
+    name: str
+    gpu_family: str = None
+    sim_seed: int = 0
+
+    @property
+    def id(self):
+        parts = [self.name] + ([self.gpu_family] if self.gpu_family else [])
+        parts += [f"seed{self.sim_seed}"] if self.sim_seed else []
+        return "-".join(parts)
+
+    @property
+    def is_simulator(self):
+        return self.name == "metal-sim"
+
+    def context(self):
+        return _context(self)
+
+
+@functools.cache
+def _context(backend):
+    # One context per backend for the whole session: creating one starts worker threads.
+    return mfa_native.Context(backend.name, gpu_family=backend.gpu_family,
+                              sim_seed=backend.sim_seed)
+
+
+def _available_backends():
+    names = mfa_native.available_backends()
+    runs = [Backend(name) for name in ("cpu", "metal") if name in names]
+    if "metal-sim" in names:
+        # apple7 and apple8 share MFA's block-size tables, apple9 has its own; the seeded run
+        # shuffles thread order to expose missing barriers.
+        runs += [Backend("metal-sim", family) for family in ("apple7", "apple8", "apple9")]
+        runs.append(Backend("metal-sim", "apple9", sim_seed=20261129))
+    return runs
+
+
+BACKENDS = _available_backends()
+
+
+def backend_params(cases, simulator_cases):
+    """pytest params (backend, case): `cases` on the native backends, the smaller
+    `simulator_cases` on every metal-sim run (it executes GPU kernels on the CPU, slowly)."""
+    return [pytest.param(backend, case, id=f"{backend.id}-{case.id}")
+            for backend in BACKENDS
+            for case in (simulator_cases if backend.is_simulator else cases)]
+
+
+def backend_only_params():
+    return [pytest.param(backend, id=backend.id) for backend in BACKENDS]
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One attention problem: shapes, mask options and storage dtype."""
+
+    num_queries: int
+    num_keys: int
+    head_dim: int
+    value_dim: int
+    query_heads: int = 1
+    kv_heads: int = 1
+    batch: int = 1
+    causal: bool = False
+    causal_alignment: str = "bottom_right"
+    window: tuple = None
+    scale: float = None
+    dtype: str = "f32"
+
+    @property
+    def id(self):
+        text = (f"{self.dtype}-b{self.batch}h{self.query_heads}/{self.kv_heads}"
+                f"-n{self.num_queries}x{self.num_keys}-d{self.head_dim}x{self.value_dim}")
+        if self.causal:
+            text += "-causal"
+        if self.causal or self.window is not None:
+            text += "-br" if self.causal_alignment == "bottom_right" else "-tl"
+        if self.window is not None:
+            text += f"-w{self.window[0]},{self.window[1]}"
+        if self.scale is not None:
+            text += f"-s{self.scale}"
+        return text
+
+    @property
+    def options(self):
+        """Keyword arguments shared by mfa_native.attention and the reference."""
+        return {"causal": self.causal, "causal_alignment": self.causal_alignment,
+                "window": self.window, "scale": self.scale}
+
+    def rng(self):
+        # Seeded by the case so that a failure reproduces alone and in any test order.
+        return np.random.default_rng(zlib.crc32(self.id.encode()))
+
+    def array(self, rng, heads, length, dim):
+        """Standard normal values rounded to the storage dtype, so that the same numbers,
+        upcast exactly, are what the reference sees."""
+        shape = (self.batch, heads, length, dim)
+        return rng.standard_normal(shape).astype(DTYPES[self.dtype])
+
+    def inputs(self, rng):
+        q = self.array(rng, self.query_heads, self.num_queries, self.head_dim)
+        k = self.array(rng, self.kv_heads, self.num_keys, self.head_dim)
+        v = self.array(rng, self.kv_heads, self.num_keys, self.value_dim)
+        return q, k, v
+
+
+def allowed_error(dtype, expected, magnitude, reduction_length, score_size):
+    """Largest |actual - expected| accepted, element-wise, by a simple rounding-error model.
+
+    Inputs are exact in the reference (generated in the storage dtype), so errors come from:
+      - rounding to the storage dtype: the result once and, on matrix hardware, the
+        probabilities or score gradients fed to a second product; each is at most one unit
+        roundoff u of the dtype relative to the result, together within 4 u * max|expected|;
+      - fp32 arithmetic, relative to `magnitude`, the same sums taken over absolute values
+        (so that exact cancellations, like dP - delta on a row with one key, are covered):
+        sums of n = `reduction_length` terms whose rounding errors add like a random walk,
+        taken generously as 8 u32 sqrt(n), and the scores' own error of that size times
+        `score_size` (the size of their terms), which P passes on relatively to everything.
+    """
+    finite = np.isfinite(expected)
+    largest = np.max(np.abs(expected[finite]), initial=0.0)
+    accumulation = 8 * UNIT_ROUNDOFF["f32"] * np.sqrt(reduction_length) * (1 + score_size)
+    return 4 * UNIT_ROUNDOFF[dtype] * largest + accumulation * magnitude
+
+
+def assert_close(name, actual, expected, allowed):
+    """Assert |actual - expected| <= allowed element-wise, with no NaN or inf where expected is
+    finite and exact equality where it is not (the -inf lse of rows that see no key)."""
+    actual = np.asarray(actual, dtype=np.float64)
+    assert actual.shape == expected.shape, f"{name}: shape {actual.shape} != {expected.shape}"
+    finite = np.isfinite(expected)
+    broken = finite & ~np.isfinite(actual)
+    assert not broken.any(), (f"{name}: {broken.sum()} non-finite values where the reference is "
+                              f"finite, first at {tuple(np.argwhere(broken)[0])}")
+    assert np.array_equal(actual[~finite], expected[~finite]), (
+        f"{name}: {np.sum(actual[~finite] != expected[~finite])} values differ where the "
+        f"reference is infinite")
+    error = np.abs(np.subtract(actual, expected, out=np.zeros_like(actual), where=finite))
+    excess = np.where(finite, error - allowed, -np.inf)
+    worst = np.unravel_index(np.argmax(excess), excess.shape)
+    assert excess[worst] <= 0, (
+        f"{name}: got {actual[worst]!r} at {worst}, expected {expected[worst]!r} within "
+        f"{np.broadcast_to(allowed, excess.shape)[worst]:.3g}; {np.sum(excess > 0)} of "
+        f"{excess.size} elements are off")
+
+
+def check_forward(case, out, lse, q, k, v):
+    """Compare (out, lse) of a backend with the reference for inputs q, k, v ([B, H, N, D])."""
+    expected_out, expected_lse = reference.attention_forward(q, k, v, **case.options)
+    out_magnitude, score_size = reference.forward_magnitudes(q, k, v, **case.options)
+    # Scores sum over the head dimension, out over the visible keys.
+    reduction_length = case.head_dim + case.num_keys
+    largest_score = np.max(score_size)
+    assert_close("out", out, expected_out,
+                 allowed_error(case.dtype, expected_out, out_magnitude, reduction_length,
+                               largest_score))
+    # lse is fp32 whatever the dtype: score errors plus the rounding of lse itself.
+    lse_magnitude = score_size + np.abs(np.where(np.isfinite(expected_lse), expected_lse, 0))
+    assert_close("lse", lse, expected_lse,
+                 allowed_error("f32", expected_lse, lse_magnitude, reduction_length, 0.0))
+    empty_rows = np.isneginf(expected_lse)
+    assert np.all(out[empty_rows] == 0), "rows that see no key must be exactly 0"
+
+
+def check_backward(case, gradients, dout, q, k, v, out):
+    """Compare (dq, dk, dv) of a backend with the reference taken around the given out."""
+    expected = reference.attention_backward(dout, q, k, v, out=out, **case.options)
+    magnitudes = reference.gradient_magnitudes(dout, q, k, v, out=out, **case.options)
+    _, score_size = reference.forward_magnitudes(q, k, v, **case.options)
+    # dq sums over keys, dk and dv over queries and the query heads of a group; dP, delta and
+    # the scores over a head dimension.
+    group = case.query_heads // case.kv_heads
+    reduction_length = (case.head_dim + case.value_dim + case.num_keys
+                        + case.num_queries * group)
+    for name, actual, wanted, magnitude in zip(("dq", "dk", "dv"), gradients, expected,
+                                               magnitudes):
+        assert_close(name, actual, wanted,
+                     allowed_error(case.dtype, wanted, magnitude, reduction_length,
+                                   np.max(score_size)))
+    # Exact zeros: queries that see no key (the contract), keys that no query sees (no terms).
+    visible = reference.visible_keys(case.num_queries, case.num_keys, causal=case.causal,
+                                     causal_alignment=case.causal_alignment, window=case.window)
+    dq, dk, dv = gradients
+    assert np.all(dq[:, :, ~visible.any(axis=1)] == 0), "queries without keys need dq = 0"
+    unseen_keys = ~visible.any(axis=0)
+    assert np.all(dk[:, :, unseen_keys] == 0) and np.all(dv[:, :, unseen_keys] == 0), (
+        "keys that no query sees need dk = dv = 0")

@@ -1,0 +1,63 @@
+"""mfa_native.attention against the float64 reference, on every available backend.
+
+The case lists are pairwise-style rather than a cartesian product: every sequence length, head
+dimension, mask kind, head grouping and dtype appears, each next to several of the others.
+Lengths and head dimensions are chosen off every block size (1, 7, 33, 129, D = 3, 33, 80...)
+so that partial blocks are exercised, and D up to 512 forces head-dimension blocking.
+"""
+
+import numpy as np
+import pytest
+
+import mfa_native
+from _backends import Case, backend_params, check_forward
+
+CASES = [
+    Case(1, 1, 1, 1),
+    Case(1, 1000, 64, 64, query_heads=4, kv_heads=1, causal=True, dtype="f16"),
+    # Bottom-right causal with Nq > Nk: all but the last 7 rows see no key.
+    Case(1000, 7, 8, 3, query_heads=2, kv_heads=2, causal=True, dtype="bf16"),
+    Case(7, 129, 3, 8, query_heads=2, kv_heads=1, causal=True, causal_alignment="top_left"),
+    Case(129, 64, 33, 80, query_heads=4, kv_heads=2, window=(16, 0), dtype="f16"),
+    Case(64, 129, 80, 33, batch=2, window=(3, 5), causal_alignment="top_left", dtype="bf16"),
+    Case(2, 7, 96, 128, query_heads=3, kv_heads=1, window=(0, 0)),
+    Case(129, 129, 128, 96, query_heads=2, kv_heads=1, causal=True, dtype="bf16"),
+    Case(1000, 1000, 64, 64, causal=True),
+    # Top-left, keys only up to one step back: rows from 3 on see nothing.
+    Case(7, 2, 192, 256, query_heads=2, kv_heads=2, window=(1, None), causal_alignment="top_left",
+      dtype="f16"),
+    Case(129, 1000, 256, 192, query_heads=2, kv_heads=2, window=(100, 100)),
+    Case(64, 7, 512, 512, causal=True, causal_alignment="top_left", dtype="bf16"),
+    Case(1000, 129, 512, 64, dtype="f16"),
+    Case(2, 1, 33, 1, query_heads=2, kv_heads=1, scale=2.5),
+    # A large scale makes the softmax peaky, so the running maximum matters.
+    Case(129, 129, 64, 80, causal=True, window=(10, -1), scale=0.9, dtype="f16"),
+    Case(1000, 64, 96, 80, window=(0, 2), causal_alignment="top_left", dtype="bf16"),
+    Case(7, 7, 1, 3, batch=3, causal=True, scale=-0.5, dtype="f16"),
+    Case(64, 1000, 192, 8, query_heads=4, kv_heads=2, window=(None, 10)),
+    Case(33, 2, 256, 33, query_heads=4, kv_heads=4, causal=True, window=(0, -1), dtype="bf16"),
+]
+
+SIMULATOR_CASES = [
+    Case(1, 1, 1, 1),
+    Case(7, 129, 33, 80, query_heads=2, kv_heads=1, causal=True, dtype="f16"),
+    Case(129, 33, 8, 3, query_heads=4, kv_heads=2, causal=True, causal_alignment="top_left",
+      dtype="bf16"),
+    # The window skips whole key blocks on both sides of the diagonal.
+    Case(33, 129, 80, 33, window=(16, 0)),
+    Case(64, 64, 64, 64, causal=True),
+    Case(2, 7, 192, 256, window=(1, 1), causal_alignment="top_left", dtype="f16"),
+    Case(7, 2, 512, 96, causal=True, dtype="bf16"),
+    Case(129, 129, 128, 128, causal=True, window=(40, -1), scale=0.3),
+    Case(33, 7, 3, 1, query_heads=3, kv_heads=1, scale=2.0, dtype="f16"),
+    Case(1, 129, 256, 64, query_heads=4, kv_heads=1, dtype="bf16"),
+]
+
+
+@pytest.mark.parametrize("backend, case", backend_params(CASES, SIMULATOR_CASES))
+def test_forward_matches_reference(backend, case):
+    q, k, v = case.inputs(case.rng())
+    out, lse = mfa_native.attention(q, k, v, **case.options, return_lse=True,
+                                    backend=backend.context())
+    assert out.dtype == q.dtype and lse.dtype == np.float32
+    check_forward(case, out, lse, q, k, v)
