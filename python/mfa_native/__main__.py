@@ -2,6 +2,7 @@
 
 import argparse
 import gc
+import importlib
 import json
 import math
 import sys
@@ -138,6 +139,10 @@ def _demo(arguments):
         ("mfa backward", mfa_backward), ("naive backward", naive_backward),
     ):
         print(f"{label:16}{seconds:9.3f}s   {_mib(numpy_peak):>32}   {_mib(rss_extra):>24}")
+    print("numpy (tracemalloc): peak of arrays allocated through numpy/Python during the call, "
+          "outputs included.\nRSS (VmHWM): peak rise of the resident set during the call, "
+          "libmfa's own allocations included" + ("." if mfa_forward[2] is not None else
+          "; n/a: the high-water mark cannot be reset on this system."))
 
     within_tolerance = True
     for name, got, expected in zip(("out", "lse", "dq", "dk", "dv"),
@@ -155,20 +160,22 @@ def _timed(function):
     return result, measurements
 
 
-def _bench(arguments):
+def _bench(argv):
     # Imported here so that a missing benchmark module never affects the rest of the package.
     try:
-        from mfa_native import bench
+        bench = importlib.import_module("mfa_native.bench")
     except ModuleNotFoundError as error:
         print(f"python -m mfa_native bench: the benchmark module is not available ({error})",
               file=sys.stderr)
         return 2
-    status = bench.main(arguments.arguments)
+    status = bench.main(argv)
     return 0 if status is None else status
 
 
 def _parser():
-    parser = argparse.ArgumentParser(prog="python -m mfa_native", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m mfa_native",
+        description="mfa_native: exact attention (FlashAttention) for Apple GPUs and CPUs.")
     commands = parser.add_subparsers(dest="command", required=True)
 
     info = commands.add_parser("info", help="version, library, backends and capabilities")
@@ -187,14 +194,17 @@ def _parser():
     demo.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     demo.set_defaults(run=_demo)
 
-    bench = commands.add_parser("bench", add_help=False,
-                                help="benchmarks (arguments go to mfa_native.bench)")
-    bench.add_argument("arguments", nargs=argparse.REMAINDER)
-    bench.set_defaults(run=_bench)
+    # Listed for --help only: main() hands "bench ..." to mfa_native.bench before parsing, since
+    # argparse cannot pass options it does not know through unchanged.
+    commands.add_parser("bench", add_help=False,
+                        help="benchmarks; every later argument goes to mfa_native.bench")
     return parser
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:
+        return _bench(argv[1:])
     arguments = _parser().parse_args(argv)
     return arguments.run(arguments)
 
