@@ -1,0 +1,105 @@
+// Device selection, limits, the command queue and GPU timing of one Metal context.
+#import "metal_host.h"
+
+#include <stdio.h>
+
+id<MTLDevice> mfa_metal_select_device(void) {
+    NSArray<id<MTLDevice>>* devices = MTLCopyAllDevices();
+    for (id<MTLDevice> device in devices) {
+        if ([device supportsFamily:MTLGPUFamilyApple7]) return device;
+    }
+    // Headless, sandboxed and virtualised sessions can list no devices yet still offer a
+    // default one.
+    id<MTLDevice> fallback = MTLCreateSystemDefaultDevice();
+    if (fallback != nil && [fallback supportsFamily:MTLGPUFamilyApple7]) return fallback;
+    return nil;
+}
+
+// Newer families than Apple9 run the Apple9 configuration, the planner's newest tables.
+static mfa_gpu_family family_of(id<MTLDevice> device) {
+    if ([device supportsFamily:MTLGPUFamilyApple9]) return MFA_GPU_FAMILY_APPLE9;
+    if ([device supportsFamily:MTLGPUFamilyApple8]) return MFA_GPU_FAMILY_APPLE8;
+    return MFA_GPU_FAMILY_APPLE7;
+}
+
+@implementation MFAMetalContext {
+    char _deviceNameStorage[256];
+    NSLock* _timingLock; // guards the two fields below
+    BOOL _hasGPUTime;
+    double _lastGPUTime;
+}
+
+- (instancetype)initWithDevice:(id<MTLDevice>)device
+                         queue:(id<MTLCommandQueue>)queue
+                       kernels:(MFAKernelLibrary*)kernels {
+    self = [super init];
+    if (self != nil) {
+        _device = device;
+        _queue = queue;
+        _family = family_of(device);
+        const char* name = device.name.UTF8String;
+        snprintf(_deviceNameStorage, sizeof _deviceNameStorage, "%s", name != NULL ? name : "Apple GPU");
+        // maxThreadsPerThreadgroup bounds each dimension; the kernels' threadgroups are 1-D.
+        const NSUInteger threads = device.maxThreadsPerThreadgroup.width;
+        _maxThreadsPerThreadgroup = threads < 1024 ? (uint32_t)threads : 1024;
+        _maxThreadgroupMemoryLength = device.maxThreadgroupMemoryLength;
+        _maxBufferLength = device.maxBufferLength;
+        _pipelines = [[MFAPipelineCache alloc] initWithDevice:device kernels:kernels];
+        _timingLock = [[NSLock alloc] init];
+    }
+    return self;
+}
+
+- (const char*)deviceName {
+    return _deviceNameStorage;
+}
+
+- (void)recordGPUStart:(CFTimeInterval)start end:(CFTimeInterval)end {
+    [_timingLock lock];
+    _hasGPUTime = YES;
+    _lastGPUTime = end - start;
+    [_timingLock unlock];
+}
+
+- (BOOL)lastGPUTime:(double*)seconds {
+    [_timingLock lock];
+    const BOOL has = _hasGPUTime;
+    *seconds = _lastGPUTime;
+    [_timingLock unlock];
+    return has;
+}
+
+@end
+
+mfa_status mfa_metal_context_create(MFAMetalContext* __autoreleasing* out) {
+    *out = nil;
+    id<MTLDevice> device = mfa_metal_select_device();
+    if (device == nil) {
+        return mfa_set_error(MFA_ERROR_BACKEND_UNAVAILABLE,
+                             "metal: no Apple7 or later GPU (M1 or newer) was found");
+    }
+    const char* name = device.name.UTF8String;
+    if (device.maxThreadgroupMemoryLength < MFA_PLAN_THREADGROUP_MEMORY_LIMIT) {
+        return mfa_set_error(MFA_ERROR_UNSUPPORTED,
+                             "metal: %s offers %lu bytes of threadgroup memory; the kernels are "
+                             "planned for %d", name != NULL ? name : "the GPU",
+                             (unsigned long)device.maxThreadgroupMemoryLength,
+                             MFA_PLAN_THREADGROUP_MEMORY_LIMIT);
+    }
+    // One queue per context: command buffers from many threads may share it, and each call
+    // encodes its own command buffer.
+    id<MTLCommandQueue> queue = [device newCommandQueue];
+    if (queue == nil) {
+        return mfa_set_error(MFA_ERROR_DEVICE, "metal: %s refused to create a command queue",
+                             name != NULL ? name : "the GPU");
+    }
+    mfa_status status = MFA_OK;
+    MFAKernelLibrary* kernels = [[MFAKernelLibrary alloc] initWithDevice:device status:&status];
+    if (kernels == nil) return status;
+    MFAMetalContext* context = [[MFAMetalContext alloc] initWithDevice:device queue:queue kernels:kernels];
+    if (context == nil) {
+        return mfa_set_error(MFA_ERROR_OUT_OF_MEMORY, "metal: cannot allocate the context");
+    }
+    *out = context;
+    return MFA_OK;
+}

@@ -1,0 +1,160 @@
+// Caller memory as MTLBuffers: wrapped without a copy where Metal allows, staged otherwise.
+#import "metal_host.h"
+
+#include <string.h>
+
+// The caller's view behind an operand, with the shape the problem gives it.
+typedef struct operand_view {
+    const mfa_view* view;
+    int64_t shape[4];
+    size_t element_size;
+} operand_view;
+
+static BOOL find_operand_view(const mfa_problem* p, mfa_operand operand, operand_view* out) {
+    const size_t element = mfa_dtype_size(p->dtype);
+    const int64_t query[4] = {p->batch, p->heads_q, p->seq_q, p->head_dim};
+    const int64_t key[4] = {p->batch, p->heads_kv, p->seq_k, p->head_dim};
+    const int64_t value[4] = {p->batch, p->heads_kv, p->seq_k, p->head_dim_v};
+    const int64_t output[4] = {p->batch, p->heads_q, p->seq_q, p->head_dim_v};
+    const int64_t rows[4] = {p->batch, p->heads_q, p->seq_q, 1};
+    const int64_t* shape = NULL;
+    switch (operand) {
+        case MFA_OPERAND_Q: out->view = &p->q; shape = query; break;
+        case MFA_OPERAND_K: out->view = &p->k; shape = key; break;
+        case MFA_OPERAND_V: out->view = &p->v; shape = value; break;
+        case MFA_OPERAND_O: out->view = &p->out; shape = output; break;
+        case MFA_OPERAND_L: out->view = &p->lse; shape = rows; break;
+        case MFA_OPERAND_DOUT: out->view = &p->dout; shape = output; break;
+        case MFA_OPERAND_DQ: out->view = &p->dq; shape = query; break;
+        case MFA_OPERAND_DK: out->view = &p->dk; shape = key; break;
+        case MFA_OPERAND_DV: out->view = &p->dv; shape = value; break;
+        default: return NO; // D is the call's scratch, not caller memory
+    }
+    memcpy(out->shape, shape, sizeof out->shape);
+    out->element_size = operand == MFA_OPERAND_L ? sizeof(float) : element;
+    return YES;
+}
+
+@implementation MFAOperandBuffer {
+    // A staged output's way back: the caller's view and where its binding starts.
+    BOOL _copyBack;
+    char* _callerData;
+    int64_t _shape[4];
+    int64_t _stride[4];
+    size_t _elementSize;
+    int64_t _byteOffset;
+}
+
+- (instancetype)initWithBuffer:(nullable id<MTLBuffer>)buffer offset:(NSUInteger)offset {
+    self = [super init];
+    if (self != nil) {
+        _buffer = buffer;
+        _offset = offset;
+    }
+    return self;
+}
+
+- (instancetype)initStagingBuffer:(id<MTLBuffer>)buffer
+                          forView:(const operand_view*)view
+                          binding:(const mfa_buffer_binding*)binding {
+    self = [super init];
+    if (self != nil) {
+        _buffer = buffer;
+        _staged = YES;
+        _copyBack = binding->writable != 0;
+        _callerData = view->view->data;
+        memcpy(_shape, view->shape, sizeof _shape);
+        memcpy(_stride, view->view->stride, sizeof _stride);
+        _elementSize = view->element_size;
+        _byteOffset = binding->byte_offset;
+    }
+    return self;
+}
+
+- (void)copyResultsToCaller {
+    if (!_copyBack) return;
+    // Element by element (rows at once where contiguous): the bytes between a strided view's
+    // elements may belong to someone else and must not be overwritten.
+    const char* staged = (const char*)_buffer.contents;
+    const int64_t size = (int64_t)_elementSize;
+    const BOOL contiguous_rows = _stride[3] == 1 || _shape[3] == 1;
+    for (int64_t b = 0; b < _shape[0]; b++) {
+        for (int64_t h = 0; h < _shape[1]; h++) {
+            for (int64_t s = 0; s < _shape[2]; s++) {
+                const int64_t row = (b * _stride[0] + h * _stride[1] + s * _stride[2]) * size;
+                if (contiguous_rows) {
+                    memcpy(_callerData + row, staged + (row - _byteOffset), (size_t)(_shape[3] * size));
+                    continue;
+                }
+                for (int64_t d = 0; d < _shape[3]; d++) {
+                    const int64_t at = row + d * _stride[3] * size;
+                    memcpy(_callerData + at, staged + (at - _byteOffset), _elementSize);
+                }
+            }
+        }
+    }
+}
+
+@end
+
+MFAOperandBuffer* mfa_metal_bind_operand(MFAMetalContext* context, const mfa_problem* problem,
+                                         const mfa_buffer_binding* binding,
+                                         id<MTLBuffer> scratch, mfa_status* status) {
+    if (binding->operand == MFA_OPERAND_D) {
+        if (scratch == nil) {
+            *status = mfa_set_error(MFA_ERROR_INTERNAL, "metal: a pass binds D but the plan has no scratch");
+            return nil;
+        }
+        return [[MFAOperandBuffer alloc] initWithBuffer:scratch offset:0];
+    }
+    operand_view view;
+    if (!find_operand_view(problem, binding->operand, &view)) {
+        *status = mfa_set_error(MFA_ERROR_INTERNAL, "metal: the plan binds unknown operand %d",
+                                (int)binding->operand);
+        return nil;
+    }
+    // An optional output the caller did not ask for (lse), or an operand with no elements: the
+    // kernel is planned not to touch it.
+    if (view.view->data == NULL || binding->byte_length == 0) {
+        return [[MFAOperandBuffer alloc] initWithBuffer:nil offset:0];
+    }
+    const char* name = mfa_operand_name(binding->operand);
+    if (binding->byte_length < 0 || (uint64_t)binding->byte_length > context.maxBufferLength) {
+        *status = mfa_set_error(MFA_ERROR_UNSUPPORTED,
+                                "metal: operand %s spans %lld bytes; %s's largest buffer is %lu bytes",
+                                name, (long long)binding->byte_length, context.deviceName,
+                                (unsigned long)context.maxBufferLength);
+        return nil;
+    }
+    char* first = view.view->data + binding->byte_offset;
+    const size_t length = (size_t)binding->byte_length;
+
+    // Zero copy: wrap the whole pages that enclose the operand (Metal wants a page-aligned
+    // start and length) and bind at the operand's offset within them. GPU reads need naturally
+    // aligned elements, so a misaligned view is staged instead.
+    const uintptr_t address = (uintptr_t)first;
+    if (address % view.element_size == 0) {
+        const size_t page = mfa_page_size();
+        const size_t lead = address % page;
+        const size_t span = lead + length;
+        const size_t pages_length = span + (page - span % page) % page;
+        if (pages_length <= context.maxBufferLength) {
+            id<MTLBuffer> wrapped = [context.device newBufferWithBytesNoCopy:(void*)(address - lead)
+                                                                      length:pages_length
+                                                                     options:MTLResourceStorageModeShared
+                                                                 deallocator:nil];
+            if (wrapped != nil) return [[MFAOperandBuffer alloc] initWithBuffer:wrapped offset:lead];
+        }
+    }
+
+    // Staged: the binding's exact extent in a shared buffer. Outputs are copied in too, so the
+    // kernel sees the same bytes either way.
+    id<MTLBuffer> staging = [context.device newBufferWithLength:length options:MTLResourceStorageModeShared];
+    if (staging == nil) {
+        *status = mfa_set_error(MFA_ERROR_OUT_OF_MEMORY,
+                                "metal: cannot allocate %zu bytes to stage operand %s", length, name);
+        return nil;
+    }
+    memcpy(staging.contents, first, length);
+    return [[MFAOperandBuffer alloc] initStagingBuffer:staging forView:&view binding:binding];
+}
