@@ -41,6 +41,12 @@ class _Layout:
                 shape[axis] = size
         return tuple(shape)
 
+    def require_nonempty(self, name, array):
+        for logical, axis in enumerate(self.axes):
+            if axis is not None and array.shape[axis] == 0:
+                raise ValueError(f"{name}.shape[{axis}] ({_AXIS_NAMES[logical]}) must be at "
+                                 f"least 1, got 0")
+
     def require_same(self, name, array, other_name, other, logical):
         axis = self.axes[logical]
         if axis is not None and array.shape[axis] != other.shape[axis]:
@@ -103,16 +109,7 @@ def _tensor(array, layout):
 
 def _lse_tensor(lse):
     """The C API's [B, Hq, Nq, 1] view of a [B, Hq, Nq] (or [Hq, Nq]) float32 array."""
-    layout = _Layout("bhsd", lse.ndim + 1)
-    tensor = ffi.new("mfa_tensor*")
-    tensor.data = ffi.cast("void*", lse.__array_interface__["data"][0])
-    tensor.dtype = lib.MFA_DTYPE_F32
-    for logical, axis in enumerate(layout.axes[:3]):
-        tensor.shape[logical] = 1 if axis is None else lse.shape[axis]
-        tensor.strides[logical] = 0 if axis is None else lse.strides[axis] // lse.itemsize
-    tensor.shape[3] = 1
-    tensor.strides[3] = 1
-    return tensor
+    return _tensor(lse[..., None], _Layout("bhsd", lse.ndim + 1))
 
 
 def _window_bound(side, value):
@@ -120,7 +117,7 @@ def _window_bound(side, value):
         return -1
     if not isinstance(value, numbers.Integral) or isinstance(value, (bool, np.bool_)):
         raise TypeError(f"window[{side}] must be an int or None, got {type(value).__name__}")
-    if value < -1:
+    if not -1 <= value < 2**63:
         raise ValueError(f"window[{side}] must be >= 0, or -1 / None for unbounded, got {value}")
     return int(value)
 
@@ -173,13 +170,15 @@ def _check_inputs(q, k, v, layout):
         _check_array(name, array, q.dtype)
         _check_rank(name, array, q.ndim)
     arrays = _Layout(layout, q.ndim)
+    for name, array in (("q", q), ("k", k), ("v", v)):
+        arrays.require_nonempty(name, array)
     arrays.require_same("k", k, "q", q, _BATCH)
     arrays.require_same("v", v, "q", q, _BATCH)
     arrays.require_same("v", v, "k", k, _HEADS)
     arrays.require_same("k", k, "q", q, _DIM)
     arrays.require_same("v", v, "k", k, _SEQ)
     heads_q, heads_kv = arrays.size(q, _HEADS), arrays.size(k, _HEADS)
-    if heads_kv == 0 or heads_q % heads_kv:
+    if heads_q % heads_kv:
         axis = arrays.axes[_HEADS]
         raise ValueError(
             f"q.shape[{axis}] (query heads) = {heads_q} must be a multiple of "

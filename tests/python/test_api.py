@@ -118,6 +118,16 @@ def test_query_heads_must_be_a_multiple_of_key_heads(rng, layout, axis):
         mfa_native.attention(q, k, v, layout=layout)
 
 
+@pytest.mark.parametrize("layout, axis, name", [("bhsd", 2, "sequence length"),
+                                                ("bshd", 1, "sequence length"),
+                                                ("bshd", 2, "heads")])
+def test_empty_axes_are_rejected(rng, layout, axis, name):
+    q, k, v = _arrays(rng, layout)
+    empty_k = np.take(k, [], axis=axis)
+    with _raises(ValueError, f"k.shape[{axis}] ({name}) must be at least 1, got 0"):
+        mfa_native.attention(q, empty_k, v, layout=layout)
+
+
 def test_strides_must_be_multiples_of_the_itemsize(rng):
     q, k, v = _arrays(rng)
     # A field of a packed record array: float32 elements 5 bytes apart.
@@ -149,6 +159,7 @@ _BAD_OPTIONS = [
     (dict(window=(1.5, 2)), TypeError, "window[0] must be an int or None, got float"),
     (dict(window=(0, True)), TypeError, "window[1] must be an int or None, got bool"),
     (dict(window=(0, -2)), ValueError, "window[1] must be >= 0, or -1 / None for unbounded, got -2"),
+    (dict(window=(2**64, 0)), ValueError, "window[0] must be >= 0, or -1 / None for unbounded"),
     (dict(scale="0.5"), TypeError, "scale must be None or a real number, got str"),
     (dict(scale=True), TypeError, "scale must be None or a real number, got bool"),
     (dict(scale=0.0), ValueError, "scale must be finite and nonzero"),
