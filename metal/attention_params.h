@@ -83,6 +83,7 @@ typedef struct mfa_kernel_params {
 #define MFA_MAX_BLOCK_OUT 128       /* accumulator tile: 8 x 128 per simdgroup */
 #define MFA_MAX_CACHED_HEAD 256     /* a register-cached operand row: 8 x 256 per simdgroup */
 #define MFA_MAX_BLOCK_PARALLEL 64   /* 8 simdgroups */
+#define MFA_MAX_BLOCK_HEAD 64       /* a staged chunk of the slab: 8 x 64 per simdgroup */
 
 /* Floats of threadgroup memory each kernel needs: one [block_parallel x block_head] staging tile
  * for the parallel operands, one [block_traversal x block_head] for the traversed operands, and,

@@ -1,18 +1,166 @@
-// Placeholder until the attention kernels land: the metal-sim backend reports itself unavailable.
+// The metal-sim backend: plans a call with the same planner as the Metal host and runs each
+// pass of the plan through the simulator, so the kernels and the configuration it tests are
+// exactly those a Mac would run.
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
 #include "core/backend.h"
+#include "metal_sim/sim.h"
+#include "planner/planner.h"
 
 namespace {
-int available() { return 0; }
-mfa_status create(const mfa_context_options*, void**) {
-    return mfa_set_error(MFA_ERROR_BACKEND_UNAVAILABLE,
-                         "metal-sim: the attention kernels are not built into this library yet");
+
+const char* const kKernels[] = {"mfa_attention_forward", "mfa_attention_backward_query",
+                                "mfa_attention_backward_key_value"};
+
+// Largest D and Dv advertised; the planner accepts up to MFA_PLAN_MAX_HEAD_DIM, this is the
+// range exercised by the tests.
+constexpr int64_t kMaxHeadDim = 512;
+
+struct SimState {
+    mfa_gpu_family family;
+    uint64_t schedule_seed;
+    int workers;
+    char device_name[64];
+};
+
+int available() {
+    for (const char* name : kKernels)
+        if (!mfa::sim::has_kernel(name)) return 0;
+    return 1;
 }
-void destroy(void*) {}
-const char* device_name(void*) { return "metal-sim"; }
-void capabilities(void*, mfa_capabilities*) {}
-mfa_status unavailable(void*, const mfa_problem*) { return create(nullptr, nullptr); }
+
+mfa_status create(const mfa_context_options* options, void** state) {
+    const mfa_gpu_family family =
+        options->gpu_family == MFA_GPU_FAMILY_NONE ? MFA_GPU_FAMILY_APPLE9 : options->gpu_family;
+    if (family != MFA_GPU_FAMILY_APPLE7 && family != MFA_GPU_FAMILY_APPLE8 &&
+        family != MFA_GPU_FAMILY_APPLE9)
+        return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
+                             "metal-sim: gpu_family %d is not Apple7, Apple8 or Apple9",
+                             (int)options->gpu_family);
+    auto* s = static_cast<SimState*>(std::calloc(1, sizeof(SimState)));
+    if (!s) return mfa_set_error(MFA_ERROR_OUT_OF_MEMORY, "metal-sim: cannot allocate a context");
+    s->family = family;
+    s->schedule_seed = options->sim_schedule_seed;
+    const unsigned cores = std::thread::hardware_concurrency();
+    s->workers = options->num_threads > 0 ? options->num_threads : (cores ? (int)cores : 1);
+    std::snprintf(s->device_name, sizeof s->device_name, "metal-sim (Apple%d tables)",
+                  (int)family);
+    *state = s;
+    return MFA_OK;
+}
+
+void destroy(void* state) { std::free(state); }
+
+const char* device_name(void* state) { return static_cast<SimState*>(state)->device_name; }
+
+void capabilities(void* state, mfa_capabilities* caps) {
+    const auto* s = static_cast<SimState*>(state);
+    caps->dtypes = 1u << MFA_DTYPE_F32 | 1u << MFA_DTYPE_F16 | 1u << MFA_DTYPE_BF16;
+    caps->features = MFA_FEATURE_BACKWARD | MFA_FEATURE_LSE | MFA_FEATURE_CAUSAL |
+                     MFA_FEATURE_WINDOW | MFA_FEATURE_GQA | MFA_FEATURE_VALUE_HEAD_DIM |
+                     MFA_FEATURE_STRIDES;
+    caps->max_head_dim = kMaxHeadDim;
+    caps->gpu_family = s->family;
+    caps->num_threads = s->workers;
+}
+
+// The memory behind an operand of the plan.
+char* operand_data(const mfa_problem* problem, mfa_operand operand, float* scratch) {
+    switch (operand) {
+    case MFA_OPERAND_Q: return problem->q.data;
+    case MFA_OPERAND_K: return problem->k.data;
+    case MFA_OPERAND_V: return problem->v.data;
+    case MFA_OPERAND_O: return problem->out.data;
+    case MFA_OPERAND_L: return problem->lse.data;
+    case MFA_OPERAND_D: return reinterpret_cast<char*>(scratch);
+    case MFA_OPERAND_DOUT: return problem->dout.data;
+    case MFA_OPERAND_DV: return problem->dv.data;
+    case MFA_OPERAND_DK: return problem->dk.data;
+    case MFA_OPERAND_DQ: return problem->dq.data;
+    default: return nullptr;
+    }
+}
+
+mfa_status run_pass(const SimState* s, const mfa_problem* problem, const mfa_pass_plan& pass,
+                    float* scratch) {
+    if (pass.threadgroups[0] == 0 || pass.threadgroups[1] == 0 || pass.threadgroups[2] == 0)
+        return MFA_OK;
+    mfa::sim::FunctionConstant constants[MFA_PLAN_MAX_CONSTANTS];
+    for (uint32_t i = 0; i < pass.num_constants; ++i) {
+        const mfa_function_constant& c = pass.constants[i];
+        constants[i] = c.type == MFA_CONSTANT_TYPE_BOOL
+                           ? mfa::sim::FunctionConstant::of_bool((uint16_t)c.index, c.value != 0)
+                           : mfa::sim::FunctionConstant::of_uint((uint16_t)c.index, c.value);
+    }
+    mfa::sim::Dispatch d;
+    d.kernel = pass.kernel_name;
+    d.constants = constants;
+    d.num_constants = pass.num_constants;
+    // An operand with no elements is never read; the kernel signature still wants a buffer.
+    static char empty_operand[16];
+    for (uint32_t i = 0; i < pass.num_bindings; ++i) {
+        const mfa_buffer_binding& b = pass.bindings[i];
+        mfa::sim::BufferBinding& slot = d.buffers[b.index];
+        if (b.byte_length == 0) {
+            slot.base = empty_operand;
+            slot.length = sizeof empty_operand;
+            continue;
+        }
+        char* data = operand_data(problem, b.operand, scratch);
+        if (!data)
+            return mfa_set_error(MFA_ERROR_INTERNAL, "metal-sim: the plan binds %s, which is absent",
+                                 mfa_operand_name(b.operand));
+        slot.base = data + b.byte_offset;
+        slot.length = (size_t)b.byte_length;
+    }
+    d.buffers[pass.params_index].base = const_cast<mfa_kernel_params*>(&pass.params);
+    d.buffers[pass.params_index].length = sizeof pass.params;
+    d.threadgroup_memory_lengths[MFA_THREADGROUP_STAGING] = pass.threadgroup_memory_length;
+    d.threadgroups.x = (uint32_t)pass.threadgroups[0];
+    d.threadgroups.y = (uint32_t)pass.threadgroups[1];
+    d.threadgroups.z = (uint32_t)pass.threadgroups[2];
+    d.threads_per_threadgroup.x = pass.threads_per_threadgroup;
+    d.schedule_seed = s->schedule_seed;
+    d.num_workers = s->workers;
+    return mfa::sim::dispatch(d);
+}
+
+mfa_status forward(void* state, const mfa_problem* problem) {
+    const auto* s = static_cast<SimState*>(state);
+    mfa_plan plan;
+    mfa_status status = mfa_plan_forward(problem, s->family, mfa::sim::kMaxThreadsPerThreadgroup, &plan);
+    if (status != MFA_OK) return status;
+    return run_pass(s, problem, plan.passes[0], nullptr);
+}
+
+mfa_status backward(void* state, const mfa_problem* problem) {
+    const auto* s = static_cast<SimState*>(state);
+    mfa_plan plan;
+    mfa_status status = mfa_plan_backward(problem, s->family, mfa::sim::kMaxThreadsPerThreadgroup, &plan);
+    if (status != MFA_OK) return status;
+    if ((uint64_t)plan.scratch_bytes > SIZE_MAX)
+        return mfa_set_error(MFA_ERROR_SIZE_OVERFLOW,
+                             "metal-sim: backward scratch of %lld bytes exceeds the address space",
+                             (long long)plan.scratch_bytes);
+    float* scratch = nullptr;
+    if (plan.scratch_bytes > 0) {
+        scratch = static_cast<float*>(std::malloc((size_t)plan.scratch_bytes));
+        if (!scratch)
+            return mfa_set_error(MFA_ERROR_OUT_OF_MEMORY,
+                                 "metal-sim: cannot allocate %lld bytes of backward scratch",
+                                 (long long)plan.scratch_bytes);
+    }
+    for (uint32_t i = 0; i < plan.num_passes && status == MFA_OK; ++i)
+        status = run_pass(s, problem, plan.passes[i], scratch);
+    std::free(scratch);
+    return status;
+}
+
 const mfa_backend_ops ops = {MFA_BACKEND_METAL_SIM, available, create, destroy, device_name,
-                             capabilities, unavailable, unavailable};
+                             capabilities, forward, backward};
+
 }  // namespace
 
 extern "C" const mfa_backend_ops* mfa_metal_sim_backend_ops(void) { return &ops; }

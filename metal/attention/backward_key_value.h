@@ -1,0 +1,116 @@
+// Backward-key-value: one threadgroup per block of key rows (and per block of output columns
+// for wide heads) walks the query blocks of every query head that shares its key/value head:
+//   P^T = exp2(K Q^T - L),  dV += P^T dO,  dP^T = V dO^T,  dS^T = P^T * (dP^T - D),
+//   dK += scale * dS^T Q.
+// Summing over the group inside the threadgroup is what makes GQA need no atomics.
+#ifndef MFA_ATTENTION_BACKWARD_KEY_VALUE_H
+#define MFA_ATTENTION_BACKWARD_KEY_VALUE_H
+
+#include "rows.h"
+#include "scores.h"
+
+inline void store_rows(device uchar* dst, operand_slice slice, thread fragment* acc,
+                       column_range cols, int row, float factor, ushort lane) {
+    const uint col0 = cols.begin + fragment_col(lane);
+    for (uint j = 0; j < cols.fragments(); ++j)
+        for (ushort e = 0; e < 2; ++e) {
+            const uint col = col0 + j * 8 + e;
+            if (col < cols.end) store_element(dst, slice.at(row, col), acc[j].thread_elements()[e] * factor);
+        }
+}
+
+inline void attention_backward_key_value(device const uchar* q, device const uchar* k,
+                                         device const uchar* v, device const float* l,
+                                         device const float* delta, device const uchar* dout,
+                                         device uchar* dv, device uchar* dk,
+                                         constant mfa_kernel_params& p, threadgroup float* staging,
+                                         uint3 group, ushort thread_index, ushort simd_index,
+                                         ushort lane) {
+    threadgroup float* parallel_tile = staging;
+    threadgroup float* traversal_tile = staging + fc_block_parallel * fc_block_head;
+    threadgroup float* query_lse2 = traversal_tile + fc_block_traversal * fc_block_head;
+    threadgroup float* query_delta = query_lse2 + fc_block_traversal;
+
+    const uint out_block = group.x % uint(p.out_blocks);
+    const int key0 = int(group.x / uint(p.out_blocks) * fc_block_parallel);
+    const int key_last = min(key0 + int(fc_block_parallel), p.seq_k) - 1;
+    const uint kv_head = group.y, batch = group.z;
+    const int key = key0 + int(simd_index) * 8 + int(fragment_row(lane));
+
+    const staged_operand keys = {k, slice_of(p.k, batch, kv_head), key0, p.seq_k, fc_head_dim};
+    const staged_operand values = {v, slice_of(p.v, batch, kv_head), key0, p.seq_k, fc_head_dim_v};
+    const column_range dk_cols = output_columns(out_block, fc_head_dim);
+    const column_range dv_cols = output_columns(out_block, fc_head_dim_v);
+
+    fragment k_cache[MFA_CACHED_FRAGMENTS];
+    if (fc_cache_parallel) cache_slab(k_cache, parallel_tile, keys, thread_index, simd_index);
+    fragment v_cache[MFA_CACHED_FRAGMENTS];
+    if (fc_cache_parallel2) cache_slab(v_cache, parallel_tile, values, thread_index, simd_index);
+
+    fragment dk_acc[MFA_OUT_FRAGMENTS];
+    fragment dv_acc[MFA_OUT_FRAGMENTS];
+    clear_fragments(dk_acc, dk_cols.fragments());
+    clear_fragments(dv_acc, dv_cols.fragments());
+
+    const block_range blocks = query_blocks_for_keys(p, key0, key_last, int(fc_block_traversal));
+    for (uint head = kv_head * uint(p.group); head < (kv_head + 1) * uint(p.group); ++head) {
+        staged_operand queries = {q, slice_of(p.q, batch, head), 0, p.seq_q, fc_head_dim};
+        staged_operand grads = {dout, slice_of(p.dout, batch, head), 0, p.seq_q, fc_head_dim_v};
+        const operand_slice l_slice = slice_of(p.l, batch, head);
+        const operand_slice d_slice = slice_of(p.d, batch, head);
+
+        for (int block = blocks.begin; block < blocks.end; ++block) {
+            const int query0 = block * int(fc_block_traversal);
+            queries.row0 = query0;
+            grads.row0 = query0;
+
+            // The block's L and D, read by every simdgroup; the barrier keeps the previous
+            // block's readers ahead of these writes.
+            threadgroup_barrier(mem_flags::mem_threadgroup);
+            for (uint i = thread_index; i < fc_block_traversal; i += fc_threads) {
+                const int query = query0 + int(i);
+                const bool real = query < p.seq_q;
+                query_lse2[i] = real ? log_sum_exp2_from_stored(l[l_slice.at(query, 0)])
+                                     : kEmptyRowLogSumExp2;
+                query_delta[i] = real ? delta[d_slice.at(query, 0)] : 0.0f;
+            }
+
+            // P^T = exp2(K Q^T - L): rows are keys, columns queries.
+            fragment probs[MFA_TRAVERSAL_FRAGMENTS];
+            compute_scores(probs, k_cache, fc_cache_parallel, parallel_tile, keys,
+                           traversal_tile, queries, thread_index, simd_index);
+            const bool edge = !block_fully_visible(p, query0,
+                                                   query0 + int(fc_block_traversal) - 1, key0,
+                                                   key_last);
+            to_log2_scores(probs, p, edge, score_orientation::key_rows, key, query0, lane);
+            const uint col = fragment_col(lane);
+            for (uint t = 0; t < fc_traversal_fragments; ++t)
+                for (ushort e = 0; e < 2; ++e)
+                    probs[t].thread_elements()[e] =
+                        exp2(probs[t].thread_elements()[e] - query_lse2[t * 8 + col + e]);
+
+            // dP^T = V dO^T
+            fragment dprobs[MFA_TRAVERSAL_FRAGMENTS];
+            compute_scores(dprobs, v_cache, fc_cache_parallel2, parallel_tile, values,
+                           traversal_tile, grads, thread_index, simd_index);
+
+            accumulate_product(dv_acc, probs, traversal_tile, grads, dv_cols.begin, dv_cols.end,
+                               thread_index);
+
+            // dS^T = P^T * (dP^T - D), in place of dP^T.
+            for (uint t = 0; t < fc_traversal_fragments; ++t)
+                for (ushort e = 0; e < 2; ++e)
+                    dprobs[t].thread_elements()[e] =
+                        probs[t].thread_elements()[e] *
+                        (dprobs[t].thread_elements()[e] - query_delta[t * 8 + col + e]);
+            accumulate_product(dk_acc, dprobs, traversal_tile, queries, dk_cols.begin,
+                               dk_cols.end, thread_index);
+        }
+    }
+
+    if (key >= p.seq_k) return;
+    store_rows(dk, slice_of(p.dk, batch, kv_head), dk_acc, dk_cols, key, p.scale, lane);
+    store_rows(dv, slice_of(p.dv, batch, kv_head), dv_acc, dv_cols, key, 1.0f, lane);
+}
+
+#endif

@@ -1,0 +1,97 @@
+// Backward-query: D = rowsum(dO * O) (saved for backward-key-value) and
+//   dQ = scale * sum_j dS_ij K_j,   dS = P * (dP - D),   P = exp2(S - L),   dP = dO V^T
+// one threadgroup per block of query rows (and per block of dQ columns for wide D).
+#ifndef MFA_ATTENTION_BACKWARD_QUERY_H
+#define MFA_ATTENTION_BACKWARD_QUERY_H
+
+#include "rows.h"
+#include "scores.h"
+
+// rowsum(dO * O) of this lane's row, split over the four lanes that share the row.
+inline float output_gradient_dot(device const uchar* o, operand_slice o_slice,
+                                 device const uchar* dout, operand_slice dout_slice, int row,
+                                 int seq_q, ushort lane) {
+    float partial = 0.0f;
+    if (row < seq_q)
+        for (uint col = fragment_row_quarter(lane); col < fc_head_dim_v; col += 4)
+            partial += load_element(dout, dout_slice.at(row, col)) * load_element(o, o_slice.at(row, col));
+    return row_sum(partial);
+}
+
+inline void attention_backward_query(device const uchar* q, device const uchar* k,
+                                     device const uchar* v, device const uchar* o,
+                                     device const float* l, device float* delta_out,
+                                     device const uchar* dout, device uchar* dq,
+                                     constant mfa_kernel_params& p, threadgroup float* staging,
+                                     uint3 group, ushort thread_index, ushort simd_index,
+                                     ushort lane) {
+    threadgroup float* parallel_tile = staging;
+    threadgroup float* traversal_tile = staging + fc_block_parallel * fc_block_head;
+
+    const uint out_block = group.x % uint(p.out_blocks);
+    const int row0 = int(group.x / uint(p.out_blocks) * fc_block_parallel);
+    const int row_last = min(row0 + int(fc_block_parallel), p.seq_q) - 1;
+    const uint head = group.y, batch = group.z, kv_head = head / uint(p.group);
+    const int row = row0 + int(simd_index) * 8 + int(fragment_row(lane));
+
+    const staged_operand queries = {q, slice_of(p.q, batch, head), row0, p.seq_q, fc_head_dim};
+    const staged_operand grads = {dout, slice_of(p.dout, batch, head), row0, p.seq_q, fc_head_dim_v};
+    staged_operand keys = {k, slice_of(p.k, batch, kv_head), 0, p.seq_k, fc_head_dim};
+    staged_operand values = {v, slice_of(p.v, batch, kv_head), 0, p.seq_k, fc_head_dim_v};
+    const column_range out_cols = output_columns(out_block, fc_head_dim);
+
+    const float delta = output_gradient_dot(o, slice_of(p.o, batch, head), dout, grads.slice, row,
+                                            p.seq_q, lane);
+    if (out_block == 0 && fragment_row_quarter(lane) == 0 && row < p.seq_q)
+        delta_out[slice_of(p.d, batch, head).at(row, 0)] = delta;
+    const float lse2 = row < p.seq_q ? log_sum_exp2_from_stored(l[slice_of(p.l, batch, head).at(row, 0)])
+                                     : kEmptyRowLogSumExp2;
+
+    fragment q_cache[MFA_CACHED_FRAGMENTS];
+    if (fc_cache_parallel) cache_slab(q_cache, parallel_tile, queries, thread_index, simd_index);
+    fragment dout_cache[MFA_CACHED_FRAGMENTS];
+    if (fc_cache_parallel2) cache_slab(dout_cache, parallel_tile, grads, thread_index, simd_index);
+
+    fragment dq_acc[MFA_OUT_FRAGMENTS];
+    clear_fragments(dq_acc, out_cols.fragments());
+
+    const block_range blocks = key_blocks_for_rows(p, row0, row_last, int(fc_block_traversal));
+    for (int block = blocks.begin; block < blocks.end; ++block) {
+        const int key0 = block * int(fc_block_traversal);
+        keys.row0 = key0;
+        values.row0 = key0;
+
+        // P = exp2(S - L) with the forward's log-sum-exp: no running statistics needed.
+        fragment probs[MFA_TRAVERSAL_FRAGMENTS];
+        compute_scores(probs, q_cache, fc_cache_parallel, parallel_tile, queries, traversal_tile,
+                       keys, thread_index, simd_index);
+        const bool edge =
+            !block_fully_visible(p, row0, row_last, key0, key0 + int(fc_block_traversal) - 1);
+        to_log2_scores(probs, p, edge, score_orientation::query_rows, row, key0, lane);
+
+        fragment dprobs[MFA_TRAVERSAL_FRAGMENTS];
+        compute_scores(dprobs, dout_cache, fc_cache_parallel2, parallel_tile, grads,
+                       traversal_tile, values, thread_index, simd_index);
+
+        // dS = P * (dP - D), in place of dP.
+        for (uint t = 0; t < fc_traversal_fragments; ++t)
+            for (ushort e = 0; e < 2; ++e) {
+                const float prob = exp2(probs[t].thread_elements()[e] - lse2);
+                dprobs[t].thread_elements()[e] = prob * (dprobs[t].thread_elements()[e] - delta);
+            }
+        accumulate_product(dq_acc, dprobs, traversal_tile, keys, out_cols.begin, out_cols.end,
+                           thread_index);
+    }
+
+    if (row >= p.seq_q) return;
+    const operand_slice dq_slice = slice_of(p.dq, batch, head);
+    const uint col0 = out_cols.begin + fragment_col(lane);
+    for (uint j = 0; j < out_cols.fragments(); ++j)
+        for (ushort e = 0; e < 2; ++e) {
+            const uint col = col0 + j * 8 + e;
+            if (col < out_cols.end)
+                store_element(dq, dq_slice.at(row, col), dq_acc[j].thread_elements()[e] * p.scale);
+        }
+}
+
+#endif

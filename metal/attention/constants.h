@@ -1,0 +1,22 @@
+// The compiled variant of an attention kernel, as function constants (values from the planner;
+// indices in attention_params.h). Per-call values live in mfa_kernel_params instead.
+#ifndef MFA_ATTENTION_CONSTANTS_H
+#define MFA_ATTENTION_CONSTANTS_H
+
+#include "../attention_params.h"
+
+constant uint fc_dtype [[function_constant(MFA_FC_DTYPE)]];
+constant uint fc_head_dim [[function_constant(MFA_FC_HEAD_DIM)]];
+constant uint fc_head_dim_v [[function_constant(MFA_FC_HEAD_DIM_V)]];
+constant uint fc_block_parallel [[function_constant(MFA_FC_BLOCK_PARALLEL)]];
+constant uint fc_block_traversal [[function_constant(MFA_FC_BLOCK_TRAVERSAL)]];
+constant uint fc_block_head [[function_constant(MFA_FC_BLOCK_HEAD)]];
+constant uint fc_block_out [[function_constant(MFA_FC_BLOCK_OUT)]];
+constant bool fc_cache_parallel [[function_constant(MFA_FC_CACHE_PARALLEL)]];
+constant bool fc_cache_parallel2 [[function_constant(MFA_FC_CACHE_PARALLEL2)]];
+constant bool fc_has_lse [[function_constant(MFA_FC_HAS_LSE)]];
+
+// One simdgroup per 8 rows of the parallel block.
+constant uint fc_threads = fc_block_parallel / 8 * 32;
+
+#endif

@@ -1,0 +1,69 @@
+// Forward: O = softmax(scale Q K^T + mask) V and L = logsumexp, one threadgroup per block of
+// query rows (and per block of output columns when Dv is wider than the accumulator).
+#ifndef MFA_ATTENTION_FORWARD_H
+#define MFA_ATTENTION_FORWARD_H
+
+#include "rows.h"
+#include "scores.h"
+
+inline void attention_forward(device const uchar* q, device const uchar* k, device const uchar* v,
+                              device uchar* o, device float* l, constant mfa_kernel_params& p,
+                              threadgroup float* staging, uint3 group, ushort thread_index,
+                              ushort simd_index, ushort lane) {
+    threadgroup float* parallel_tile = staging;
+    threadgroup float* traversal_tile = staging + fc_block_parallel * fc_block_head;
+
+    const uint out_block = group.x % uint(p.out_blocks);
+    const int row0 = int(group.x / uint(p.out_blocks) * fc_block_parallel);
+    const int row_last = min(row0 + int(fc_block_parallel), p.seq_q) - 1;
+    const uint head = group.y, batch = group.z, kv_head = head / uint(p.group);
+    const int row = row0 + int(simd_index) * 8 + int(fragment_row(lane));
+
+    const staged_operand queries = {q, slice_of(p.q, batch, head), row0, p.seq_q, fc_head_dim};
+    staged_operand keys = {k, slice_of(p.k, batch, kv_head), 0, p.seq_k, fc_head_dim};
+    staged_operand values = {v, slice_of(p.v, batch, kv_head), 0, p.seq_k, fc_head_dim_v};
+    const column_range out_cols = output_columns(out_block, fc_head_dim_v);
+
+    fragment q_cache[MFA_CACHED_FRAGMENTS];
+    if (fc_cache_parallel) cache_slab(q_cache, parallel_tile, queries, thread_index, simd_index);
+
+    fragment out[MFA_OUT_FRAGMENTS];
+    clear_fragments(out, out_cols.fragments());
+    softmax_row stats = softmax_row_start();
+
+    const block_range blocks = key_blocks_for_rows(p, row0, row_last, int(fc_block_traversal));
+    for (int block = blocks.begin; block < blocks.end; ++block) {
+        const int key0 = block * int(fc_block_traversal);
+        keys.row0 = key0;
+        values.row0 = key0;
+
+        // S = Q K^T, then P = exp2(S - m) with the running max m.
+        fragment scores[MFA_TRAVERSAL_FRAGMENTS];
+        compute_scores(scores, q_cache, fc_cache_parallel, parallel_tile, queries, traversal_tile,
+                       keys, thread_index, simd_index);
+        const bool edge =
+            !block_fully_visible(p, row0, row_last, key0, key0 + int(fc_block_traversal) - 1);
+        to_log2_scores(scores, p, edge, score_orientation::query_rows, row, key0, lane);
+        const float correction = softmax_row_update(stats, scores, fc_traversal_fragments);
+
+        // O = O * exp2(m_old - m_new) + P V
+        scale_fragments(out, out_cols.fragments(), correction);
+        accumulate_product(out, scores, traversal_tile, values, out_cols.begin, out_cols.end,
+                           thread_index);
+    }
+
+    if (row >= p.seq_q) return;
+    const float normalizer = stats.sum > 0.0f ? 1.0f / stats.sum : 0.0f;
+    const operand_slice o_slice = slice_of(p.o, batch, head);
+    const uint col0 = out_cols.begin + fragment_col(lane);
+    for (uint j = 0; j < out_cols.fragments(); ++j)
+        for (ushort e = 0; e < 2; ++e) {
+            const uint col = col0 + j * 8 + e;
+            if (col < out_cols.end)
+                store_element(o, o_slice.at(row, col), out[j].thread_elements()[e] * normalizer);
+        }
+    if (fc_has_lse && out_block == 0 && fragment_row_quarter(lane) == 0)
+        l[slice_of(p.l, batch, head).at(row, 0)] = softmax_row_log_sum_exp(stats);
+}
+
+#endif

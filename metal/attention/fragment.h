@@ -1,0 +1,57 @@
+// 8x8 simdgroup_matrix fragments: where a lane's two elements sit, row-wise reductions, and
+// the tile products the kernels are made of.
+//
+// The element-to-lane mapping is unspecified by the MSL spec; this is the mapping Metal
+// FlashAttention and MLX rely on, checked by the lane-layout probe (tests/planner). Lane L
+// holds elements (row, col) and (row, col + 1) with
+//   row = 4 * bit4(L) + bits1..2(L),   col = 4 * bit3(L) + 2 * bit0(L),
+// so the four lanes sharing a row are {L, L^1, L^8, L^9}.
+#ifndef MFA_ATTENTION_FRAGMENT_H
+#define MFA_ATTENTION_FRAGMENT_H
+
+#include "constants.h"
+
+typedef simdgroup_matrix<float, 8, 8> fragment;
+
+inline ushort fragment_row(ushort lane) {
+    return ushort(((lane >> 4) << 2) | ((lane >> 1) & 3));
+}
+
+inline ushort fragment_col(ushort lane) {
+    return ushort((((lane >> 3) & 1) << 2) | ((lane & 1) << 1));
+}
+
+// Which quarter of its row a lane holds (0..3), counting columns in pairs.
+inline ushort fragment_row_quarter(ushort lane) {
+    return ushort((((lane >> 3) & 1) << 1) | (lane & 1));
+}
+
+inline float row_max(float value) {
+    value = max(value, simd_shuffle_xor(value, ushort(1)));
+    return max(value, simd_shuffle_xor(value, ushort(8)));
+}
+
+inline float row_sum(float value) {
+    value += simd_shuffle_xor(value, ushort(1));
+    return value + simd_shuffle_xor(value, ushort(8));
+}
+
+inline fragment zero_fragment() {
+    return make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+}
+
+// The 8x8 block at (row, col) of a row-major threadgroup tile with leading dimension ld, or
+// its transpose.
+inline fragment load_fragment(const threadgroup float* tile, uint ld, uint row, uint col,
+                              bool transpose) {
+    fragment f;
+    simdgroup_load(f, tile + row * ld + col, ld, ulong2(0, 0), transpose);
+    return f;
+}
+
+// Fragments of the 8-row slab of a [rows x ld] tile that hold real columns [0, width).
+inline uint fragments_in(uint width) {
+    return (min(width, fc_block_head) + 7) / 8;
+}
+
+#endif

@@ -1,0 +1,86 @@
+// The two loops every attention kernel is made of, over an operand staged chunk by chunk:
+//   compute_scores      S  = slab x traversed^T   (reduction over the head dimension)
+//   accumulate_product  out += weights x traversed (over this threadgroup's output columns)
+// where the slab is this simdgroup's 8 rows of a parallel operand (Q, dO, K or V), either held
+// in registers for the whole kernel or re-staged chunk by chunk, and the traversed operand is
+// the current block of rows of the other side.
+#ifndef MFA_ATTENTION_ROWS_H
+#define MFA_ATTENTION_ROWS_H
+
+#include "staging.h"
+#include "tiles.h"
+
+// Rows [row0, row0 + block) of one (batch, head) slice of an operand of `width` features.
+struct staged_operand {
+    device const uchar* data;
+    operand_slice slice;
+    int row0;
+    int row_count;  // sequence length: rows at or past it stage as zero
+    uint width;
+};
+
+inline void stage_chunk(threadgroup float* tile, staged_operand operand, uint rows, uint col0,
+                        uint col_end, ushort thread_index) {
+    stage_tile(tile, operand.data, operand.slice, operand.row0, operand.row_count, rows, col0,
+               col_end, fc_block_head, thread_index);
+}
+
+// Loads this simdgroup's rows of `operand` (block_parallel rows from row0) into registers.
+inline void cache_slab(thread fragment* cache, threadgroup float* parallel_tile,
+                       staged_operand operand, ushort thread_index, ushort simd_index) {
+    for (uint d0 = 0; d0 < operand.width; d0 += fc_block_head) {
+        stage_chunk(parallel_tile, operand, fc_block_parallel, d0, operand.width, thread_index);
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+        load_slab(cache + d0 / 8, parallel_tile, simd_index, fragments_in(operand.width - d0));
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+    }
+}
+
+// scores = slab x traversed^T over the full width (slab and traversed share it).
+inline void compute_scores(thread fragment* scores, const thread fragment* cache, bool cached,
+                           threadgroup float* parallel_tile, staged_operand slab,
+                           threadgroup float* traversal_tile, staged_operand traversed,
+                           ushort thread_index, ushort simd_index) {
+    clear_fragments(scores, fc_traversal_fragments);
+    for (uint d0 = 0; d0 < slab.width; d0 += fc_block_head) {
+        if (!cached)
+            stage_chunk(parallel_tile, slab, fc_block_parallel, d0, slab.width, thread_index);
+        stage_chunk(traversal_tile, traversed, fc_block_traversal, d0, traversed.width,
+                    thread_index);
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+        const uint fragments = fragments_in(slab.width - d0);
+        fragment chunk[MFA_HEAD_FRAGMENTS];
+        if (!cached) load_slab(chunk, parallel_tile, simd_index, fragments);
+        accumulate_scores(scores, cached ? cache + d0 / 8 : chunk, traversal_tile, fragments);
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+    }
+}
+
+// out += weights x traversed[:, out_begin:out_end]; out[0] is column out_begin.
+inline void accumulate_product(thread fragment* out, const thread fragment* weights,
+                               threadgroup float* traversal_tile, staged_operand traversed,
+                               uint out_begin, uint out_end, ushort thread_index) {
+    for (uint d0 = out_begin; d0 < out_end; d0 += fc_block_head) {
+        stage_chunk(traversal_tile, traversed, fc_block_traversal, d0, out_end, thread_index);
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+        accumulate_output(out + (d0 - out_begin) / 8, weights, traversal_tile,
+                          fragments_in(out_end - d0));
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+    }
+}
+
+// Output columns [begin, end) of a threadgroup, and how many fragments hold them.
+struct column_range {
+    uint begin;
+    uint end;
+    uint fragments() const { return end > begin ? (end - begin + 7) / 8 : 0; }
+};
+
+inline column_range output_columns(uint out_block, uint width) {
+    column_range r;
+    r.begin = out_block * fc_block_out;
+    r.end = min(r.begin + fc_block_out, width);
+    return r;
+}
+
+#endif

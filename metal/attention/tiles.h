@@ -1,0 +1,57 @@
+// Matrix products of a simdgroup's 8-row slab against tiles staged in threadgroup memory.
+// Register arrays are sized for the largest variant; loop bounds are function constants, so
+// Metal specialises each pipeline down to the fragments it actually uses.
+#ifndef MFA_ATTENTION_TILES_H
+#define MFA_ATTENTION_TILES_H
+
+#include "fragment.h"
+
+#define MFA_TRAVERSAL_FRAGMENTS (MFA_MAX_BLOCK_TRAVERSAL / 8)
+#define MFA_OUT_FRAGMENTS (MFA_MAX_BLOCK_OUT / 8)
+#define MFA_CACHED_FRAGMENTS (MFA_MAX_CACHED_HEAD / 8)
+#define MFA_HEAD_FRAGMENTS (MFA_MAX_BLOCK_HEAD / 8)
+
+constant uint fc_traversal_fragments = fc_block_traversal / 8;
+
+inline void clear_fragments(thread fragment* f, uint count) {
+    for (uint i = 0; i < count; ++i) f[i] = zero_fragment();
+}
+
+inline void scale_fragments(thread fragment* f, uint count, float factor) {
+    for (uint i = 0; i < count; ++i) {
+        f[i].thread_elements()[0] *= factor;
+        f[i].thread_elements()[1] *= factor;
+    }
+}
+
+// scores[t] += slab[:, k] * traversed[t rows, k]^T for the staged feature chunk: the
+// "row slab x traversed rows transposed" product (S = Q K^T, dP = dO V^T, and their
+// key-value-side twins). slab(k) is the slab's k-th 8-column fragment of this chunk.
+inline void accumulate_scores(thread fragment* scores, const thread fragment* slab,
+                              const threadgroup float* traversed, uint fragments) {
+    for (uint k = 0; k < fragments; ++k)
+        for (uint t = 0; t < fc_traversal_fragments; ++t) {
+            const fragment rhs = load_fragment(traversed, fc_block_head, t * 8, k * 8, true);
+            simdgroup_multiply_accumulate(scores[t], slab[k], rhs, scores[t]);
+        }
+}
+
+// out[j] += weights[t] * traversed[t rows, j]: the "probabilities x traversed rows" product
+// (O += P V, dQ += dS K, dV += P^T dO, dK += dS^T Q) for one staged feature chunk.
+inline void accumulate_output(thread fragment* out, const thread fragment* weights,
+                              const threadgroup float* traversed, uint fragments) {
+    for (uint j = 0; j < fragments; ++j)
+        for (uint t = 0; t < fc_traversal_fragments; ++t) {
+            const fragment rhs = load_fragment(traversed, fc_block_head, t * 8, j * 8, false);
+            simdgroup_multiply_accumulate(out[j], weights[t], rhs, out[j]);
+        }
+}
+
+// The fragments of this simdgroup's 8 rows in a staged [block_parallel x block_head] tile.
+inline void load_slab(thread fragment* slab, const threadgroup float* tile, ushort simd_index,
+                      uint fragments) {
+    for (uint k = 0; k < fragments; ++k)
+        slab[k] = load_fragment(tile, fc_block_head, uint(simd_index) * 8, k * 8, false);
+}
+
+#endif
