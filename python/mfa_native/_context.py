@@ -63,6 +63,10 @@ class MFAError(Exception):
         self.message = message
         super().__init__(f"{message} [{self.status_name}]")
 
+    def __reduce__(self):
+        # Rebuilt from status and message, so errors survive pickling (multiprocessing).
+        return type(self), (self.status, self.message)
+
 
 def check(status):
     """Raise MFAError for a failed libmfa call. Must run on the thread that made the call,

@@ -3,6 +3,7 @@ naming it, nothing written on error), library errors, Context, info(), available
 empty(), and the layout/rank/out= plumbing checked against the float64 reference."""
 
 import math
+import pickle
 import re
 
 import ml_dtypes
@@ -576,6 +577,8 @@ def test_mfa_error_is_an_exception_with_the_library_status():
     assert isinstance(error, Exception)
     assert (error.status, error.status_name, error.message) == (3, "BACKEND_UNAVAILABLE",
                                                                "no such device")
+    copy = pickle.loads(pickle.dumps(error))
+    assert (copy.status, copy.message, str(copy)) == (3, "no such device", str(error))
 
 
 # ---- empty() ------------------------------------------------------------------------------------
