@@ -2,9 +2,14 @@
 naming it, nothing written on error), library errors, Context, info(), available_backends(),
 empty(), and the layout/rank/out= plumbing checked against the float64 reference."""
 
+import json
 import math
+import os
 import pickle
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -579,6 +584,46 @@ def test_mfa_error_is_an_exception_with_the_library_status():
                                                                "no such device")
     copy = pickle.loads(pickle.dumps(error))
     assert (copy.status, copy.message, str(copy)) == (3, "no such device", str(error))
+
+
+# ---- loading the library ------------------------------------------------------------------------
+
+def _import_with(**environment):
+    """Import mfa_native in a fresh interpreter with extra environment variables."""
+    script = "import json, mfa_native; print(json.dumps(mfa_native.info()))"
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, **environment})
+
+
+def test_mfa_library_and_mfa_header_select_the_library():
+    details = mfa_native.info()
+    library, header = details["library"], details["header"]
+    result = _import_with(MFA_LIBRARY=library, MFA_HEADER=header)
+    assert result.returncode == 0, result.stderr
+    details = json.loads(result.stdout)
+    assert (details["library"], details["header"]) == (library, header)
+
+
+@pytest.mark.parametrize("variable", ["MFA_LIBRARY", "MFA_HEADER"])
+def test_missing_override_files_fail_the_import(tmp_path, variable):
+    details = mfa_native.info()
+    environment = dict(MFA_LIBRARY=details["library"], MFA_HEADER=details["header"])
+    environment[variable] = str(tmp_path / "missing")
+    result = _import_with(**environment)
+    assert result.returncode != 0
+    assert f"ImportError: {variable}={str(tmp_path / 'missing')!r} is not a file" in result.stderr
+
+
+def test_a_header_of_another_version_fails_the_import(tmp_path):
+    details = mfa_native.info()
+    header = Path(details["header"]).read_text()
+    other, count = re.subn(r"#define MFA_VERSION_NUMBER \d+", "#define MFA_VERSION_NUMBER 999999",
+                           header)
+    assert count == 1
+    (tmp_path / "mfa.h").write_text(other)
+    result = _import_with(MFA_LIBRARY=details["library"], MFA_HEADER=str(tmp_path / "mfa.h"))
+    assert result.returncode != 0
+    assert "do not belong together" in result.stderr
 
 
 # ---- empty() ------------------------------------------------------------------------------------
