@@ -30,7 +30,8 @@ MFA_HEADER
 Threads: cffi releases the GIL during every libmfa call, and contexts may be shared by threads.
 """
 
-from ._library import ffi as _ffi, header_path as _header_path, lib as _lib, library_path as _library_path
+from ._library import ffi as _ffi, lib as _lib
+from ._library import header_path as _header_path, library_path as _library_path
 from ._context import Context, MFAError, available_backends, resolve_context as _resolve_context
 from ._attention import attention, attention_backward
 from ._memory import empty

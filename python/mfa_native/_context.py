@@ -12,7 +12,7 @@ __all__ = ["MFAError", "Context", "available_backends", "resolve_context"]
 
 
 def _enum_names(c_type, prefix):
-    """{value: lower-case name without prefix} of a C enum, e.g. MFA_GPU_FAMILY_APPLE7 -> 'apple7'."""
+    """{value: lower-case name without prefix} of a C enum: MFA_GPU_FAMILY_APPLE7 -> 'apple7'."""
     return {
         value: name[len(prefix):].lower()
         for value, name in ffi.typeof(c_type).elements.items()
@@ -225,8 +225,10 @@ class Context:
         self._call(lib.mfa_context_capabilities, caps)
         families = {value: name for name, value in _GPU_FAMILIES.items()}
         return {
-            "dtypes": [name for value, name in sorted(_DTYPE_NAMES.items()) if caps.dtypes >> value & 1],
-            "features": [name for bit, name in sorted(_FEATURE_NAMES.items()) if caps.features & bit],
+            "dtypes": [name for value, name in sorted(_DTYPE_NAMES.items())
+                       if caps.dtypes >> value & 1],
+            "features": [name for bit, name in sorted(_FEATURE_NAMES.items())
+                         if caps.features & bit],
             "max_head_dim": int(caps.max_head_dim),
             "gpu_family": families.get(int(caps.gpu_family)),
             "num_threads": int(caps.num_threads),

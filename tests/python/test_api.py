@@ -89,10 +89,12 @@ def test_k_and_v_rank_must_equal_q_rank(rng, position, name):
 
 # (what is changed, keyword arguments of _arrays for k or v, message per layout)
 _SHAPE_MISMATCHES = [
-    ("k batch", dict(batch=3), "k", {"bhsd": "k.shape[0] (batch) must equal q.shape[0] = 2, got 3",
-                                     "bshd": "k.shape[0] (batch) must equal q.shape[0] = 2, got 3"}),
-    ("v batch", dict(batch=3), "v", {"bhsd": "v.shape[0] (batch) must equal q.shape[0] = 2, got 3",
-                                     "bshd": "v.shape[0] (batch) must equal q.shape[0] = 2, got 3"}),
+    ("k batch", dict(batch=3), "k", {
+        "bhsd": "k.shape[0] (batch) must equal q.shape[0] = 2, got 3",
+        "bshd": "k.shape[0] (batch) must equal q.shape[0] = 2, got 3"}),
+    ("v batch", dict(batch=3), "v", {
+        "bhsd": "v.shape[0] (batch) must equal q.shape[0] = 2, got 3",
+        "bshd": "v.shape[0] (batch) must equal q.shape[0] = 2, got 3"}),
     ("v heads", dict(heads_kv=1), "v", {
         "bhsd": "v.shape[1] (heads) must equal k.shape[1] = 2, got 1",
         "bshd": "v.shape[2] (heads) must equal k.shape[2] = 2, got 1"}),
@@ -164,7 +166,8 @@ _BAD_OPTIONS = [
     (dict(window="ab"), ValueError, "window must be None or a pair (left, right)"),
     (dict(window=(1.5, 2)), TypeError, "window[0] must be an int or None, got float"),
     (dict(window=(0, True)), TypeError, "window[1] must be an int or None, got bool"),
-    (dict(window=(0, -2)), ValueError, "window[1] must be >= 0, or -1 / None for unbounded, got -2"),
+    (dict(window=(0, -2)), ValueError,
+     "window[1] must be >= 0, or -1 / None for unbounded, got -2"),
     (dict(window=(2**64, 0)), ValueError, "window[0] must be >= 0, or -1 / None for unbounded"),
     (dict(scale="0.5"), TypeError, "scale must be None or a real number, got str"),
     (dict(scale=True), TypeError, "scale must be None or a real number, got bool"),
@@ -471,7 +474,8 @@ def test_outputs_keep_the_input_dtype(rng, dtype):
     q, k, v, dout = (arguments[name].astype(dtype) for name in ("q", "k", "v", "dout"))
     out, lse = mfa_native.attention(q, k, v, return_lse=True)
     assert out.dtype == dtype and lse.dtype == np.float32
-    assert all(grad.dtype == dtype for grad in mfa_native.attention_backward(dout, q, k, v, out, lse))
+    grads = mfa_native.attention_backward(dout, q, k, v, out, lse)
+    assert all(grad.dtype == dtype for grad in grads)
 
 
 # ---- backends and Context -----------------------------------------------------------------------

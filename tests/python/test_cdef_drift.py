@@ -53,8 +53,8 @@ def _pointer_check(declaration):
     name = declaration.name
     innermost.declname = f"chk_{name}"
     pointer = c_ast.Decl(f"chk_{name}", [], [], ["static"], [],
-                         c_ast.PtrDecl(["const"], function_type), c_ast.UnaryOp("&", c_ast.ID(name)),
-                         None)
+                         c_ast.PtrDecl(["const"], function_type),
+                         c_ast.UnaryOp("&", c_ast.ID(name)), None)
     return "__attribute__((unused)) " + c_generator.CGenerator().visit(pointer) + ";"
 
 
