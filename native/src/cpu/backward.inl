@@ -1,51 +1,88 @@
 /*
- * Backward pass (MFA's scheme): row_dot = rowsum(dO * O) first, then blocks of query rows
- * accumulate dQ and, independently, blocks of key rows accumulate dK and dV over every query
- * head of their group. Each output element has one owner: no atomics, no N x N buffer.
+ * Backward pass (MFA's scheme). The pack pass converts the chunk's K and V, and Q and dO of their
+ * query heads, into panels, along with lse in base 2 and row_dot = rowsum(dO * O) per query row.
+ * Then blocks of query rows accumulate dQ and, independently, blocks of key rows accumulate dK
+ * and dV over every query head of their group. Each output element has one owner: no atomics,
+ * no N x N buffer.
  *
  * With scores in base 2 (s = q.k * scale * log2 e): P = 2^(s - lse * log2 e),
  * dS = P * (dO.v - row_dot), dQ = scale * dS K, dK = scale * dS^T Q, dV = P^T dO.
  */
 
+static inline float* chunk_q_pack(const mfa_cpu_plan* plan, int64_t q_local)
+{
+    return plan->q_packs + q_local * plan->q_pack_floats;
+}
+
 template <class Storage>
-static void row_dot_task(const mfa_cpu_plan* plan, int64_t task, float* slot)
+static void pack_key_side(const mfa_cpu_plan* plan, int64_t task)
+{
+    const mfa_problem* p = plan->problem;
+    const int64_t blocks = mfa_cpu_pack_blocks(plan, p->seq_k);
+    const kv_head_ref head = chunk_kv_head(plan, task / blocks);
+    const int64_t j0 = task % blocks * plan->pack_rows;
+    const int64_t count = min64(plan->pack_rows, p->seq_k - j0);
+    mfa_cpu_kv_pack pack;
+    mfa_cpu_kv_pack_carve(plan, 1, chunk_kv_pack(plan, task / blocks), &pack);
+    const strided_rows k = rows_of(p->k, plan->elem_size, head.batch, head.head, j0);
+    pack_panels_transposed<Storage>(k, count, p->head_dim, 1.0f, pack.kt + j0 * p->head_dim);
+    pack_panels<Storage>(k, count, p->head_dim, 1.0f, pack.k + j0 * NR,
+                         plan->seq_k_padded * NR);
+    pack_panels_transposed<Storage>(rows_of(p->v, plan->elem_size, head.batch, head.head, j0),
+                                    count, p->head_dim_v, 1.0f, pack.vt + j0 * p->head_dim_v);
+}
+
+/* A row that sees no key has lse -inf; +inf in its place makes its P = 2^(s - inf) = 0 whether
+ * its (masked) s is finite or -inf, so no special case reaches the products. */
+template <class Storage>
+static void pack_query_side(const mfa_cpu_plan* plan, int64_t task, float* slot)
 {
     const mfa_problem* p = plan->problem;
     const int64_t es = plan->elem_size;
-    const int64_t qb = task % plan->q_blocks;
-    const int64_t bh = task / plan->q_blocks;
-    const int64_t i0 = qb * plan->block_q;
-    const int64_t rows = p->seq_q - i0 < plan->block_q ? p->seq_q - i0 : plan->block_q;
-    const int64_t dv = p->head_dim_v;
-    const int64_t b = bh / p->heads_q, h = bh % p->heads_q;
-    const strided_rows out = rows_of(p->out, es, b, h, i0);
+    const int64_t blocks = mfa_cpu_pack_blocks(plan, p->seq_q);
+    const int64_t q_local = task / blocks;
+    const kv_head_ref kv = chunk_kv_head(plan, q_local / p->group);
+    const int64_t b = kv.batch, h = kv.head * p->group + q_local % p->group;
+    const int64_t i0 = task % blocks * plan->pack_rows;
+    const int64_t count = min64(plan->pack_rows, p->seq_q - i0);
+    const int64_t d = p->head_dim, dv = p->head_dim_v;
+    mfa_cpu_q_pack pack;
+    mfa_cpu_q_pack_carve(plan, chunk_q_pack(plan, q_local), &pack);
+    const strided_rows q = rows_of(p->q, es, b, h, i0);
     const strided_rows dout = rows_of(p->dout, es, b, h, i0);
+    pack_panels_transposed<Storage>(q, count, d, plan->score_scale, pack.qt + i0 * d);
+    pack_panels<Storage>(q, count, d, 1.0f, pack.q + i0 * NR, plan->seq_q_padded * NR);
+    pack_panels_transposed<Storage>(dout, count, dv, 1.0f, pack.doutt + i0 * dv);
+    pack_panels<Storage>(dout, count, dv, 1.0f, pack.dout + i0 * NR, plan->seq_q_padded * NR);
+
+    const strided_rows out = rows_of(p->out, es, b, h, i0);
+    const strided_rows lse = rows_of(p->lse, sizeof(float), b, h, i0);
     float* o = slot;
     float* dO = slot + mfa_cpu_round_up(dv, 16);
-    for (int64_t r = 0; r < rows; ++r) {
-        load_row<Storage>(out.row(r), out.elem_step, dv, 1.0f, o, 1);
-        load_row<Storage>(dout.row(r), dout.elem_step, dv, 1.0f, dO, 1);
-        float dot = 0.0f;
-        for (int64_t x = 0; x < dv; ++x)
-            dot += o[x] * dO[x];
-        plan->row_dot[bh * p->seq_q + i0 + r] = dot;
+    const int64_t padded = mfa_cpu_round_up(count, NR);
+    for (int64_t r = 0; r < padded; ++r) {
+        float dot = 0.0f, l = -__builtin_inff();
+        if (r < count) {
+            load_row<Storage>(out.row(r), out.elem_step, dv, 1.0f, o, 1);
+            load_row<Storage>(dout.row(r), dout.elem_step, dv, 1.0f, dO, 1);
+            for (int64_t x = 0; x < dv; ++x)
+                dot += o[x] * dO[x];
+            l = f32_storage::load(lse.row(r));
+        }
+        pack.row_dot[i0 + r] = dot;
+        pack.lse2[i0 + r] = l == -__builtin_inff() ? __builtin_inff() : l * kLog2e;
     }
 }
 
-/* Base-2 log-sum-exp and row_dot of query rows i0 .. i0+count, padded to padded_count. A row
- * that sees no key has lse -inf; storing +inf instead makes its P = 2^(s - inf) = 0 whether its
- * (masked) s is finite or -inf, so no special case reaches the products. */
-static void load_row_stats(const mfa_cpu_plan* plan, int64_t b, int64_t h, int64_t i0,
-                           int64_t count, int64_t padded_count, float* lse2, float* row_dot)
+template <class Storage>
+static void backward_pack_task(const mfa_cpu_plan* plan, int64_t task, float* slot)
 {
-    const mfa_problem* p = plan->problem;
-    const strided_rows lse = rows_of(p->lse, sizeof(float), b, h, i0);
-    const float* dots = plan->row_dot + (b * p->heads_q + h) * p->seq_q + i0;
-    for (int64_t c = 0; c < padded_count; ++c) {
-        const float l = c < count ? f32_storage::load(lse.row(c)) : -__builtin_inff();
-        lse2[c] = l == -__builtin_inff() ? __builtin_inff() : l * kLog2e;
-        row_dot[c] = c < count ? dots[c] : 0.0f;
-    }
+    const int64_t key_tasks =
+        plan->chunk_kv_heads * mfa_cpu_pack_blocks(plan, plan->problem->seq_k);
+    if (task < key_tasks)
+        pack_key_side<Storage>(plan, task);
+    else
+        pack_query_side<Storage>(plan, task - key_tasks, slot);
 }
 
 /* dS = P * (dP - row_dot) in place of P, where row_dot varies along rows (dQ) ... */
@@ -74,41 +111,42 @@ static void query_grad_task(const mfa_cpu_plan* plan, int64_t task, float* slot)
 {
     const mfa_problem* p = plan->problem;
     const int64_t es = plan->elem_size;
-    const int64_t qb = plan->q_blocks - 1 - task % plan->q_blocks; /* longest first when causal */
-    const int64_t h = task / plan->q_blocks % p->heads_q;
-    const int64_t b = task / plan->q_blocks / p->heads_q;
-    const int64_t kv_head = h / p->group;
+    const int64_t q_local = task / plan->q_blocks;
+    const int64_t g_local = q_local / p->group;
+    const kv_head_ref kv = chunk_kv_head(plan, g_local);
+    const int64_t b = kv.batch, h = kv.head * p->group + q_local % p->group;
+    const int64_t qb = plan->q_blocks - 1 - task % plan->q_blocks; /* longest first (causal) */
     const int64_t i0 = qb * plan->block_q;
-    const int64_t rows = p->seq_q - i0 < plan->block_q ? p->seq_q - i0 : plan->block_q;
+    const int64_t rows = min64(plan->block_q, p->seq_q - i0);
     const int64_t d = p->head_dim, dv = p->head_dim_v;
     const int64_t d_pad = mfa_cpu_round_up(d, NR);
 
+    mfa_cpu_kv_pack kv_pack;
+    mfa_cpu_kv_pack_carve(plan, 1, chunk_kv_pack(plan, g_local), &kv_pack);
+    mfa_cpu_q_pack q_pack;
+    mfa_cpu_q_pack_carve(plan, chunk_q_pack(plan, q_local), &q_pack);
+    const float* lse2 = q_pack.lse2 + i0;
     mfa_cpu_backward_tiles t;
     mfa_cpu_backward_tiles_carve(plan, slot, &t);
     pack_rows<Storage>(rows_of(p->q, es, b, h, i0), rows, d, plan->score_scale, t.rows, d);
     pack_rows<Storage>(rows_of(p->dout, es, b, h, i0), rows, dv, 1.0f, t.rows_out_grad, dv);
-    load_row_stats(plan, b, h, i0, rows, rows, t.lse, t.row_dot);
     for (int64_t i = 0; i < rows * d_pad; ++i)
         t.acc[i] = 0.0f;
 
-    const int64_t key_lo = mfa_cpu_key_begin(plan, i0);
     const int64_t key_hi = mfa_cpu_key_end(plan, i0 + rows - 1);
-    for (int64_t j0 = key_lo; j0 < key_hi; j0 += plan->block_k) {
-        const int64_t n = key_hi - j0 < plan->block_k ? key_hi - j0 : plan->block_k;
+    for (int64_t j0 = panel_floor(mfa_cpu_key_begin(plan, i0)); j0 < key_hi;
+         j0 += plan->block_k) {
+        const int64_t n = min64(plan->block_k, key_hi - j0);
         const int64_t n_pad = mfa_cpu_round_up(n, NR);
-        const strided_rows k = rows_of(p->k, es, b, kv_head, j0);
-        pack_panels_transposed<Storage>(k, n, d, 1.0f, t.cols_t);
-        pack_panels<Storage>(k, n, d, 1.0f, t.cols);
-        pack_panels_transposed<Storage>(rows_of(p->v, es, b, kv_head, j0), n, dv, 1.0f,
-                                        t.cols_out_grad_t);
-
-        gemm_packed(rows, n, d, t.rows, d, t.cols_t, t.s, n_pad, false);
+        gemm_packed(rows, n, d, t.rows, d, kv_pack.kt + j0 * d, d * NR, t.s, n_pad, false);
         mask_query_rows(plan, i0, rows, j0, n, t.s, n_pad);
         for (int64_t r = 0; r < rows; ++r)
-            exp2_shifted_sum(t.s + r * n_pad, n_pad, t.lse[r]);
-        gemm_packed(rows, n, dv, t.rows_out_grad, dv, t.cols_out_grad_t, t.dp, n_pad, false);
-        softmax_grad_rows(t.s, t.dp, rows, n_pad, t.row_dot);
-        gemm_packed(rows, d, n, t.s, n_pad, t.cols, t.acc, d_pad, true);
+            exp2_shifted_sum(t.s + r * n_pad, n_pad, lse2[r]);
+        gemm_packed(rows, n, dv, t.rows_out_grad, dv, kv_pack.vt + j0 * dv, dv * NR, t.dp,
+                    n_pad, false);
+        softmax_grad_rows(t.s, t.dp, rows, n_pad, q_pack.row_dot + i0);
+        gemm_packed(rows, d, n, t.s, n_pad, kv_pack.k + j0 * NR, plan->seq_k_padded * NR, t.acc,
+                    d_pad, true);
     }
     store_rows<Storage>(rows_of(p->dq, es, b, h, i0), rows, d, t.acc, d_pad, p->scale);
 }
@@ -118,58 +156,54 @@ static void key_value_grad_task(const mfa_cpu_plan* plan, int64_t task, float* s
 {
     const mfa_problem* p = plan->problem;
     const int64_t es = plan->elem_size;
-    const int64_t kb = task % plan->k_blocks;
-    const int64_t kv_head = task / plan->k_blocks % p->heads_kv;
-    const int64_t b = task / plan->k_blocks / p->heads_kv;
-    const int64_t j0 = kb * plan->block_k;
-    const int64_t rows = p->seq_k - j0 < plan->block_k ? p->seq_k - j0 : plan->block_k;
+    const int64_t g_local = task / plan->k_blocks;
+    const kv_head_ref kv = chunk_kv_head(plan, g_local);
+    const int64_t b = kv.batch;
+    const int64_t j0 = task % plan->k_blocks * plan->block_k;
+    const int64_t rows = min64(plan->block_k, p->seq_k - j0);
     const int64_t d = p->head_dim, dv = p->head_dim_v;
     const int64_t d_pad = mfa_cpu_round_up(d, NR), dv_pad = mfa_cpu_round_up(dv, NR);
 
     mfa_cpu_backward_tiles t;
     mfa_cpu_backward_tiles_carve(plan, slot, &t);
-    pack_rows<Storage>(rows_of(p->k, es, b, kv_head, j0), rows, d, 1.0f, t.rows, d);
-    pack_rows<Storage>(rows_of(p->v, es, b, kv_head, j0), rows, dv, 1.0f, t.rows_out_grad, dv);
+    pack_rows<Storage>(rows_of(p->k, es, b, kv.head, j0), rows, d, 1.0f, t.rows, d);
+    pack_rows<Storage>(rows_of(p->v, es, b, kv.head, j0), rows, dv, 1.0f, t.rows_out_grad, dv);
     for (int64_t i = 0; i < rows * d_pad; ++i)
         t.acc[i] = 0.0f;
     for (int64_t i = 0; i < rows * dv_pad; ++i)
         t.acc_v[i] = 0.0f;
 
-    const int64_t query_lo = mfa_cpu_query_begin(plan, j0);
     const int64_t query_hi = mfa_cpu_query_end(plan, j0 + rows - 1);
-    for (int64_t h = kv_head * p->group; h < (kv_head + 1) * p->group; ++h) {
-        for (int64_t i0 = query_lo; i0 < query_hi; i0 += plan->block_q) {
-            const int64_t n = query_hi - i0 < plan->block_q ? query_hi - i0 : plan->block_q;
+    for (int64_t member = 0; member < p->group; ++member) {
+        mfa_cpu_q_pack q_pack;
+        mfa_cpu_q_pack_carve(plan, chunk_q_pack(plan, g_local * p->group + member), &q_pack);
+        for (int64_t i0 = panel_floor(mfa_cpu_query_begin(plan, j0)); i0 < query_hi;
+             i0 += plan->block_q) {
+            const int64_t n = min64(plan->block_q, query_hi - i0);
             const int64_t n_pad = mfa_cpu_round_up(n, NR);
-            const strided_rows q = rows_of(p->q, es, b, h, i0);
-            const strided_rows dout = rows_of(p->dout, es, b, h, i0);
-            pack_panels_transposed<Storage>(q, n, d, plan->score_scale, t.cols_t);
-            pack_panels<Storage>(q, n, d, 1.0f, t.cols);
-            pack_panels_transposed<Storage>(dout, n, dv, 1.0f, t.cols_out_grad_t);
-            pack_panels<Storage>(dout, n, dv, 1.0f, t.cols_out_grad);
-            load_row_stats(plan, b, h, i0, n, n_pad, t.lse, t.row_dot);
-
-            gemm_packed(rows, n, d, t.rows, d, t.cols_t, t.s, n_pad, false);
+            gemm_packed(rows, n, d, t.rows, d, q_pack.qt + i0 * d, d * NR, t.s, n_pad, false);
             mask_key_rows(plan, j0, rows, i0, n, t.s, n_pad);
             for (int64_t r = 0; r < rows; ++r)
                 for (int64_t c = 0; c < n_pad; c += W)
                     vstore(t.s + r * n_pad + c,
-                           vexp2(vload(t.s + r * n_pad + c) - vload(t.lse + c)));
-            gemm_packed(rows, dv, n, t.s, n_pad, t.cols_out_grad, t.acc_v, dv_pad, true);
-            gemm_packed(rows, n, dv, t.rows_out_grad, dv, t.cols_out_grad_t, t.dp, n_pad, false);
-            softmax_grad_cols(t.s, t.dp, rows, n_pad, t.row_dot);
-            gemm_packed(rows, d, n, t.s, n_pad, t.cols, t.acc, d_pad, true);
+                           vexp2(vload(t.s + r * n_pad + c) - vload(q_pack.lse2 + i0 + c)));
+            gemm_packed(rows, dv, n, t.s, n_pad, q_pack.dout + i0 * NR, plan->seq_q_padded * NR,
+                        t.acc_v, dv_pad, true);
+            gemm_packed(rows, n, dv, t.rows_out_grad, dv, q_pack.doutt + i0 * dv, dv * NR, t.dp,
+                        n_pad, false);
+            softmax_grad_cols(t.s, t.dp, rows, n_pad, q_pack.row_dot + i0);
+            gemm_packed(rows, d, n, t.s, n_pad, q_pack.q + i0 * NR, plan->seq_q_padded * NR,
+                        t.acc, d_pad, true);
         }
     }
-    store_rows<Storage>(rows_of(p->dk, es, b, kv_head, j0), rows, d, t.acc, d_pad, p->scale);
-    store_rows<Storage>(rows_of(p->dv, es, b, kv_head, j0), rows, dv, t.acc_v, dv_pad, 1.0f);
+    store_rows<Storage>(rows_of(p->dk, es, b, kv.head, j0), rows, d, t.acc, d_pad, p->scale);
+    store_rows<Storage>(rows_of(p->dv, es, b, kv.head, j0), rows, dv, t.acc_v, dv_pad, 1.0f);
 }
 
 template <class Storage>
 static void backward_task(const mfa_cpu_plan* plan, int64_t task, float* slot)
 {
-    const mfa_problem* p = plan->problem;
-    const int64_t query_tasks = p->batch * p->heads_q * plan->q_blocks;
+    const int64_t query_tasks = mfa_cpu_backward_query_tasks(plan);
     if (task < query_tasks)
         query_grad_task<Storage>(plan, task, slot);
     else

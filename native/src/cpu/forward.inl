@@ -1,22 +1,69 @@
 /*
- * Forward pass for one block of query rows of one (batch, head): FlashAttention's online
- * softmax over the visible key blocks, all in f32, in base 2 (scale * log2(e) is folded into Q).
+ * Forward pass. The pack task converts one block of a key/value head's K and V into panels; the
+ * compute task runs FlashAttention's online softmax for one block of query rows over the visible
+ * key blocks, all in f32 and in base 2 (scale * log2(e) is folded into Q).
  */
+
+/* The chunk's key/value head g_local as (batch, head), and its packs. */
+struct kv_head_ref {
+    int64_t batch, head;
+};
+
+static inline kv_head_ref chunk_kv_head(const mfa_cpu_plan* plan, int64_t g_local)
+{
+    const int64_t g = plan->first_kv_head + g_local;
+    kv_head_ref ref = {g / plan->problem->heads_kv, g % plan->problem->heads_kv};
+    return ref;
+}
+
+static inline float* chunk_kv_pack(const mfa_cpu_plan* plan, int64_t g_local)
+{
+    return plan->kv_packs + g_local * plan->kv_pack_floats;
+}
+
+static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* The first row of a block that starts at or before `first`, aligned to a panel so that it
+ * addresses whole packed panels; the extra rows are masked like any other invisible ones. */
+static inline int64_t panel_floor(int64_t first) { return first / NR * NR; }
+
+template <class Storage>
+static void forward_pack_task(const mfa_cpu_plan* plan, int64_t task, float* slot)
+{
+    (void)slot;
+    const mfa_problem* p = plan->problem;
+    const int64_t blocks = mfa_cpu_pack_blocks(plan, p->seq_k);
+    const kv_head_ref head = chunk_kv_head(plan, task / blocks);
+    const int64_t j0 = task % blocks * plan->pack_rows;
+    const int64_t count = min64(plan->pack_rows, p->seq_k - j0);
+    mfa_cpu_kv_pack pack;
+    mfa_cpu_kv_pack_carve(plan, 0, chunk_kv_pack(plan, task / blocks), &pack);
+    pack_panels_transposed<Storage>(rows_of(p->k, plan->elem_size, head.batch, head.head, j0),
+                                    count, p->head_dim, 1.0f, pack.kt + j0 * p->head_dim);
+    pack_panels<Storage>(rows_of(p->v, plan->elem_size, head.batch, head.head, j0), count,
+                         p->head_dim_v, 1.0f, pack.v + j0 * NR, plan->seq_k_padded * NR);
+}
 
 template <class Storage>
 static void forward_task(const mfa_cpu_plan* plan, int64_t task, float* slot)
 {
     const mfa_problem* p = plan->problem;
     const int64_t es = plan->elem_size;
-    const int64_t qb = plan->q_blocks - 1 - task % plan->q_blocks; /* longest first when causal */
-    const int64_t h = task / plan->q_blocks % p->heads_q;
-    const int64_t b = task / plan->q_blocks / p->heads_q;
-    const int64_t kv_head = h / p->group;
+    const int64_t per_kv_head = p->group * plan->q_blocks;
+    const int64_t g_local = task / per_kv_head;
+    const kv_head_ref kv = chunk_kv_head(plan, g_local);
+    const int64_t h = kv.head * p->group + task % per_kv_head / plan->q_blocks;
+    const int64_t b = kv.batch;
+    /* Last blocks first: under a causal mask they see the most keys, and the longest tasks
+     * should not be the last ones handed out. */
+    const int64_t qb = plan->q_blocks - 1 - task % plan->q_blocks;
     const int64_t i0 = qb * plan->block_q;
-    const int64_t rows = p->seq_q - i0 < plan->block_q ? p->seq_q - i0 : plan->block_q;
+    const int64_t rows = min64(plan->block_q, p->seq_q - i0);
     const int64_t d = p->head_dim, dv = p->head_dim_v;
     const int64_t dv_pad = mfa_cpu_round_up(dv, NR);
 
+    mfa_cpu_kv_pack pack;
+    mfa_cpu_kv_pack_carve(plan, 0, chunk_kv_pack(plan, g_local), &pack);
     mfa_cpu_forward_tiles t;
     mfa_cpu_forward_tiles_carve(plan, slot, &t);
 
@@ -29,13 +76,12 @@ static void forward_task(const mfa_cpu_plan* plan, int64_t task, float* slot)
     }
 
     /* Visible ranges move monotonically with the row, so the block's keys are one interval. */
-    const int64_t key_lo = mfa_cpu_key_begin(plan, i0);
     const int64_t key_hi = mfa_cpu_key_end(plan, i0 + rows - 1);
-    for (int64_t j0 = key_lo; j0 < key_hi; j0 += plan->block_k) {
-        const int64_t n = key_hi - j0 < plan->block_k ? key_hi - j0 : plan->block_k;
+    for (int64_t j0 = panel_floor(mfa_cpu_key_begin(plan, i0)); j0 < key_hi;
+         j0 += plan->block_k) {
+        const int64_t n = min64(plan->block_k, key_hi - j0);
         const int64_t n_pad = mfa_cpu_round_up(n, NR);
-        pack_panels_transposed<Storage>(rows_of(p->k, es, b, kv_head, j0), n, d, 1.0f, t.kt);
-        gemm_packed(rows, n, d, t.q, d, t.kt, t.s, n_pad, false);
+        gemm_packed(rows, n, d, t.q, d, pack.kt + j0 * d, d * NR, t.s, n_pad, false);
         mask_query_rows(plan, i0, rows, j0, n, t.s, n_pad);
 
         for (int64_t r = 0; r < rows; ++r) {
@@ -58,8 +104,8 @@ static void forward_task(const mfa_cpu_plan* plan, int64_t task, float* slot)
             }
             t.row_sum[r] += block_sum;
         }
-        pack_panels<Storage>(rows_of(p->v, es, b, kv_head, j0), n, dv, 1.0f, t.v);
-        gemm_packed(rows, dv, n, t.s, n_pad, t.v, t.o, dv_pad, true);
+        gemm_packed(rows, dv, n, t.s, n_pad, pack.v + j0 * NR, plan->seq_k_padded * NR, t.o,
+                    dv_pad, true);
     }
 
     /* A row that saw no key keeps max -inf and sum 0: out 0 (its accumulator is 0) and
@@ -67,8 +113,7 @@ static void forward_task(const mfa_cpu_plan* plan, int64_t task, float* slot)
     for (int64_t r = 0; r < rows; ++r) {
         const bool empty = t.row_sum[r] == 0.0f;
         scale_row(t.o + r * dv_pad, dv_pad, empty ? 0.0f : 1.0f / t.row_sum[r]);
-        t.row_sum[r] = empty ? -__builtin_inff()
-                             : (t.row_max[r] + log2f(t.row_sum[r])) * kLn2;
+        t.row_sum[r] = empty ? -__builtin_inff() : (t.row_max[r] + log2f(t.row_sum[r])) * kLn2;
     }
     store_rows<Storage>(rows_of(p->out, es, b, h, i0), rows, dv, t.o, dv_pad, 1.0f);
     if (p->lse.data) {

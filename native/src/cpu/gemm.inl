@@ -59,14 +59,15 @@ inline void micro_tile_rows<0>(int, int64_t, const float*, int64_t, const float*
 {
 }
 
-/* C[m x cols] (+)= A[m x depth] * B, where B is ceil(cols / NR) panels of depth x NR floats and
- * C has row stride ldc >= round_up(cols, NR). depth may be 0 (C becomes or stays as is). */
+/* C[m x cols] (+)= A[m x depth] * B, where B is ceil(cols / NR) panels of depth x NR floats,
+ * panel_stride floats apart, and C has row stride ldc >= round_up(cols, NR). depth may be 0. */
 static void gemm_packed(int64_t m, int64_t cols, int64_t depth, const float* a, int64_t lda,
-                        const float* b, float* c, int64_t ldc, bool accumulate)
+                        const float* b, int64_t panel_stride, float* c, int64_t ldc,
+                        bool accumulate)
 {
     const int64_t panels = (cols + NR - 1) / NR;
     for (int64_t p = 0; p < panels; ++p) {
-        const float* bp = b + p * depth * NR;
+        const float* bp = b + p * panel_stride;
         float* cp = c + p * NR;
         int64_t r = 0;
         for (; r + MR <= m; r += MR)

@@ -24,37 +24,27 @@ namespace {
 #include "cpu/forward.inl"
 #include "cpu/backward.inl"
 
-typedef void (*task_fn)(const mfa_cpu_plan*, int64_t, float*);
-
 /* One entry point per pass for all dtypes: the dtype is resolved per task, not per element. */
-template <template <class> class Task>
-struct by_dtype {
-    static void run(const mfa_cpu_plan* plan, int64_t task, float* slot)
-    {
-        switch (plan->problem->dtype) {
-        case MFA_DTYPE_F32: Task<f32_storage>::run(plan, task, slot); break;
-        case MFA_DTYPE_F16: Task<f16_storage>::run(plan, task, slot); break;
-        case MFA_DTYPE_BF16: Task<bf16_storage>::run(plan, task, slot); break;
-        }
+template <mfa_cpu_task F32, mfa_cpu_task F16, mfa_cpu_task BF16>
+static void for_dtype(const mfa_cpu_plan* plan, int64_t task, float* slot)
+{
+    switch (plan->problem->dtype) {
+    case MFA_DTYPE_F32: F32(plan, task, slot); break;
+    case MFA_DTYPE_F16: F16(plan, task, slot); break;
+    case MFA_DTYPE_BF16: BF16(plan, task, slot); break;
     }
-};
-
-template <class S> struct forward_pass {
-    static void run(const mfa_cpu_plan* pl, int64_t t, float* s) { forward_task<S>(pl, t, s); }
-};
-template <class S> struct row_dot_pass {
-    static void run(const mfa_cpu_plan* pl, int64_t t, float* s) { row_dot_task<S>(pl, t, s); }
-};
-template <class S> struct backward_pass {
-    static void run(const mfa_cpu_plan* pl, int64_t t, float* s) { backward_task<S>(pl, t, s); }
-};
+}
 
 const mfa_cpu_kernels kernels = {
     MFA_CPU_ISA_NAME,
     NR,
-    by_dtype<forward_pass>::run,
-    by_dtype<row_dot_pass>::run,
-    by_dtype<backward_pass>::run,
+    for_dtype<forward_pack_task<f32_storage>, forward_pack_task<f16_storage>,
+              forward_pack_task<bf16_storage>>,
+    for_dtype<forward_task<f32_storage>, forward_task<f16_storage>, forward_task<bf16_storage>>,
+    for_dtype<backward_pack_task<f32_storage>, backward_pack_task<f16_storage>,
+              backward_pack_task<bf16_storage>>,
+    for_dtype<backward_task<f32_storage>, backward_task<f16_storage>,
+              backward_task<bf16_storage>>,
 };
 
 } // namespace

@@ -1,6 +1,7 @@
 /*
  * The table one instruction-set build of the attention kernels exports. isa_select.cpp picks one
- * table per context; everything below a table entry runs at that single ISA.
+ * table per context; everything below a table entry runs at that single ISA. Task indices are
+ * counted within the plan's head chunk; the mfa_cpu_*_tasks functions give the counts.
  */
 #ifndef MFA_CPU_KERNELS_H
 #define MFA_CPU_KERNELS_H
@@ -11,16 +12,49 @@
 extern "C" {
 #endif
 
+typedef void (*mfa_cpu_task)(const mfa_cpu_plan* plan, int64_t task, float* slot);
+
 typedef struct mfa_cpu_kernels {
     const char* isa_name;   /* "AVX-512", "AVX2", "NEON", "SSE2", "portable" */
     int64_t panel_width;    /* floats per packed panel: the micro-kernel's register width */
-    /* One block of query rows: O and, if requested, the log-sum-exp. */
-    void (*forward_task)(const mfa_cpu_plan* plan, int64_t task, float* slot);
-    /* One block of query rows: plan->row_dot = rowsum(dO * O). */
-    void (*row_dot_task)(const mfa_cpu_plan* plan, int64_t task, float* slot);
-    /* Tasks [0, dq_tasks) are blocks of query rows (dQ); the rest blocks of key rows (dK, dV). */
-    void (*backward_task)(const mfa_cpu_plan* plan, int64_t task, float* slot);
+    mfa_cpu_task forward_pack;     /* K and V of the chunk's key/value heads */
+    mfa_cpu_task forward;          /* blocks of query rows: O and, if requested, lse */
+    mfa_cpu_task backward_pack;    /* K, V of the key/value heads; Q, dO, lse, rowsum(dO * O)
+                                      of their query heads */
+    mfa_cpu_task backward;         /* blocks of query rows (dQ), then blocks of key rows (dK, dV) */
 } mfa_cpu_kernels;
+
+static inline int64_t mfa_cpu_pack_blocks(const mfa_cpu_plan* plan, int64_t seq)
+{
+    return (seq + plan->pack_rows - 1) / plan->pack_rows;
+}
+
+static inline int64_t mfa_cpu_forward_pack_tasks(const mfa_cpu_plan* plan)
+{
+    return plan->chunk_kv_heads * mfa_cpu_pack_blocks(plan, plan->problem->seq_k);
+}
+
+static inline int64_t mfa_cpu_forward_tasks(const mfa_cpu_plan* plan)
+{
+    return plan->chunk_kv_heads * plan->problem->group * plan->q_blocks;
+}
+
+static inline int64_t mfa_cpu_backward_pack_tasks(const mfa_cpu_plan* plan)
+{
+    return plan->chunk_kv_heads * (mfa_cpu_pack_blocks(plan, plan->problem->seq_k) +
+                                   plan->problem->group *
+                                       mfa_cpu_pack_blocks(plan, plan->problem->seq_q));
+}
+
+static inline int64_t mfa_cpu_backward_query_tasks(const mfa_cpu_plan* plan)
+{
+    return plan->chunk_kv_heads * plan->problem->group * plan->q_blocks;
+}
+
+static inline int64_t mfa_cpu_backward_tasks(const mfa_cpu_plan* plan)
+{
+    return mfa_cpu_backward_query_tasks(plan) + plan->chunk_kv_heads * plan->k_blocks;
+}
 
 const mfa_cpu_kernels* mfa_cpu_kernels_portable(void);
 #if defined(__x86_64__) || defined(_M_X64)

@@ -90,28 +90,31 @@ static void pack_rows(const strided_rows& src, int64_t count, int64_t width, flo
     }
 }
 
-/* B operand whose reduction runs along the rows (V in P V, K in dS K): panel p holds columns
- * [p*NR, p*NR + NR) of every row, zero past width. */
+/* Rows [0, count) of src as row panels (plan.h): panel p of row r at dst + p * panel_stride +
+ * r * NR, zero past width and, up to the next multiple of NR, past count. */
 template <class Storage>
 static void pack_panels(const strided_rows& src, int64_t count, int64_t width, float mul,
-                        float* dst)
+                        float* dst, int64_t panel_stride)
 {
     const int64_t panels = (width + NR - 1) / NR;
+    const int64_t padded = (count + NR - 1) / NR * NR;
     for (int64_t p = 0; p < panels; ++p) {
         const int64_t d0 = p * NR;
         const int64_t n = width - d0 < NR ? width - d0 : NR;
-        float* panel = dst + p * count * NR;
-        for (int64_t r = 0; r < count; ++r) {
-            load_row<Storage>(src.row(r) + d0 * src.elem_step, src.elem_step, n, mul,
-                              panel + r * NR, 1);
-            for (int64_t x = n; x < NR; ++x)
+        float* panel = dst + p * panel_stride;
+        for (int64_t r = 0; r < padded; ++r) {
+            const int64_t filled = r < count ? n : 0;
+            if (filled)
+                load_row<Storage>(src.row(r) + d0 * src.elem_step, src.elem_step, filled, mul,
+                                  panel + r * NR, 1);
+            for (int64_t x = filled; x < NR; ++x)
                 panel[r * NR + x] = 0.0f;
         }
     }
 }
 
-/* B operand whose reduction runs along the feature dimension (K^T in Q K^T): panel p holds rows
- * [p*NR, p*NR + NR) transposed, depth x NR, zero past count. */
+/* Rows [0, count) of src as transposed panels (plan.h) of the given depth starting at dst, zero
+ * past count up to the next multiple of NR. */
 template <class Storage>
 static void pack_panels_transposed(const strided_rows& src, int64_t count, int64_t depth,
                                    float mul, float* dst)

@@ -1,10 +1,16 @@
 /*
- * What the portable driver hands the per-ISA kernels for one call: the validated problem, the
- * block sizes, the visibility window, and one workspace slot per participating thread.
+ * What the portable driver hands the per-ISA kernels for one call: the validated problem, block
+ * sizes, the visibility window, the packed operands of the heads being worked on, and one
+ * workspace slot per participating thread.
  *
- * Workspace layouts live here, not in the kernels, because the driver must size the allocation
- * before any kernel runs (an allocation failure is reported before any output is written).
- * Everything is static inline so the per-ISA translation units get private copies.
+ * A call runs head chunk by head chunk. For each chunk a pack pass converts that chunk's operands
+ * to f32 once, in the panel layouts the micro-kernel reads (below); then a compute pass runs the
+ * tiles, every task reading the shared packs. Packing per tile instead would redo the conversion
+ * and transposition once per row block, which costs as much as the products themselves.
+ *
+ * Layouts live here, not in the kernels, because the driver sizes every allocation before any
+ * kernel runs (an allocation failure is reported before any output is written). Everything is
+ * static inline so each per-ISA translation unit gets private copies.
  */
 #ifndef MFA_CPU_PLAN_H
 #define MFA_CPU_PLAN_H
@@ -16,21 +22,33 @@
 typedef struct mfa_cpu_plan {
     const mfa_problem* problem;
     int64_t elem_size;
-    /* Query rows owned by one forward or dQ task, and key rows owned by one dK/dV task. */
+    /* Floats per packed panel (the micro-kernel's register width); every packed width is a
+     * multiple, and the padded sequence lengths below are too. */
+    int64_t panel_width;
+    int64_t seq_q_padded;
+    int64_t seq_k_padded;
+    /* Rows of one compute task: query rows (forward, dQ) or key rows (dK/dV); the reduction
+     * side is walked in blocks of the other size. Multiples of panel_width. */
     int64_t block_q;
     int64_t block_k;
-    int64_t q_blocks; /* per (batch, query head) */
-    int64_t k_blocks; /* per (batch, key/value head) */
+    int64_t q_blocks; /* per query head */
+    int64_t k_blocks; /* per key/value head */
+    /* Rows converted by one pack task. */
+    int64_t pack_rows;
     /* The problem's window with bounds wider than seq_q + seq_k clamped to that (which changes
      * no visibility) so that i + diag_offset +- bound cannot overflow; -1 = unbounded. */
     int64_t window_left;
     int64_t window_right;
     /* Scores are kept in base 2: scale * log2(e) is folded into the packed Q. */
     float score_scale;
-    /* Backward: rowsum(dO * O) per query row, [batch][heads_q][seq_q] contiguous. */
-    float* row_dot;
-    /* Floats of NR-wide panels the micro-kernel reads; every packed width is a multiple. */
-    int64_t panel_width;
+    /* The chunk: key/value heads [first_kv_head, first_kv_head + chunk_kv_heads) counted over
+     * batch x heads_kv, with all their query heads. */
+    int64_t first_kv_head;
+    int64_t chunk_kv_heads;
+    float* kv_packs; /* kv_pack_floats per key/value head of the chunk */
+    int64_t kv_pack_floats;
+    float* q_packs; /* q_pack_floats per query head of the chunk (backward only) */
+    int64_t q_pack_floats;
     float* workspace;
     int64_t workspace_slot_floats;
 } mfa_cpu_plan;
@@ -76,8 +94,8 @@ static inline int64_t mfa_cpu_round_up(int64_t n, int64_t multiple)
     return (n + multiple - 1) / multiple * multiple;
 }
 
-/* Carves consecutive 64-byte-aligned float arrays out of one slot. With base NULL it only
- * counts, which is how the driver sizes the slot. */
+/* Carves consecutive 64-byte-aligned float arrays out of one region. With base NULL it only
+ * counts, which is how the driver sizes the region. */
 typedef struct mfa_cpu_carver {
     float* base;
     int64_t used;
@@ -90,40 +108,84 @@ static inline float* mfa_cpu_carve(mfa_cpu_carver* carver, int64_t floats)
     return region;
 }
 
-/* Forward, per task: Q (block_q x D, lda D), S/P (block_q x padded block_k), K^T and V as
- * packed panels, the O accumulator, and the running max and sum per row. */
+/* ---- Packs: one head's operands as f32 panels ---------------------------------------------
+ * "Transposed" panels (for Q K^T-type products, reduction over the head dimension): panel p holds
+ * sequence rows [p*NR, p*NR + NR) as depth x NR, at p * depth * NR.
+ * "Row" panels (for P V-type products, reduction over the sequence): panel p holds columns
+ * [p*NR, p*NR + NR) of every sequence row as seq_padded x NR, at p * seq_padded * NR. */
+
+typedef struct mfa_cpu_kv_pack {
+    float* kt;  /* K, transposed panels (S = Q K^T) */
+    float* v;   /* V, row panels (O += P V); forward only */
+    float* k;   /* K, row panels (dQ += dS K); backward only */
+    float* vt;  /* V, transposed panels (dP = dO V^T); backward only */
+} mfa_cpu_kv_pack;
+
+static inline int64_t mfa_cpu_kv_pack_carve(const mfa_cpu_plan* plan, int backward, float* base,
+                                            mfa_cpu_kv_pack* pack)
+{
+    const mfa_problem* p = plan->problem;
+    const int64_t nr = plan->panel_width, n = plan->seq_k_padded;
+    mfa_cpu_carver c = {base, 0};
+    pack->kt = mfa_cpu_carve(&c, p->head_dim * n);
+    pack->v = backward ? (float*)0 : mfa_cpu_carve(&c, mfa_cpu_round_up(p->head_dim_v, nr) * n);
+    pack->k = backward ? mfa_cpu_carve(&c, mfa_cpu_round_up(p->head_dim, nr) * n) : (float*)0;
+    pack->vt = backward ? mfa_cpu_carve(&c, p->head_dim_v * n) : (float*)0;
+    return c.used;
+}
+
+typedef struct mfa_cpu_q_pack {
+    float* qt;      /* Q * scale * log2(e), transposed panels (S^T = K Q^T) */
+    float* q;       /* Q, row panels (dK += dS^T Q) */
+    float* doutt;   /* dO, transposed panels (dP^T = V dO^T) */
+    float* dout;    /* dO, row panels (dV += P^T dO) */
+    float* lse2;    /* lse * log2(e); +inf for rows that see no key and for padding */
+    float* row_dot; /* rowsum(dO * O); 0 for padding */
+} mfa_cpu_q_pack;
+
+static inline int64_t mfa_cpu_q_pack_carve(const mfa_cpu_plan* plan, float* base,
+                                           mfa_cpu_q_pack* pack)
+{
+    const mfa_problem* p = plan->problem;
+    const int64_t nr = plan->panel_width, n = plan->seq_q_padded;
+    mfa_cpu_carver c = {base, 0};
+    pack->qt = mfa_cpu_carve(&c, p->head_dim * n);
+    pack->q = mfa_cpu_carve(&c, mfa_cpu_round_up(p->head_dim, nr) * n);
+    pack->doutt = mfa_cpu_carve(&c, p->head_dim_v * n);
+    pack->dout = mfa_cpu_carve(&c, mfa_cpu_round_up(p->head_dim_v, nr) * n);
+    pack->lse2 = mfa_cpu_carve(&c, n);
+    pack->row_dot = mfa_cpu_carve(&c, n);
+    return c.used;
+}
+
+/* ---- Per-thread tiles ---------------------------------------------------------------------- */
+
+/* Forward task: its Q rows (lda D), S/P, the O accumulator, the running max and sum per row. */
 typedef struct mfa_cpu_forward_tiles {
-    float *q, *s, *kt, *v, *o, *row_max, *row_sum;
+    float *q, *s, *o, *row_max, *row_sum;
 } mfa_cpu_forward_tiles;
 
 static inline int64_t mfa_cpu_forward_tiles_carve(const mfa_cpu_plan* plan, float* base,
                                                   mfa_cpu_forward_tiles* tiles)
 {
     const mfa_problem* p = plan->problem;
-    const int64_t nr = plan->panel_width;
-    const int64_t bq = plan->block_q, bk = mfa_cpu_round_up(plan->block_k, nr);
-    const int64_t dv = mfa_cpu_round_up(p->head_dim_v, nr);
+    const int64_t bq = plan->block_q, bk = plan->block_k;
+    const int64_t dv = mfa_cpu_round_up(p->head_dim_v, plan->panel_width);
     mfa_cpu_carver c = {base, 0};
     tiles->q = mfa_cpu_carve(&c, bq * p->head_dim);
     tiles->s = mfa_cpu_carve(&c, bq * bk);
-    tiles->kt = mfa_cpu_carve(&c, p->head_dim * bk);
-    tiles->v = mfa_cpu_carve(&c, bk * dv);
     tiles->o = mfa_cpu_carve(&c, bq * dv);
     tiles->row_max = mfa_cpu_carve(&c, bq);
     tiles->row_sum = mfa_cpu_carve(&c, bq);
     return c.used;
 }
 
-/* Backward, query side (dQ task): the row operands (A of the products), the key-side panels
- * (B of the products), S/P and dP/dS, and the dQ accumulator. The key side (dK/dV task) is the
- * mirror image with queries and keys exchanged. Both share one slot size. */
+/* Backward task: its rows' operands (Q and dO for dQ, K and V for dK/dV), S/P/dS and dP, and the
+ * accumulators (dQ, or dK and dV). Both kinds of task share one slot size. */
 typedef struct mfa_cpu_backward_tiles {
-    float *rows, *rows_out_grad;    /* Q, dO (dQ task) or K, V (dK/dV task), row-major */
-    float *cols_t, *cols_out_grad_t; /* K^T, V^T or Q^T, dO^T: panels over the other side */
-    float *cols, *cols_out_grad;    /* K (dQ task) or Q, dO (dK/dV task): panels over D / Dv */
-    float *lse, *row_dot;           /* per query row, base-2 log-sum-exp and rowsum(dO * O) */
+    float *rows, *rows_out_grad;
     float *s, *dp;
-    float *acc, *acc_v;             /* dQ, or dK and dV */
+    float *acc, *acc_v;
 } mfa_cpu_backward_tiles;
 
 static inline int64_t mfa_cpu_backward_tiles_carve(const mfa_cpu_plan* plan, float* base,
@@ -132,20 +194,13 @@ static inline int64_t mfa_cpu_backward_tiles_carve(const mfa_cpu_plan* plan, flo
     const mfa_problem* p = plan->problem;
     const int64_t nr = plan->panel_width;
     const int64_t rows = plan->block_q > plan->block_k ? plan->block_q : plan->block_k;
-    const int64_t cols = mfa_cpu_round_up(rows, nr);
-    const int64_t d = p->head_dim, dv = p->head_dim_v;
-    const int64_t d_pad = mfa_cpu_round_up(d, nr), dv_pad = mfa_cpu_round_up(dv, nr);
+    const int64_t d_pad = mfa_cpu_round_up(p->head_dim, nr);
+    const int64_t dv_pad = mfa_cpu_round_up(p->head_dim_v, nr);
     mfa_cpu_carver c = {base, 0};
-    tiles->rows = mfa_cpu_carve(&c, rows * d);
-    tiles->rows_out_grad = mfa_cpu_carve(&c, rows * dv);
-    tiles->cols_t = mfa_cpu_carve(&c, d * cols);
-    tiles->cols_out_grad_t = mfa_cpu_carve(&c, dv * cols);
-    tiles->cols = mfa_cpu_carve(&c, cols * d_pad);
-    tiles->cols_out_grad = mfa_cpu_carve(&c, cols * dv_pad);
-    tiles->lse = mfa_cpu_carve(&c, cols);
-    tiles->row_dot = mfa_cpu_carve(&c, cols);
-    tiles->s = mfa_cpu_carve(&c, rows * cols);
-    tiles->dp = mfa_cpu_carve(&c, rows * cols);
+    tiles->rows = mfa_cpu_carve(&c, rows * p->head_dim);
+    tiles->rows_out_grad = mfa_cpu_carve(&c, rows * p->head_dim_v);
+    tiles->s = mfa_cpu_carve(&c, rows * rows);
+    tiles->dp = mfa_cpu_carve(&c, rows * rows);
     tiles->acc = mfa_cpu_carve(&c, rows * d_pad);
     tiles->acc_v = mfa_cpu_carve(&c, rows * dv_pad);
     return c.used;
