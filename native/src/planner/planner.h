@@ -71,7 +71,9 @@ typedef struct mfa_buffer_binding {
     int32_t writable;      /* the kernel writes through this binding */
     int64_t byte_offset;   /* from the operand view's data pointer to the first byte bound; <= 0
                               when strides are negative; 0 for the scratch D */
-    int64_t byte_length;   /* bytes from there that the kernel may touch (exact extent) */
+    int64_t byte_length;   /* bytes from there that the kernel may touch (exact extent); 0 when
+                              the operand has no elements: the kernel never reads it, but the
+                              index still needs some buffer bound */
 } mfa_buffer_binding;
 
 #define MFA_PLAN_MAX_CONSTANTS 16
