@@ -110,10 +110,9 @@ static void encode_pass(id<MTLComputeCommandEncoder> encoder, const mfa_pass_pla
 
 static mfa_status command_buffer_status(id<MTLCommandBuffer> commands, const char* what) {
     if (commands.status == MTLCommandBufferStatusCompleted) return MFA_OK;
+    // A command buffer reports its failures in MTLCommandBufferErrorDomain.
     NSError* error = commands.error;
-    const BOOL out_of_memory = error != nil &&
-                               [error.domain isEqualToString:MTLCommandBufferErrorDomain] &&
-                               error.code == MTLCommandBufferErrorOutOfMemory;
+    const BOOL out_of_memory = error != nil && error.code == MTLCommandBufferErrorOutOfMemory;
     return mfa_metal_error(out_of_memory ? MFA_ERROR_OUT_OF_MEMORY : MFA_ERROR_DEVICE, error,
                            "metal: the GPU failed running attention %s (command buffer status %lu)",
                            what, (unsigned long)commands.status);

@@ -62,8 +62,6 @@ typedef enum MTLCommandBufferStatus : NSUInteger {
     MTLCommandBufferStatusError = 5,
 } MTLCommandBufferStatus;
 
-extern NSErrorDomain const MTLCommandBufferErrorDomain;
-
 typedef enum MTLCommandBufferError : NSUInteger {
     MTLCommandBufferErrorOutOfMemory = 8,
 } MTLCommandBufferError;
