@@ -31,11 +31,13 @@ static mfa_gpu_family family_of(id<MTLDevice> device) {
 
 - (instancetype)initWithDevice:(id<MTLDevice>)device
                          queue:(id<MTLCommandQueue>)queue
+                   placeholder:(id<MTLBuffer>)placeholder
                        kernels:(MFAKernelLibrary*)kernels {
     self = [super init];
     if (self != nil) {
         _device = device;
         _queue = queue;
+        _placeholder = placeholder;
         _family = family_of(device);
         const char* name = device.name.UTF8String;
         snprintf(_deviceNameStorage, sizeof _deviceNameStorage, "%s", name != NULL ? name : "Apple GPU");
@@ -93,10 +95,17 @@ mfa_status mfa_metal_context_create(MFAMetalContext* __autoreleasing* out) {
         return mfa_set_error(MFA_ERROR_DEVICE, "metal: %s refused to create a command queue",
                              name != NULL ? name : "the GPU");
     }
+    id<MTLBuffer> placeholder = [device newBufferWithLength:16 options:MTLResourceStorageModeShared];
+    if (placeholder == nil) {
+        return mfa_set_error(MFA_ERROR_OUT_OF_MEMORY, "metal: cannot allocate a 16-byte buffer");
+    }
     mfa_status status = MFA_OK;
     MFAKernelLibrary* kernels = [[MFAKernelLibrary alloc] initWithDevice:device status:&status];
     if (kernels == nil) return status;
-    MFAMetalContext* context = [[MFAMetalContext alloc] initWithDevice:device queue:queue kernels:kernels];
+    MFAMetalContext* context = [[MFAMetalContext alloc] initWithDevice:device
+                                                                 queue:queue
+                                                           placeholder:placeholder
+                                                               kernels:kernels];
     if (context == nil) {
         return mfa_set_error(MFA_ERROR_OUT_OF_MEMORY, "metal: cannot allocate the context");
     }

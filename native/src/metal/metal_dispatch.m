@@ -3,6 +3,33 @@
 
 _Static_assert(sizeof(mfa_kernel_params) <= 4096, "setBytes carries at most 4 KB");
 
+static BOOL has_work(const mfa_pass_plan* pass) {
+    return pass->threadgroups[0] != 0 && pass->threadgroups[1] != 0 && pass->threadgroups[2] != 0;
+}
+
+// The plan's counts index fixed arrays: a planner bug must not become an out-of-bounds read.
+static mfa_status check_plan_shape(const mfa_plan* plan) {
+    if (plan->num_passes > MFA_PLAN_MAX_PASSES) {
+        return mfa_set_error(MFA_ERROR_INTERNAL, "metal: the planner returned %u passes",
+                             plan->num_passes);
+    }
+    for (uint32_t i = 0; i < plan->num_passes; i++) {
+        const mfa_pass_plan* pass = &plan->passes[i];
+        if (pass->num_bindings > MFA_PLAN_MAX_BINDINGS || pass->num_constants > MFA_PLAN_MAX_CONSTANTS) {
+            return mfa_set_error(MFA_ERROR_INTERNAL, "metal: the plan of %s has %u bindings and %u "
+                                 "function constants", pass->kernel_name, pass->num_bindings,
+                                 pass->num_constants);
+        }
+        // setThreadgroupMemoryLength:atIndex: takes multiples of 16 bytes only.
+        if (pass->threadgroup_memory_length % 16 != 0) {
+            return mfa_set_error(MFA_ERROR_INTERNAL, "metal: the plan of %s asks for %u bytes of "
+                                 "threadgroup memory, not a multiple of 16", pass->kernel_name,
+                                 pass->threadgroup_memory_length);
+        }
+    }
+    return MFA_OK;
+}
+
 // Plans until every pass's pipeline can run the planned threadgroup: a register-heavy pipeline
 // may report a maxTotalThreadsPerThreadgroup below the device's, and the planner must then
 // pick a configuration for that bound. The bound strictly shrinks, so this terminates.
@@ -12,18 +39,13 @@ static mfa_status plan_with_pipelines(MFAMetalContext* context, const mfa_proble
     uint32_t max_threads = context.maxThreadsPerThreadgroup;
     for (;;) {
         mfa_status status = planner(problem, context.family, max_threads, plan);
+        if (status == MFA_OK) status = check_plan_shape(plan);
         if (status != MFA_OK) return status;
-        if (plan->num_passes > MFA_PLAN_MAX_PASSES) {
-            return mfa_set_error(MFA_ERROR_INTERNAL, "metal: the planner returned %u passes",
-                                 plan->num_passes);
-        }
         uint32_t lowest = max_threads;
         for (uint32_t i = 0; i < plan->num_passes; i++) {
             const mfa_pass_plan* pass = &plan->passes[i];
             pipelines[i] = nil;
-            if (pass->threadgroups[0] == 0 || pass->threadgroups[1] == 0 || pass->threadgroups[2] == 0) {
-                continue;
-            }
+            if (!has_work(pass)) continue;
             if (pass->threads_per_threadgroup == 0 || pass->threads_per_threadgroup > max_threads) {
                 return mfa_set_error(MFA_ERROR_INTERNAL,
                                      "metal: the planner gave %s %u threads per threadgroup for a "
@@ -48,10 +70,6 @@ static mfa_status plan_with_pipelines(MFAMetalContext* context, const mfa_proble
         if (lowest == max_threads) return MFA_OK;
         max_threads = lowest;
     }
-}
-
-static BOOL has_work(const mfa_pass_plan* pass) {
-    return pass->threadgroups[0] != 0 && pass->threadgroups[1] != 0 && pass->threadgroups[2] != 0;
 }
 
 // The buffer of every operand the plan binds, one per operand for the whole call, so a later

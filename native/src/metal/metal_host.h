@@ -71,6 +71,9 @@ mfa_status mfa_metal_error(mfa_status status, NSError* _Nullable error, const ch
 @property (nonatomic, readonly) NSUInteger maxThreadgroupMemoryLength;
 @property (nonatomic, readonly) NSUInteger maxBufferLength;
 @property (nonatomic, readonly) MFAPipelineCache* pipelines;
+/* Bound where a pass has nothing to bind (an operand without elements, an lse nobody asked
+ * for): the kernel never touches it, but Metal wants every argument index bound. */
+@property (nonatomic, readonly) id<MTLBuffer> placeholder;
 /* Called once a command buffer has completed; keeps the most recent GPUEndTime - GPUStartTime. */
 - (void)recordGPUStart:(CFTimeInterval)start end:(CFTimeInterval)end;
 /* Seconds of GPU time of the most recently completed command buffer; NO before the first. */
@@ -91,7 +94,7 @@ mfa_status mfa_metal_context_create(MFAMetalContext* _Nullable __autoreleasing* 
  * aligned, it is staged through a shared buffer and, for outputs, copied back by
  * -copyResultsToCaller after the GPU has finished. */
 @interface MFAOperandBuffer : NSObject
-@property (nonatomic, readonly, nullable) id<MTLBuffer> buffer; /* nil: nothing to bind */
+@property (nonatomic, readonly) id<MTLBuffer> buffer;
 @property (nonatomic, readonly) NSUInteger offset;
 @property (nonatomic, readonly) BOOL staged;
 /* Copy a staged output's elements (and nothing between them) back to the caller's view. */

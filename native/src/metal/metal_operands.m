@@ -45,7 +45,7 @@ static BOOL find_operand_view(const mfa_problem* p, mfa_operand operand, operand
     int64_t _byteOffset;
 }
 
-- (instancetype)initWithBuffer:(nullable id<MTLBuffer>)buffer offset:(NSUInteger)offset {
+- (instancetype)initWithBuffer:(id<MTLBuffer>)buffer offset:(NSUInteger)offset {
     self = [super init];
     if (self != nil) {
         _buffer = buffer;
@@ -116,7 +116,7 @@ MFAOperandBuffer* mfa_metal_bind_operand(MFAMetalContext* context, const mfa_pro
     // An optional output the caller did not ask for (lse), or an operand with no elements: the
     // kernel is planned not to touch it.
     if (view.view->data == NULL || binding->byte_length == 0) {
-        return [[MFAOperandBuffer alloc] initWithBuffer:nil offset:0];
+        return [[MFAOperandBuffer alloc] initWithBuffer:context.placeholder offset:0];
     }
     const char* name = mfa_operand_name(binding->operand);
     if (binding->byte_length < 0 || (uint64_t)binding->byte_length > context.maxBufferLength) {
