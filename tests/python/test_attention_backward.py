@@ -34,17 +34,26 @@ CASES = [
          causal_alignment="top_left"),
 ]
 
+# As in test_attention_forward.py, head dimensions fall into every row of the planner's
+# backward tables (f32: <= 16, 24, 32, 56, 64, 128, 192, 384 and beyond; 16-bit: <= 16, 32,
+# 56, 80, 144, 192, 384 and beyond) and lengths are off the block sizes.
 SIMULATOR_CASES = [
     Case(1, 1, 1, 1),
+    Case(7, 33, 12, 8, query_heads=2, kv_heads=2, window=(2, 2)),
+    Case(64, 64, 28, 12, causal=True),
+    Case(33, 129, 33, 80, window=(16, 0)),
+    Case(129, 129, 128, 128, causal=True, window=(40, -1), scale=0.3),
+    Case(33, 33, 256, 200, window=(None, 0)),
+    Case(2, 64, 512, 512, query_heads=2, kv_heads=1),
+    Case(33, 7, 3, 1, query_heads=3, kv_heads=1, scale=2.0, dtype="f16"),
     Case(7, 129, 33, 80, query_heads=2, kv_heads=1, causal=True, dtype="f16"),
+    Case(64, 33, 80, 64, query_heads=4, kv_heads=2, window=(8, 8), dtype="f16"),
+    Case(33, 64, 128, 128, causal=True, causal_alignment="top_left", dtype="f16"),
+    Case(2, 7, 192, 256, window=(1, 1), causal_alignment="top_left", dtype="f16"),
     Case(129, 33, 8, 3, query_heads=4, kv_heads=2, causal=True, causal_alignment="top_left",
          dtype="bf16"),
-    Case(33, 129, 80, 33, window=(16, 0)),
-    Case(64, 64, 64, 64, causal=True),
-    Case(2, 7, 192, 256, window=(1, 1), causal_alignment="top_left", dtype="f16"),
+    Case(1, 129, 256, 64, query_heads=4, kv_heads=1, dtype="bf16"),
     Case(7, 2, 512, 96, causal=True, dtype="bf16"),
-    Case(129, 129, 128, 128, causal=True, window=(40, -1), scale=0.3),
-    Case(33, 7, 3, 1, query_heads=3, kv_heads=1, scale=2.0, dtype="f16"),
 ]
 
 

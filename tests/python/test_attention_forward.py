@@ -42,19 +42,26 @@ CASES = [
     Case(33, 2, 256, 33, query_heads=4, kv_heads=4, causal=True, window=(0, -1), dtype="bf16"),
 ]
 
+# The simulator's grid follows the planner's block tables (native/src/planner/tables.c): head
+# dimensions fall into every row of each family and precision class (f32: <= 8, 16, 24, 32, 48,
+# 56, 192, 384 and beyond; 16-bit: <= 32, 96, 128, 160, 224, 384 and beyond), lengths are
+# off the 16 / 32 row blocks and 32 / 64 / 128 column blocks, with one exact multiple.
 SIMULATOR_CASES = [
     Case(1, 1, 1, 1),
-    Case(7, 129, 33, 80, query_heads=2, kv_heads=1, causal=True, dtype="f16"),
-    Case(129, 33, 8, 3, query_heads=4, kv_heads=2, causal=True, causal_alignment="top_left",
-      dtype="bf16"),
-    # The window skips whole key blocks on both sides of the diagonal.
-    Case(33, 129, 80, 33, window=(16, 0)),
-    Case(64, 64, 64, 64, causal=True),
-    Case(2, 7, 192, 256, window=(1, 1), causal_alignment="top_left", dtype="f16"),
-    Case(7, 2, 512, 96, causal=True, dtype="bf16"),
+    Case(7, 33, 12, 8, query_heads=2, kv_heads=2, window=(2, 2)),
+    Case(64, 64, 28, 12, causal=True),
+    Case(33, 129, 33, 80, window=(16, 0)),
     Case(129, 129, 128, 128, causal=True, window=(40, -1), scale=0.3),
+    Case(33, 33, 256, 200, window=(None, 0)),
+    Case(2, 64, 512, 512, query_heads=2, kv_heads=1),
     Case(33, 7, 3, 1, query_heads=3, kv_heads=1, scale=2.0, dtype="f16"),
+    Case(7, 129, 33, 80, query_heads=2, kv_heads=1, causal=True, dtype="f16"),
+    Case(33, 64, 128, 128, causal=True, causal_alignment="top_left", dtype="f16"),
+    Case(2, 7, 192, 256, window=(1, 1), causal_alignment="top_left", dtype="f16"),
+    Case(129, 33, 8, 3, query_heads=4, kv_heads=2, causal=True, causal_alignment="top_left",
+         dtype="bf16"),
     Case(1, 129, 256, 64, query_heads=4, kv_heads=1, dtype="bf16"),
+    Case(7, 2, 512, 96, causal=True, dtype="bf16"),
 ]
 
 
