@@ -3,6 +3,8 @@
 
 #include <string.h>
 
+#include "metal/metal_portable.h"
+
 // The caller's view behind an operand, with the shape the problem gives it.
 typedef struct operand_view {
     const mfa_view* view;
@@ -72,26 +74,11 @@ static BOOL find_operand_view(const mfa_problem* p, mfa_operand operand, operand
 }
 
 - (void)copyResultsToCaller {
-    if (!_copyBack) return;
-    // Element by element (rows at once where contiguous): the bytes between a strided view's
-    // elements may belong to someone else and must not be overwritten.
-    const char* staged = (const char*)_buffer.contents;
-    const int64_t size = (int64_t)_elementSize;
-    const BOOL contiguous_rows = _stride[3] == 1 || _shape[3] == 1;
-    for (int64_t b = 0; b < _shape[0]; b++) {
-        for (int64_t h = 0; h < _shape[1]; h++) {
-            for (int64_t s = 0; s < _shape[2]; s++) {
-                const int64_t row = (b * _stride[0] + h * _stride[1] + s * _stride[2]) * size;
-                if (contiguous_rows) {
-                    memcpy(_callerData + row, staged + (row - _byteOffset), (size_t)(_shape[3] * size));
-                    continue;
-                }
-                for (int64_t d = 0; d < _shape[3]; d++) {
-                    const int64_t at = row + d * _stride[3] * size;
-                    memcpy(_callerData + at, staged + (at - _byteOffset), _elementSize);
-                }
-            }
-        }
+    // Element by element: the bytes between a strided view's elements may belong to someone
+    // else and must not be overwritten.
+    if (_copyBack) {
+        mfa_metal_copy_view_back(_callerData, (const char*)_buffer.contents, _byteOffset, _shape,
+                                 _stride, _elementSize);
     }
 }
 
@@ -132,19 +119,15 @@ MFAOperandBuffer* mfa_metal_bind_operand(MFAMetalContext* context, const mfa_pro
     // Zero copy: wrap the whole pages that enclose the operand (Metal wants a page-aligned
     // start and length) and bind at the operand's offset within them. GPU reads need naturally
     // aligned elements, so a misaligned view is staged instead.
-    const uintptr_t address = (uintptr_t)first;
-    if (address % view.element_size == 0) {
-        const size_t page = mfa_page_size();
-        const size_t lead = address % page;
-        const size_t span = lead + length;
-        const size_t pages_length = span + (page - span % page) % page;
-        if (pages_length <= context.maxBufferLength) {
-            id<MTLBuffer> wrapped = [context.device newBufferWithBytesNoCopy:(void*)(address - lead)
-                                                                      length:pages_length
-                                                                     options:MTLResourceStorageModeShared
-                                                                 deallocator:nil];
-            if (wrapped != nil) return [[MFAOperandBuffer alloc] initWithBuffer:wrapped offset:lead];
-        }
+    mfa_page_span pages;
+    if ((uintptr_t)first % view.element_size == 0 &&
+        mfa_metal_page_span((uintptr_t)first, length, mfa_page_size(), &pages) &&
+        pages.length <= context.maxBufferLength) {
+        id<MTLBuffer> wrapped = [context.device newBufferWithBytesNoCopy:(void*)pages.start
+                                                                  length:pages.length
+                                                                 options:MTLResourceStorageModeShared
+                                                             deallocator:nil];
+        if (wrapped != nil) return [[MFAOperandBuffer alloc] initWithBuffer:wrapped offset:pages.offset];
     }
 
     // Staged: the binding's exact extent in a shared buffer. Outputs are copied in too, so the

@@ -4,21 +4,10 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "metal/metal_portable.h"
+
 // Long enough for a kernel name and MFA_PLAN_MAX_CONSTANTS entries of "|index:type=value".
 #define PIPELINE_KEY_CAPACITY 640
-
-// "<kernel>|<index>:<type>=<value>|..." in the plan's constant order, which the planner keeps
-// fixed, so equal configurations give equal keys.
-static BOOL pipeline_key(const mfa_pass_plan* pass, char* key, size_t size) {
-    int used = snprintf(key, size, "%s", pass->kernel_name);
-    for (uint32_t i = 0; i < pass->num_constants; i++) {
-        if (used < 0 || (size_t)used >= size) return NO;
-        const mfa_function_constant* constant = &pass->constants[i];
-        used += snprintf(key + used, size - (size_t)used, "|%u:%u=%u", constant->index,
-                         constant->type, constant->value);
-    }
-    return used > 0 && (size_t)used < size;
-}
 
 static MTLFunctionConstantValues* _Nullable constant_values(const mfa_pass_plan* pass,
                                                             mfa_status* status) {
@@ -105,7 +94,7 @@ static MTLFunctionConstantValues* _Nullable constant_values(const mfa_pass_plan*
 
 - (id<MTLComputePipelineState>)pipelineForPass:(const mfa_pass_plan*)pass status:(mfa_status*)status {
     char key[PIPELINE_KEY_CAPACITY];
-    if (!pipeline_key(pass, key, sizeof key)) {
+    if (!mfa_metal_pipeline_key(pass, key, sizeof key)) {
         *status = mfa_set_error(MFA_ERROR_INTERNAL, "metal: the pipeline key of %s exceeds %d bytes",
                                 pass->kernel_name, PIPELINE_KEY_CAPACITY);
         return nil;
