@@ -9,7 +9,7 @@
 #include "rows.h"
 #include "scores.h"
 
-inline void store_rows(device uchar* dst, operand_slice slice, thread fragment* acc,
+inline void store_rows(device uchar* dst, operand_slice slice, thread simd_fragment* acc,
                        column_range cols, int row, float factor, ushort lane) {
     const uint col0 = cols.begin + fragment_col(lane);
     for (uint j = 0; j < cols.fragments(); ++j)
@@ -42,13 +42,13 @@ inline void attention_backward_key_value(device const uchar* q, device const uch
     const column_range dk_cols = output_columns(out_block, fc_head_dim);
     const column_range dv_cols = output_columns(out_block, fc_head_dim_v);
 
-    fragment k_cache[MFA_CACHED_FRAGMENTS];
+    simd_fragment k_cache[MFA_CACHED_FRAGMENTS];
     if (fc_cache_parallel) cache_slab(k_cache, parallel_tile, keys, thread_index, simd_index);
-    fragment v_cache[MFA_CACHED_FRAGMENTS];
+    simd_fragment v_cache[MFA_CACHED_FRAGMENTS];
     if (fc_cache_parallel2) cache_slab(v_cache, parallel_tile, values, thread_index, simd_index);
 
-    fragment dk_acc[MFA_OUT_FRAGMENTS];
-    fragment dv_acc[MFA_OUT_FRAGMENTS];
+    simd_fragment dk_acc[MFA_OUT_FRAGMENTS];
+    simd_fragment dv_acc[MFA_OUT_FRAGMENTS];
     clear_fragments(dk_acc, dk_cols.fragments());
     clear_fragments(dv_acc, dv_cols.fragments());
 
@@ -76,7 +76,7 @@ inline void attention_backward_key_value(device const uchar* q, device const uch
             }
 
             // P^T = exp2(K Q^T - L): rows are keys, columns queries.
-            fragment probs[MFA_TRAVERSAL_FRAGMENTS];
+            simd_fragment probs[MFA_TRAVERSAL_FRAGMENTS];
             compute_scores(probs, k_cache, fc_cache_parallel, parallel_tile, keys,
                            traversal_tile, queries, thread_index, simd_index);
             const bool edge = !block_fully_visible(p, query0,
@@ -90,7 +90,7 @@ inline void attention_backward_key_value(device const uchar* q, device const uch
                         exp2(probs[t].thread_elements()[e] - query_lse2[t * 8 + col + e]);
 
             // dP^T = V dO^T
-            fragment dprobs[MFA_TRAVERSAL_FRAGMENTS];
+            simd_fragment dprobs[MFA_TRAVERSAL_FRAGMENTS];
             compute_scores(dprobs, v_cache, fc_cache_parallel2, parallel_tile, values,
                            traversal_tile, grads, thread_index, simd_index);
 

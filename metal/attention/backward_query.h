@@ -47,12 +47,12 @@ inline void attention_backward_query(device const uchar* q, device const uchar* 
     const float lse2 = row < p.seq_q ? log_sum_exp2_from_stored(l[slice_of(p.l, batch, head).at(row, 0)])
                                      : kEmptyRowLogSumExp2;
 
-    fragment q_cache[MFA_CACHED_FRAGMENTS];
+    simd_fragment q_cache[MFA_CACHED_FRAGMENTS];
     if (fc_cache_parallel) cache_slab(q_cache, parallel_tile, queries, thread_index, simd_index);
-    fragment dout_cache[MFA_CACHED_FRAGMENTS];
+    simd_fragment dout_cache[MFA_CACHED_FRAGMENTS];
     if (fc_cache_parallel2) cache_slab(dout_cache, parallel_tile, grads, thread_index, simd_index);
 
-    fragment dq_acc[MFA_OUT_FRAGMENTS];
+    simd_fragment dq_acc[MFA_OUT_FRAGMENTS];
     clear_fragments(dq_acc, out_cols.fragments());
 
     const block_range blocks = key_blocks_for_rows(p, row0, row_last, int(fc_block_traversal));
@@ -62,14 +62,14 @@ inline void attention_backward_query(device const uchar* q, device const uchar* 
         values.row0 = key0;
 
         // P = exp2(S - L) with the forward's log-sum-exp: no running statistics needed.
-        fragment probs[MFA_TRAVERSAL_FRAGMENTS];
+        simd_fragment probs[MFA_TRAVERSAL_FRAGMENTS];
         compute_scores(probs, q_cache, fc_cache_parallel, parallel_tile, queries, traversal_tile,
                        keys, thread_index, simd_index);
         const bool edge =
             !block_fully_visible(p, row0, row_last, key0, key0 + int(fc_block_traversal) - 1);
         to_log2_scores(probs, p, edge, score_orientation::query_rows, row, key0, lane);
 
-        fragment dprobs[MFA_TRAVERSAL_FRAGMENTS];
+        simd_fragment dprobs[MFA_TRAVERSAL_FRAGMENTS];
         compute_scores(dprobs, dout_cache, fc_cache_parallel2, parallel_tile, grads,
                        traversal_tile, values, thread_index, simd_index);
 

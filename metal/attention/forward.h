@@ -24,10 +24,10 @@ inline void attention_forward(device const uchar* q, device const uchar* k, devi
     staged_operand values = {v, slice_of(p.v, batch, kv_head), 0, p.seq_k, fc_head_dim_v};
     const column_range out_cols = output_columns(out_block, fc_head_dim_v);
 
-    fragment q_cache[MFA_CACHED_FRAGMENTS];
+    simd_fragment q_cache[MFA_CACHED_FRAGMENTS];
     if (fc_cache_parallel) cache_slab(q_cache, parallel_tile, queries, thread_index, simd_index);
 
-    fragment out[MFA_OUT_FRAGMENTS];
+    simd_fragment out[MFA_OUT_FRAGMENTS];
     clear_fragments(out, out_cols.fragments());
     softmax_row stats = softmax_row_start();
 
@@ -38,7 +38,7 @@ inline void attention_forward(device const uchar* q, device const uchar* k, devi
         values.row0 = key0;
 
         // S = Q K^T, then P = exp2(S - m) with the running max m.
-        fragment scores[MFA_TRAVERSAL_FRAGMENTS];
+        simd_fragment scores[MFA_TRAVERSAL_FRAGMENTS];
         compute_scores(scores, q_cache, fc_cache_parallel, parallel_tile, queries, traversal_tile,
                        keys, thread_index, simd_index);
         const bool edge =

@@ -9,9 +9,10 @@
 #ifndef MFA_ATTENTION_FRAGMENT_H
 #define MFA_ATTENTION_FRAGMENT_H
 
-#include "constants.h"
+#include <metal_stdlib>
+using namespace metal;
 
-typedef simdgroup_matrix<float, 8, 8> fragment;
+typedef simdgroup_matrix<float, 8, 8> simd_fragment;
 
 inline ushort fragment_row(ushort lane) {
     return ushort(((lane >> 4) << 2) | ((lane >> 1) & 3));
@@ -36,22 +37,17 @@ inline float row_sum(float value) {
     return value + simd_shuffle_xor(value, ushort(8));
 }
 
-inline fragment zero_fragment() {
+inline simd_fragment zero_fragment() {
     return make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
 }
 
 // The 8x8 block at (row, col) of a row-major threadgroup tile with leading dimension ld, or
 // its transpose.
-inline fragment load_fragment(const threadgroup float* tile, uint ld, uint row, uint col,
+inline simd_fragment load_fragment(const threadgroup float* tile, uint ld, uint row, uint col,
                               bool transpose) {
-    fragment f;
+    simd_fragment f;
     simdgroup_load(f, tile + row * ld + col, ld, ulong2(0, 0), transpose);
     return f;
-}
-
-// Fragments of the 8-row slab of a [rows x ld] tile that hold real columns [0, width).
-inline uint fragments_in(uint width) {
-    return (min(width, fc_block_head) + 7) / 8;
 }
 
 #endif

@@ -26,7 +26,7 @@ inline void stage_chunk(threadgroup float* tile, staged_operand operand, uint ro
 }
 
 // Loads this simdgroup's rows of `operand` (block_parallel rows from row0) into registers.
-inline void cache_slab(thread fragment* cache, threadgroup float* parallel_tile,
+inline void cache_slab(thread simd_fragment* cache, threadgroup float* parallel_tile,
                        staged_operand operand, ushort thread_index, ushort simd_index) {
     for (uint d0 = 0; d0 < operand.width; d0 += fc_block_head) {
         stage_chunk(parallel_tile, operand, fc_block_parallel, d0, operand.width, thread_index);
@@ -37,7 +37,7 @@ inline void cache_slab(thread fragment* cache, threadgroup float* parallel_tile,
 }
 
 // scores = slab x traversed^T over the full width (slab and traversed share it).
-inline void compute_scores(thread fragment* scores, const thread fragment* cache, bool cached,
+inline void compute_scores(thread simd_fragment* scores, const thread simd_fragment* cache, bool cached,
                            threadgroup float* parallel_tile, staged_operand slab,
                            threadgroup float* traversal_tile, staged_operand traversed,
                            ushort thread_index, ushort simd_index) {
@@ -49,7 +49,7 @@ inline void compute_scores(thread fragment* scores, const thread fragment* cache
                     thread_index);
         threadgroup_barrier(mem_flags::mem_threadgroup);
         const uint fragments = fragments_in(slab.width - d0);
-        fragment chunk[MFA_HEAD_FRAGMENTS];
+        simd_fragment chunk[MFA_HEAD_FRAGMENTS];
         if (!cached) load_slab(chunk, parallel_tile, simd_index, fragments);
         accumulate_scores(scores, cached ? cache + d0 / 8 : chunk, traversal_tile, fragments);
         threadgroup_barrier(mem_flags::mem_threadgroup);
@@ -57,7 +57,7 @@ inline void compute_scores(thread fragment* scores, const thread fragment* cache
 }
 
 // out += weights x traversed[:, out_begin:out_end]; out[0] is column out_begin.
-inline void accumulate_product(thread fragment* out, const thread fragment* weights,
+inline void accumulate_product(thread simd_fragment* out, const thread simd_fragment* weights,
                                threadgroup float* traversal_tile, staged_operand traversed,
                                uint out_begin, uint out_end, ushort thread_index) {
     for (uint d0 = out_begin; d0 < out_end; d0 += fc_block_head) {

@@ -11,7 +11,7 @@ enum class score_orientation { query_rows, key_rows };
 
 // scores[t] *= scale_log2, and, when `edge`, masked where the (query, key) pair is invisible.
 // row: this lane's row index in the sequence; column0: index of the slab's column 0.
-inline void to_log2_scores(thread fragment* scores, constant mfa_kernel_params& p, bool edge,
+inline void to_log2_scores(thread simd_fragment* scores, constant mfa_kernel_params& p, bool edge,
                            score_orientation orientation, int row, int column0, ushort lane) {
     const int column = column0 + int(fragment_col(lane));
     for (uint t = 0; t < fc_traversal_fragments; ++t)

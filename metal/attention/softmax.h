@@ -31,7 +31,7 @@ inline softmax_row softmax_row_start() {
 
 // Replaces the scores of one 8 x (8 * count) slab by exp2(score - new max) and returns the
 // factor exp2(old max - new max) by which earlier partial results must be rescaled.
-inline float softmax_row_update(thread softmax_row& row, thread fragment* scores, uint count) {
+inline float softmax_row_update(thread softmax_row& row, thread simd_fragment* scores, uint count) {
     float block_max = kMaskedScore;
     for (uint t = 0; t < count; ++t) {
         const float2 s = scores[t].thread_elements();

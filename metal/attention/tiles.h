@@ -4,6 +4,7 @@
 #ifndef MFA_ATTENTION_TILES_H
 #define MFA_ATTENTION_TILES_H
 
+#include "constants.h"
 #include "fragment.h"
 
 #define MFA_TRAVERSAL_FRAGMENTS (MFA_MAX_BLOCK_TRAVERSAL / 8)
@@ -13,11 +14,16 @@
 
 constant uint fc_traversal_fragments = fc_block_traversal / 8;
 
-inline void clear_fragments(thread fragment* f, uint count) {
+// Fragments of an 8-row slab that hold real columns of a chunk with `width` columns left.
+inline uint fragments_in(uint width) {
+    return (min(width, fc_block_head) + 7) / 8;
+}
+
+inline void clear_fragments(thread simd_fragment* f, uint count) {
     for (uint i = 0; i < count; ++i) f[i] = zero_fragment();
 }
 
-inline void scale_fragments(thread fragment* f, uint count, float factor) {
+inline void scale_fragments(thread simd_fragment* f, uint count, float factor) {
     for (uint i = 0; i < count; ++i) {
         f[i].thread_elements()[0] *= factor;
         f[i].thread_elements()[1] *= factor;
@@ -26,29 +32,29 @@ inline void scale_fragments(thread fragment* f, uint count, float factor) {
 
 // scores[t] += slab[:, k] * traversed[t rows, k]^T for the staged feature chunk: the
 // "row slab x traversed rows transposed" product (S = Q K^T, dP = dO V^T, and their
-// key-value-side twins). slab(k) is the slab's k-th 8-column fragment of this chunk.
-inline void accumulate_scores(thread fragment* scores, const thread fragment* slab,
+// key-value-side twins). slab(k) is the slab's k-th 8-column simd_fragment of this chunk.
+inline void accumulate_scores(thread simd_fragment* scores, const thread simd_fragment* slab,
                               const threadgroup float* traversed, uint fragments) {
     for (uint k = 0; k < fragments; ++k)
         for (uint t = 0; t < fc_traversal_fragments; ++t) {
-            const fragment rhs = load_fragment(traversed, fc_block_head, t * 8, k * 8, true);
+            const simd_fragment rhs = load_fragment(traversed, fc_block_head, t * 8, k * 8, true);
             simdgroup_multiply_accumulate(scores[t], slab[k], rhs, scores[t]);
         }
 }
 
 // out[j] += weights[t] * traversed[t rows, j]: the "probabilities x traversed rows" product
 // (O += P V, dQ += dS K, dV += P^T dO, dK += dS^T Q) for one staged feature chunk.
-inline void accumulate_output(thread fragment* out, const thread fragment* weights,
+inline void accumulate_output(thread simd_fragment* out, const thread simd_fragment* weights,
                               const threadgroup float* traversed, uint fragments) {
     for (uint j = 0; j < fragments; ++j)
         for (uint t = 0; t < fc_traversal_fragments; ++t) {
-            const fragment rhs = load_fragment(traversed, fc_block_head, t * 8, j * 8, false);
+            const simd_fragment rhs = load_fragment(traversed, fc_block_head, t * 8, j * 8, false);
             simdgroup_multiply_accumulate(out[j], weights[t], rhs, out[j]);
         }
 }
 
 // The fragments of this simdgroup's 8 rows in a staged [block_parallel x block_head] tile.
-inline void load_slab(thread fragment* slab, const threadgroup float* tile, ushort simd_index,
+inline void load_slab(thread simd_fragment* slab, const threadgroup float* tile, ushort simd_index,
                       uint fragments) {
     for (uint k = 0; k < fragments; ++k)
         slab[k] = load_fragment(tile, fc_block_head, uint(simd_index) * 8, k * 8, false);
