@@ -15,7 +15,7 @@ static int metal_available(void) {
 static mfa_status metal_create(const mfa_context_options* options, void** state) {
     (void)options;
     @autoreleasepool {
-        MFAMetalContext* context = nil;
+        LibMFAMetalContext* context = nil;
         const mfa_status status = mfa_metal_context_create(&context);
         if (status != MFA_OK) return status;
         *state = (__bridge_retained void*)context;
@@ -27,16 +27,16 @@ static void metal_destroy(void* state) {
     if (state == NULL) return;
     @autoreleasepool {
         // Takes back the reference metal_create handed out; ARC releases it right here.
-        (void)(__bridge_transfer MFAMetalContext*)state;
+        (void)(__bridge_transfer LibMFAMetalContext*)state;
     }
 }
 
 static const char* metal_device_name(void* state) {
-    return ((__bridge MFAMetalContext*)state).deviceName;
+    return ((__bridge LibMFAMetalContext*)state).deviceName;
 }
 
 static void metal_capabilities(void* state, mfa_capabilities* caps) {
-    MFAMetalContext* context = (__bridge MFAMetalContext*)state;
+    LibMFAMetalContext* context = (__bridge LibMFAMetalContext*)state;
     caps->dtypes = (1u << MFA_DTYPE_F32) | (1u << MFA_DTYPE_F16) | (1u << MFA_DTYPE_BF16);
     caps->features = MFA_FEATURE_BACKWARD | MFA_FEATURE_LSE | MFA_FEATURE_CAUSAL |
                      MFA_FEATURE_WINDOW | MFA_FEATURE_GQA | MFA_FEATURE_VALUE_HEAD_DIM |
@@ -48,13 +48,13 @@ static void metal_capabilities(void* state, mfa_capabilities* caps) {
 
 static mfa_status metal_forward(void* state, const mfa_problem* problem) {
     @autoreleasepool {
-        return mfa_metal_run((__bridge MFAMetalContext*)state, problem, mfa_plan_forward, "forward");
+        return mfa_metal_run((__bridge LibMFAMetalContext*)state, problem, mfa_plan_forward, "forward");
     }
 }
 
 static mfa_status metal_backward(void* state, const mfa_problem* problem) {
     @autoreleasepool {
-        return mfa_metal_run((__bridge MFAMetalContext*)state, problem, mfa_plan_backward, "backward");
+        return mfa_metal_run((__bridge LibMFAMetalContext*)state, problem, mfa_plan_backward, "backward");
     }
 }
 
@@ -72,7 +72,7 @@ mfa_status mfa_metal_last_gpu_time(void* state, double* seconds) {
         return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT, "seconds must not be NULL");
     }
     @autoreleasepool {
-        if (![(__bridge MFAMetalContext*)state lastGPUTime:seconds]) {
+        if (![(__bridge LibMFAMetalContext*)state lastGPUTime:seconds]) {
             return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
                                  "metal: no attention call has completed on this context yet");
         }

@@ -22,7 +22,7 @@ static mfa_gpu_family family_of(id<MTLDevice> device) {
     return MFA_GPU_FAMILY_APPLE7;
 }
 
-@implementation MFAMetalContext {
+@implementation LibMFAMetalContext {
     char _deviceNameStorage[256];
     NSLock* _timingLock; // guards the two fields below
     BOOL _hasGPUTime;
@@ -32,7 +32,7 @@ static mfa_gpu_family family_of(id<MTLDevice> device) {
 - (instancetype)initWithDevice:(id<MTLDevice>)device
                          queue:(id<MTLCommandQueue>)queue
                    placeholder:(id<MTLBuffer>)placeholder
-                       kernels:(MFAKernelLibrary*)kernels {
+                       kernels:(LibMFAKernelLibrary*)kernels {
     self = [super init];
     if (self != nil) {
         _device = device;
@@ -46,7 +46,7 @@ static mfa_gpu_family family_of(id<MTLDevice> device) {
         _maxThreadsPerThreadgroup = threads < 1024 ? (uint32_t)threads : 1024;
         _maxThreadgroupMemoryLength = device.maxThreadgroupMemoryLength;
         _maxBufferLength = device.maxBufferLength;
-        _pipelines = [[MFAPipelineCache alloc] initWithDevice:device kernels:kernels];
+        _pipelines = [[LibMFAPipelineCache alloc] initWithDevice:device kernels:kernels];
         _timingLock = [[NSLock alloc] init];
     }
     return self;
@@ -73,7 +73,7 @@ static mfa_gpu_family family_of(id<MTLDevice> device) {
 
 @end
 
-mfa_status mfa_metal_context_create(MFAMetalContext* __autoreleasing* out) {
+mfa_status mfa_metal_context_create(LibMFAMetalContext* __autoreleasing* out) {
     *out = nil;
     id<MTLDevice> device = mfa_metal_select_device();
     if (device == nil) {
@@ -100,9 +100,9 @@ mfa_status mfa_metal_context_create(MFAMetalContext* __autoreleasing* out) {
         return mfa_set_error(MFA_ERROR_OUT_OF_MEMORY, "metal: cannot allocate a 16-byte buffer");
     }
     mfa_status status = MFA_OK;
-    MFAKernelLibrary* kernels = [[MFAKernelLibrary alloc] initWithDevice:device status:&status];
+    LibMFAKernelLibrary* kernels = [[LibMFAKernelLibrary alloc] initWithDevice:device status:&status];
     if (kernels == nil) return status;
-    MFAMetalContext* context = [[MFAMetalContext alloc] initWithDevice:device
+    LibMFAMetalContext* context = [[LibMFAMetalContext alloc] initWithDevice:device
                                                                  queue:queue
                                                            placeholder:placeholder
                                                                kernels:kernels];

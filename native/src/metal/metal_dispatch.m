@@ -33,7 +33,7 @@ static mfa_status check_plan_shape(const mfa_plan* plan) {
 // Plans until every pass's pipeline can run the planned threadgroup: a register-heavy pipeline
 // may report a maxTotalThreadsPerThreadgroup below the device's, and the planner must then
 // pick a configuration for that bound. The bound strictly shrinks, so this terminates.
-static mfa_status plan_with_pipelines(MFAMetalContext* context, const mfa_problem* problem,
+static mfa_status plan_with_pipelines(LibMFAMetalContext* context, const mfa_problem* problem,
                                       mfa_metal_planner planner, mfa_plan* plan,
                                       __strong id<MTLComputePipelineState> _Nullable pipelines[_Nonnull]) {
     uint32_t max_threads = context.maxThreadsPerThreadgroup;
@@ -74,9 +74,9 @@ static mfa_status plan_with_pipelines(MFAMetalContext* context, const mfa_proble
 
 // The buffer of every operand the plan binds, one per operand for the whole call, so a later
 // pass reads what an earlier one wrote (D) and a staged output has a single copy.
-static mfa_status bind_operands(MFAMetalContext* context, const mfa_problem* problem,
+static mfa_status bind_operands(LibMFAMetalContext* context, const mfa_problem* problem,
                                 const mfa_plan* plan, id<MTLBuffer> _Nullable scratch,
-                                __strong MFAOperandBuffer* _Nullable operands[_Nonnull]) {
+                                __strong LibMFAOperandBuffer* _Nullable operands[_Nonnull]) {
     const mfa_buffer_binding* first_binding[MFA_OPERAND_COUNT] = {NULL};
     for (uint32_t i = 0; i < plan->num_passes; i++) {
         const mfa_pass_plan* pass = &plan->passes[i];
@@ -108,11 +108,11 @@ static mfa_status bind_operands(MFAMetalContext* context, const mfa_problem* pro
 
 static void encode_pass(id<MTLComputeCommandEncoder> encoder, const mfa_pass_plan* pass,
                         id<MTLComputePipelineState> pipeline,
-                        __strong MFAOperandBuffer* _Nullable operands[_Nonnull]) {
+                        __strong LibMFAOperandBuffer* _Nullable operands[_Nonnull]) {
     [encoder setComputePipelineState:pipeline];
     for (uint32_t j = 0; j < pass->num_bindings; j++) {
         const mfa_buffer_binding* binding = &pass->bindings[j];
-        MFAOperandBuffer* operand = operands[binding->operand];
+        LibMFAOperandBuffer* operand = operands[binding->operand];
         [encoder setBuffer:operand.buffer offset:operand.offset atIndex:binding->index];
     }
     [encoder setBytes:&pass->params length:sizeof pass->params atIndex:pass->params_index];
@@ -136,7 +136,7 @@ static mfa_status command_buffer_status(id<MTLCommandBuffer> commands, const cha
                            what, (unsigned long)commands.status);
 }
 
-mfa_status mfa_metal_run(MFAMetalContext* context, const mfa_problem* problem,
+mfa_status mfa_metal_run(LibMFAMetalContext* context, const mfa_problem* problem,
                          mfa_metal_planner planner, const char* what) {
     mfa_plan plan;
     __strong id<MTLComputePipelineState> pipelines[MFA_PLAN_MAX_PASSES];
@@ -158,7 +158,7 @@ mfa_status mfa_metal_run(MFAMetalContext* context, const mfa_problem* problem,
                                  (long long)plan.scratch_bytes, what);
         }
     }
-    __strong MFAOperandBuffer* operands[MFA_OPERAND_COUNT];
+    __strong LibMFAOperandBuffer* operands[MFA_OPERAND_COUNT];
     status = bind_operands(context, problem, &plan, scratch, operands);
     if (status != MFA_OK) return status;
 

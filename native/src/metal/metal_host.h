@@ -13,6 +13,10 @@
  *
  * Compiled with ARC. Every object here is safe to share between threads once created: the
  * mutable parts (pipeline cache, lazily compiled source, timing) lock themselves.
+ *
+ * Objective-C class names are process-global, and "MFA" prefixes are already taken by other
+ * FlashAttention-for-Metal libraries that may be loaded into the same Python process; the
+ * classes here are therefore prefixed LibMFA.
  */
 #ifndef MFA_METAL_HOST_H
 #define MFA_METAL_HOST_H
@@ -38,7 +42,7 @@ mfa_status mfa_metal_error(mfa_status status, NSError* _Nullable error, const ch
  * failing to load it is then an error), otherwise from beside libmfa. The kernel source
  * embedded in libmfa is compiled at run time for any function the metallib cannot provide:
  * at creation when there is no usable metallib, lazily when the metallib lacks a function. */
-@interface MFAKernelLibrary : NSObject
+@interface LibMFAKernelLibrary : NSObject
 /* nil with the error recorded and *status set when neither source of kernels is usable. */
 - (nullable instancetype)initWithDevice:(id<MTLDevice>)device status:(mfa_status*)status;
 /* The function `name` specialised with `constants`; nil with the error recorded. */
@@ -52,8 +56,8 @@ mfa_status mfa_metal_error(mfa_status status, NSError* _Nullable error, const ch
 /* Compute pipelines keyed by kernel name plus every function-constant value. Lookups and
  * inserts take one lock; compiles run outside it, and a compile that loses a race to an
  * identical one keeps the pipeline already cached. */
-@interface MFAPipelineCache : NSObject
-- (instancetype)initWithDevice:(id<MTLDevice>)device kernels:(MFAKernelLibrary*)kernels;
+@interface LibMFAPipelineCache : NSObject
+- (instancetype)initWithDevice:(id<MTLDevice>)device kernels:(LibMFAKernelLibrary*)kernels;
 /* The pipeline for a planned pass; nil with the error recorded and *status set. */
 - (nullable id<MTLComputePipelineState>)pipelineForPass:(const mfa_pass_plan*)pass
                                                  status:(mfa_status*)status;
@@ -62,7 +66,7 @@ mfa_status mfa_metal_error(mfa_status status, NSError* _Nullable error, const ch
 /* ---- Context ------------------------------------------------------------------------------- */
 
 /* Everything one mfa_context owns on the Metal side. */
-@interface MFAMetalContext : NSObject
+@interface LibMFAMetalContext : NSObject
 @property (nonatomic, readonly) id<MTLDevice> device;
 @property (nonatomic, readonly) id<MTLCommandQueue> queue;
 @property (nonatomic, readonly) mfa_gpu_family family;
@@ -70,7 +74,7 @@ mfa_status mfa_metal_error(mfa_status status, NSError* _Nullable error, const ch
 @property (nonatomic, readonly) uint32_t maxThreadsPerThreadgroup;   /* device-wide bound */
 @property (nonatomic, readonly) NSUInteger maxThreadgroupMemoryLength;
 @property (nonatomic, readonly) NSUInteger maxBufferLength;
-@property (nonatomic, readonly) MFAPipelineCache* pipelines;
+@property (nonatomic, readonly) LibMFAPipelineCache* pipelines;
 /* Bound where a pass has nothing to bind (an operand without elements, an lse nobody asked
  * for): the kernel never touches it, but Metal wants every argument index bound. */
 @property (nonatomic, readonly) id<MTLBuffer> placeholder;
@@ -84,7 +88,7 @@ mfa_status mfa_metal_error(mfa_status status, NSError* _Nullable error, const ch
 id<MTLDevice> _Nullable mfa_metal_select_device(void);
 
 /* A context on the selected device; on failure the error is recorded and returned. */
-mfa_status mfa_metal_context_create(MFAMetalContext* _Nullable __autoreleasing* _Nonnull out);
+mfa_status mfa_metal_context_create(LibMFAMetalContext* _Nullable __autoreleasing* _Nonnull out);
 
 /* ---- Operands ------------------------------------------------------------------------------ */
 
@@ -93,7 +97,7 @@ mfa_status mfa_metal_context_create(MFAMetalContext* _Nullable __autoreleasing* 
  * newBufferWithBytesNoCopy); when Metal cannot wrap it, or its elements are not naturally
  * aligned, it is staged through a shared buffer and, for outputs, copied back by
  * -copyResultsToCaller after the GPU has finished. */
-@interface MFAOperandBuffer : NSObject
+@interface LibMFAOperandBuffer : NSObject
 @property (nonatomic, readonly) id<MTLBuffer> buffer;
 @property (nonatomic, readonly) NSUInteger offset;
 @property (nonatomic, readonly) BOOL staged;
@@ -103,7 +107,7 @@ mfa_status mfa_metal_context_create(MFAMetalContext* _Nullable __autoreleasing* 
 
 /* Map `binding` of `problem` to a buffer; `scratch` backs MFA_OPERAND_D. nil with the error
  * recorded and *status set. */
-MFAOperandBuffer* _Nullable mfa_metal_bind_operand(MFAMetalContext* context,
+LibMFAOperandBuffer* _Nullable mfa_metal_bind_operand(LibMFAMetalContext* context,
                                                   const mfa_problem* problem,
                                                   const mfa_buffer_binding* binding,
                                                   id<MTLBuffer> _Nullable scratch,
@@ -116,7 +120,7 @@ typedef mfa_status (*mfa_metal_planner)(const mfa_problem* problem, mfa_gpu_fami
 
 /* Plan `problem` with `planner`, run every pass in one command buffer, wait, check, record the
  * GPU time and copy staged outputs back. `what` names the call in messages ("forward"). */
-mfa_status mfa_metal_run(MFAMetalContext* context, const mfa_problem* problem,
+mfa_status mfa_metal_run(LibMFAMetalContext* context, const mfa_problem* problem,
                          mfa_metal_planner planner, const char* what);
 
 #pragma clang assume_nonnull end

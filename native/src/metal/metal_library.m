@@ -45,7 +45,7 @@ static BOOL metallib_beside_library(char* path, size_t size) {
     return written > 0 && (size_t)written < size;
 }
 
-@implementation MFAKernelLibrary {
+@implementation LibMFAKernelLibrary {
     id<MTLDevice> _device;
     id<MTLLibrary> _precompiled;       // nil: no usable metallib
     char _precompiledOrigin[1024];     // its path, or why there is none (for messages)

@@ -37,7 +37,7 @@ static BOOL find_operand_view(const mfa_problem* p, mfa_operand operand, operand
     return YES;
 }
 
-@implementation MFAOperandBuffer {
+@implementation LibMFAOperandBuffer {
     // A staged output's way back: the caller's view and where its binding starts.
     BOOL _copyBack;
     char* _callerData;
@@ -84,7 +84,7 @@ static BOOL find_operand_view(const mfa_problem* p, mfa_operand operand, operand
 
 @end
 
-MFAOperandBuffer* mfa_metal_bind_operand(MFAMetalContext* context, const mfa_problem* problem,
+LibMFAOperandBuffer* mfa_metal_bind_operand(LibMFAMetalContext* context, const mfa_problem* problem,
                                          const mfa_buffer_binding* binding,
                                          id<MTLBuffer> scratch, mfa_status* status) {
     if (binding->operand == MFA_OPERAND_D) {
@@ -92,7 +92,7 @@ MFAOperandBuffer* mfa_metal_bind_operand(MFAMetalContext* context, const mfa_pro
             *status = mfa_set_error(MFA_ERROR_INTERNAL, "metal: a pass binds D but the plan has no scratch");
             return nil;
         }
-        return [[MFAOperandBuffer alloc] initWithBuffer:scratch offset:0];
+        return [[LibMFAOperandBuffer alloc] initWithBuffer:scratch offset:0];
     }
     operand_view view;
     if (!find_operand_view(problem, binding->operand, &view)) {
@@ -103,7 +103,7 @@ MFAOperandBuffer* mfa_metal_bind_operand(MFAMetalContext* context, const mfa_pro
     // An optional output the caller did not ask for (lse), or an operand with no elements: the
     // kernel is planned not to touch it.
     if (view.view->data == NULL || binding->byte_length == 0) {
-        return [[MFAOperandBuffer alloc] initWithBuffer:context.placeholder offset:0];
+        return [[LibMFAOperandBuffer alloc] initWithBuffer:context.placeholder offset:0];
     }
     const char* name = mfa_operand_name(binding->operand);
     if (binding->byte_length < 0 || (uint64_t)binding->byte_length > context.maxBufferLength) {
@@ -127,7 +127,7 @@ MFAOperandBuffer* mfa_metal_bind_operand(MFAMetalContext* context, const mfa_pro
                                                                   length:pages.length
                                                                  options:MTLResourceStorageModeShared
                                                              deallocator:nil];
-        if (wrapped != nil) return [[MFAOperandBuffer alloc] initWithBuffer:wrapped offset:pages.offset];
+        if (wrapped != nil) return [[LibMFAOperandBuffer alloc] initWithBuffer:wrapped offset:pages.offset];
     }
 
     // Staged: the binding's exact extent in a shared buffer. Outputs are copied in too, so the
@@ -139,5 +139,5 @@ MFAOperandBuffer* mfa_metal_bind_operand(MFAMetalContext* context, const mfa_pro
         return nil;
     }
     memcpy(staging.contents, first, length);
-    return [[MFAOperandBuffer alloc] initStagingBuffer:staging forView:&view binding:binding];
+    return [[LibMFAOperandBuffer alloc] initStagingBuffer:staging forView:&view binding:binding];
 }

@@ -36,22 +36,22 @@ static MTLFunctionConstantValues* _Nullable constant_values(const mfa_pass_plan*
 }
 
 // One cached pipeline; the cache is a list of these, newest first, never shortened.
-@interface MFAPipelineEntry : NSObject
+@interface LibMFAPipelineEntry : NSObject
 @property (nonatomic, readonly) id<MTLComputePipelineState> pipeline;
-@property (nonatomic, readonly, nullable) MFAPipelineEntry* next;
+@property (nonatomic, readonly, nullable) LibMFAPipelineEntry* next;
 - (instancetype)initWithKey:(const char*)key
                    pipeline:(id<MTLComputePipelineState>)pipeline
-                       next:(nullable MFAPipelineEntry*)next;
+                       next:(nullable LibMFAPipelineEntry*)next;
 - (BOOL)hasKey:(const char*)key;
 @end
 
-@implementation MFAPipelineEntry {
+@implementation LibMFAPipelineEntry {
     char _key[PIPELINE_KEY_CAPACITY];
 }
 
 - (instancetype)initWithKey:(const char*)key
                    pipeline:(id<MTLComputePipelineState>)pipeline
-                       next:(MFAPipelineEntry*)next {
+                       next:(LibMFAPipelineEntry*)next {
     self = [super init];
     if (self != nil) {
         snprintf(_key, sizeof _key, "%s", key);
@@ -67,14 +67,14 @@ static MTLFunctionConstantValues* _Nullable constant_values(const mfa_pass_plan*
 
 @end
 
-@implementation MFAPipelineCache {
+@implementation LibMFAPipelineCache {
     id<MTLDevice> _device;
-    MFAKernelLibrary* _kernels;
+    LibMFAKernelLibrary* _kernels;
     NSLock* _lock;          // guards _head
-    MFAPipelineEntry* _head;
+    LibMFAPipelineEntry* _head;
 }
 
-- (instancetype)initWithDevice:(id<MTLDevice>)device kernels:(MFAKernelLibrary*)kernels {
+- (instancetype)initWithDevice:(id<MTLDevice>)device kernels:(LibMFAKernelLibrary*)kernels {
     self = [super init];
     if (self != nil) {
         _device = device;
@@ -86,7 +86,7 @@ static MTLFunctionConstantValues* _Nullable constant_values(const mfa_pass_plan*
 
 // Caller holds _lock.
 - (nullable id<MTLComputePipelineState>)findLocked:(const char*)key {
-    for (MFAPipelineEntry* entry = _head; entry != nil; entry = entry.next) {
+    for (LibMFAPipelineEntry* entry = _head; entry != nil; entry = entry.next) {
         if ([entry hasKey:key]) return entry.pipeline;
     }
     return nil;
@@ -114,7 +114,7 @@ static MTLFunctionConstantValues* _Nullable constant_values(const mfa_pass_plan*
     // every caller shares a single pipeline per key.
     id<MTLComputePipelineState> winner = [self findLocked:key];
     if (winner == nil) {
-        _head = [[MFAPipelineEntry alloc] initWithKey:key pipeline:compiled next:_head];
+        _head = [[LibMFAPipelineEntry alloc] initWithKey:key pipeline:compiled next:_head];
         winner = compiled;
     }
     [_lock unlock];
