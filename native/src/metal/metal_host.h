@@ -9,6 +9,8 @@
  *   metal_dispatch.m   a planner's plan turned into one command buffer, run and checked
  *   metal_backend.m    the C entry points of mfa_backend_ops
  *   metal_errors.m     NSError and Metal failures as an mfa_status with a message
+ *   metal_portable.c   the arithmetic that needs no Metal (tested on Linux): page spans,
+ *                      staged copy-back, pipeline keys
  * Everything the rest of libmfa sees is in core/backend.h and metal_backend.h.
  *
  * Compiled with ARC. Every object here is safe to share between threads once created: the
