@@ -17,7 +17,9 @@ static const float kLn2 = 0.693147180559945309f;
 
 static inline vf vload(const float* p) { return *(const vf_unaligned*)p; }
 static inline void vstore(float* p, vf x) { *(vf_unaligned*)p = x; }
-static inline vf vsplat(float x) { return vf{} + x; }
+/* x - (+0) is x for every x, -0 included, so compilers fold this to a plain broadcast (x + 0
+ * would not fold: -0 + 0 is +0). */
+static inline vf vsplat(float x) { return x - vf{}; }
 
 static inline vf vselect(vi mask, vf if_set, vf if_clear)
 {
