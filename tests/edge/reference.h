@@ -1,0 +1,232 @@
+/* A float64 attention reference for the hardening tests (fuzz, stress, edge), written
+ * independently of libmfa: explicit scores, softmax and gradients, one query row at a time, read
+ * straight from strided mfa_tensor views (any dtype) through tests/c/test_util.h.
+ *
+ * Results are dense double arrays in [b][h][s][d] order. Alongside each result the reference
+ * returns its "magnitude": the same sums taken over absolute values, which bounds how much fp32
+ * rounding inside the library can move that element (see ref_allowed_error). */
+#ifndef MFA_HARDENING_REFERENCE_H
+#define MFA_HARDENING_REFERENCE_H
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "mfa.h"
+#include "test_util.h"
+
+typedef struct ref_problem {
+    int64_t batch, heads_q, heads_kv, seq_q, seq_k, head_dim, head_dim_v;
+    double scale; /* already resolved: never 0 */
+    int causal;
+    mfa_alignment alignment;
+    int64_t window_left, window_right; /* -1 = unbounded */
+} ref_problem;
+
+/* The visibility rule of mfa.h, restated; in 128 bits because windows may be as large as
+ * INT64_MAX. */
+static int ref_visible(const ref_problem* p, int64_t i, int64_t j) {
+    const __int128 pos = i + (p->alignment == MFA_ALIGN_BOTTOM_RIGHT ? p->seq_k - p->seq_q : 0);
+    if (p->causal && j > pos) return 0;
+    if (p->window_left >= 0 && j < pos - (__int128)p->window_left) return 0;
+    if (p->window_right >= 0 && j > pos + p->window_right) return 0;
+    return 1;
+}
+
+typedef struct ref_result {
+    double *out, *lse;          /* forward */
+    double *dq, *dk, *dv;       /* backward */
+    double *out_mag, *lse_mag, *dq_mag, *dk_mag, *dv_mag;
+    double max_score;           /* largest |scaled score| seen: fp32 errors in it pass into P */
+} ref_result;
+
+static double* ref_zeros(int64_t n) { return (double*)calloc((size_t)(n > 0 ? n : 1), sizeof(double)); }
+
+static void ref_free(ref_result* r) {
+    double* all[] = {r->out, r->lse, r->dq, r->dk, r->dv, r->out_mag, r->lse_mag, r->dq_mag,
+                     r->dk_mag, r->dv_mag};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) free(all[i]);
+}
+
+/* Scaled scores of row (b, h, i) into s[] (-inf where masked); returns the row maximum. */
+static double ref_scores(const ref_problem* p, const mfa_tensor* q, const mfa_tensor* k, int64_t b,
+                         int64_t h, int64_t i, double* s, double* max_score) {
+    const int64_t hk = h / (p->heads_q / p->heads_kv);
+    double m = -INFINITY;
+    for (int64_t j = 0; j < p->seq_k; ++j) {
+        s[j] = -INFINITY;
+        if (!ref_visible(p, i, j)) continue;
+        double dot = 0;
+        for (int64_t x = 0; x < p->head_dim; ++x) dot += test_get(q, b, h, i, x) * test_get(k, b, hk, j, x);
+        s[j] = dot * p->scale;
+        if (fabs(s[j]) > *max_score) *max_score = fabs(s[j]);
+        if (s[j] > m) m = s[j];
+    }
+    return m;
+}
+
+/* out and lse of the forward pass. Rows that see no key: out 0, lse -inf. */
+static ref_result ref_forward(const ref_problem* p, const mfa_tensor* q, const mfa_tensor* k,
+                              const mfa_tensor* v) {
+    ref_result r;
+    memset(&r, 0, sizeof r);
+    const int64_t rows = p->batch * p->heads_q * p->seq_q;
+    r.out = ref_zeros(rows * p->head_dim_v);
+    r.out_mag = ref_zeros(rows * p->head_dim_v);
+    r.lse = ref_zeros(rows);
+    r.lse_mag = ref_zeros(rows);
+    double* s = ref_zeros(p->seq_k);
+    for (int64_t b = 0; b < p->batch; ++b)
+        for (int64_t h = 0; h < p->heads_q; ++h) {
+            const int64_t hk = h / (p->heads_q / p->heads_kv);
+            for (int64_t i = 0; i < p->seq_q; ++i) {
+                const int64_t row = (b * p->heads_q + h) * p->seq_q + i;
+                const double m = ref_scores(p, q, k, b, h, i, s, &r.max_score);
+                if (m == -INFINITY) {
+                    r.lse[row] = -INFINITY;
+                    continue;
+                }
+                double l = 0;
+                for (int64_t j = 0; j < p->seq_k; ++j) l += exp(s[j] - m);
+                r.lse[row] = m + log(l);
+                /* lse = m + log(l) may cancel; l's relative error becomes an absolute one. */
+                r.lse_mag[row] = fabs(m) + fabs(log(l)) + 1;
+                for (int64_t j = 0; j < p->seq_k; ++j) {
+                    const double pj = exp(s[j] - m) / l;
+                    if (pj == 0) continue;
+                    for (int64_t y = 0; y < p->head_dim_v; ++y) {
+                        const double vy = test_get(v, b, hk, j, y);
+                        r.out[row * p->head_dim_v + y] += pj * vy;
+                        r.out_mag[row * p->head_dim_v + y] += pj * fabs(vy);
+                    }
+                }
+            }
+        }
+    free(s);
+    return r;
+}
+
+/* dq, dk, dv around the given (stored) out and lse, as the backward contract defines them:
+ * P = exp(S - lse), delta = rowsum(dout * out), dS = P (dP - delta). */
+static ref_result ref_backward(const ref_problem* p, const mfa_tensor* q, const mfa_tensor* k,
+                               const mfa_tensor* v, const mfa_tensor* out, const mfa_tensor* dout,
+                               const mfa_tensor* lse) {
+    ref_result r;
+    memset(&r, 0, sizeof r);
+    const int64_t group = p->heads_q / p->heads_kv;
+    r.dq = ref_zeros(p->batch * p->heads_q * p->seq_q * p->head_dim);
+    r.dq_mag = ref_zeros(p->batch * p->heads_q * p->seq_q * p->head_dim);
+    r.dk = ref_zeros(p->batch * p->heads_kv * p->seq_k * p->head_dim);
+    r.dk_mag = ref_zeros(p->batch * p->heads_kv * p->seq_k * p->head_dim);
+    r.dv = ref_zeros(p->batch * p->heads_kv * p->seq_k * p->head_dim_v);
+    r.dv_mag = ref_zeros(p->batch * p->heads_kv * p->seq_k * p->head_dim_v);
+    double* s = ref_zeros(p->seq_k);
+    for (int64_t b = 0; b < p->batch; ++b)
+        for (int64_t h = 0; h < p->heads_q; ++h) {
+            const int64_t hk = h / group;
+            for (int64_t i = 0; i < p->seq_q; ++i) {
+                const int64_t row = (b * p->heads_q + h) * p->seq_q + i;
+                const double lse_i = test_get(lse, b, h, i, 0);
+                if (ref_scores(p, q, k, b, h, i, s, &r.max_score) == -INFINITY) continue;
+                double delta = 0, delta_mag = 0;
+                for (int64_t y = 0; y < p->head_dim_v; ++y) {
+                    const double t = test_get(dout, b, h, i, y) * test_get(out, b, h, i, y);
+                    delta += t;
+                    delta_mag += fabs(t);
+                }
+                for (int64_t j = 0; j < p->seq_k; ++j) {
+                    const double pj = exp(s[j] - lse_i);
+                    if (pj == 0) continue;
+                    const int64_t krow = (b * p->heads_kv + hk) * p->seq_k + j;
+                    double dp = 0, dp_mag = 0;
+                    for (int64_t y = 0; y < p->head_dim_v; ++y) {
+                        const double t = test_get(dout, b, h, i, y) * test_get(v, b, hk, j, y);
+                        dp += t;
+                        dp_mag += fabs(t);
+                        r.dv[krow * p->head_dim_v + y] += pj * test_get(dout, b, h, i, y);
+                        r.dv_mag[krow * p->head_dim_v + y] += pj * fabs(test_get(dout, b, h, i, y));
+                    }
+                    const double ds = pj * (dp - delta), ds_mag = pj * (dp_mag + delta_mag);
+                    for (int64_t x = 0; x < p->head_dim; ++x) {
+                        const double kx = test_get(k, b, hk, j, x), qx = test_get(q, b, h, i, x);
+                        r.dq[row * p->head_dim + x] += p->scale * ds * kx;
+                        r.dq_mag[row * p->head_dim + x] += fabs(p->scale) * ds_mag * fabs(kx);
+                        r.dk[krow * p->head_dim + x] += p->scale * ds * qx;
+                        r.dk_mag[krow * p->head_dim + x] += fabs(p->scale) * ds_mag * fabs(qx);
+                    }
+                }
+            }
+        }
+    free(s);
+    return r;
+}
+
+/* Unit roundoff 2^-p of the storage dtype's p-bit significand. */
+static double ref_unit_roundoff(mfa_dtype dtype) {
+    switch (dtype) {
+        case MFA_DTYPE_F16: return ldexp(1.0, -11);
+        case MFA_DTYPE_BF16: return ldexp(1.0, -8);
+        default: return ldexp(1.0, -24);
+    }
+}
+
+/* Spacing of the storage dtype's subnormals: results smaller than this may round to 0. */
+static double ref_underflow(mfa_dtype dtype) {
+    switch (dtype) {
+        case MFA_DTYPE_F16: return ldexp(1.0, -24);
+        case MFA_DTYPE_BF16: return ldexp(1.0, -133);
+        default: return ldexp(1.0, -149);
+    }
+}
+
+/* The largest |got - want| accepted for an element whose absolute-value sum is `magnitude`:
+ * inputs are exact in the reference (read back from storage), so the error is (a) rounding to
+ * the storage dtype, once for the result and once for a probability or dS fed to a second
+ * product on matrix hardware: 4 u * max|want| covers both; plus (b) fp32 arithmetic over sums
+ * of n terms, growing like a random walk (8 u32 sqrt(n)), on terms whose own error is amplified
+ * by exp() of scores computed with relative error u32 (the 1 + max_score factor); plus (c)
+ * the dtype's subnormal spacing, below which a result may flush to 0. */
+static double ref_allowed_error(mfa_dtype dtype, double max_abs_want, double magnitude,
+                                int64_t reduction_length, double max_score) {
+    const double u32 = ldexp(1.0, -24);
+    return 4 * ref_unit_roundoff(dtype) * max_abs_want +
+           8 * u32 * sqrt((double)reduction_length) * (1 + max_score) * magnitude +
+           ref_underflow(dtype);
+}
+
+static double ref_max_abs(const double* x, int64_t n) {
+    double m = 0;
+    for (int64_t i = 0; i < n; ++i)
+        if (isfinite(x[i]) && fabs(x[i]) > m) m = fabs(x[i]);
+    return m;
+}
+
+/* Compare a library result (strided view t of logical shape [B, H, S, D]) with the reference.
+ * Writes a description of the worst element into why (size n) and returns 0 on a mismatch. */
+static int ref_compare(const mfa_tensor* t, mfa_dtype dtype, const double* want,
+                       const double* magnitude, int64_t reduction_length, double max_score,
+                       char* why, size_t n) {
+    const int64_t count = t->shape[0] * t->shape[1] * t->shape[2] * t->shape[3];
+    const double max_want = ref_max_abs(want, count);
+    int64_t at = 0;
+    for (int64_t b = 0; b < t->shape[0]; ++b)
+        for (int64_t h = 0; h < t->shape[1]; ++h)
+            for (int64_t s = 0; s < t->shape[2]; ++s)
+                for (int64_t d = 0; d < t->shape[3]; ++d, ++at) {
+                    const double got = test_get(t, b, h, s, d);
+                    const double allowed =
+                        ref_allowed_error(dtype, max_want, magnitude ? magnitude[at] : fabs(want[at]),
+                                          reduction_length, max_score);
+                    const int ok = isfinite(want[at]) ? fabs(got - want[at]) <= allowed
+                                                      : got == want[at];
+                    if (!ok) {
+                        snprintf(why, n, "element [%lld, %lld, %lld, %lld] is %.9g, reference %.9g "
+                                 "(allowed error %.3g)", (long long)b, (long long)h, (long long)s,
+                                 (long long)d, got, want[at], allowed);
+                        return 0;
+                    }
+                }
+    return 1;
+}
+
+#endif

@@ -1,0 +1,803 @@
+/* libFuzzer target over every public entry point that takes caller-made arguments:
+ * mfa_attention_forward, mfa_attention_backward, mfa_context_create and
+ * mfa_context_capabilities.
+ *
+ * The input bytes decode into a call (docs/fuzzing.md lists the format): a valid problem of
+ * small random shape and layout, then up to eight mutations that break one thing each (a NULL
+ * tensor or data pointer, a dtype, a dimension or stride from a table of hostile values, an
+ * aliased, misaligned or wild data pointer) and fuzzed attention parameters.
+ *
+ * The oracle is an independent restatement of the rules in mfa.h (expected_outcome below): it
+ * says which statuses a call may return. Buffers are allocated exactly as large as each tensor
+ * claims, and only when that is small; a tensor that claims more points into a PROT_NONE guard
+ * region, and a call is only made with such a tensor when the rules say it must be rejected.
+ * So AddressSanitizer or a fault catches any byte the library touches outside what it was
+ * given. After every call:
+ *   - the status is one the rules allow;
+ *   - on failure the message is non-empty and new, every output byte is unchanged;
+ *   - on success every output element matches the float64 reference within the dtype's
+ *     tolerance, and no byte between output elements (strided gaps) was written;
+ *   - inputs are never modified.
+ * A violated expectation prints what happened and aborts, which libFuzzer records as a crash. */
+#define _GNU_SOURCE
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "mfa.h"
+#include "reference.h"
+
+#define POISON 0xA5
+#define MAX_ELEMENTS ((int64_t)1 << 16) /* larger tensors are never allocated */
+#define MAX_LISTED ((int64_t)1 << 20)   /* larger tensors' elements are not enumerated */
+#define MAX_WORK ((int64_t)1 << 22)      /* multiply-adds; larger valid calls are not run */
+#define GUARD_BYTES ((size_t)1 << 16)
+
+enum role { Q, K, V, OUT, LSE, DOUT, DQ, DK, DV, ROLES };
+static const char* const role_names[ROLES] = {"q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv"};
+
+/* ---- Reading the input -------------------------------------------------------------------- */
+
+typedef struct reader {
+    const uint8_t* data;
+    size_t size;
+} reader;
+
+/* Next byte, 0 once the input is exhausted (so every input decodes to some call). */
+static uint8_t next_byte(reader* r) {
+    if (r->size == 0) return 0;
+    --r->size;
+    return *r->data++;
+}
+
+static uint64_t next_u64(reader* r) {
+    uint64_t x = 0;
+    for (int i = 0; i < 8; ++i) x |= (uint64_t)next_byte(r) << (8 * i);
+    return x;
+}
+
+static const int64_t hostile_values[] = {
+    0, 1, 2, 3, -1, -2, 7, 8, 64, 65, 1024, 1025,
+    ((int64_t)1 << 31) - 1, (int64_t)1 << 31, (int64_t)1 << 32, (int64_t)1 << 40,
+    (int64_t)1 << 62, INT64_MAX / 2, -(INT64_MAX / 4), INT64_MAX, INT64_MIN, INT64_MIN + 1,
+    -((int64_t)1 << 31), ((int64_t)1 << 33) + 1,
+};
+#define HOSTILE_COUNT ((int)(sizeof hostile_values / sizeof hostile_values[0]))
+
+/* A value from the hostile table, or (last slot) eight raw bytes. */
+static int64_t next_hostile(reader* r) {
+    const int pick = next_byte(r) % (HOSTILE_COUNT + 1);
+    return pick < HOSTILE_COUNT ? hostile_values[pick] : (int64_t)next_u64(r);
+}
+
+/* ---- Checks ------------------------------------------------------------------------------- */
+
+static void fail(const char* what, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void fail(const char* what, ...) {
+    va_list args;
+    va_start(args, what);
+    fprintf(stderr, "fuzz_attention: ");
+    vfprintf(stderr, what, args);
+    fprintf(stderr, "\n");
+    va_end(args);
+    abort();
+}
+
+/* ---- Memory ------------------------------------------------------------------------------- */
+
+static char* guard_region; /* PROT_NONE: where tensors too large to allocate point */
+
+typedef struct allocation {
+    unsigned char* bytes; /* NULL: none */
+    size_t size;
+    unsigned char* snapshot; /* contents before the call */
+} allocation;
+
+/* A tensor of the call, as built and as the oracle sees it. */
+typedef struct fuzz_tensor {
+    mfa_tensor t;
+    bool present;          /* false: the call gets a NULL mfa_tensor* */
+    int64_t lo, hi;        /* element offsets spanned (valid when !overflow) */
+    bool overflow;         /* offsets or element count leave int64 */
+    allocation own;        /* its own exactly-sized buffer, when small */
+    int lives_in;          /* role whose allocation holds it, or -1 */
+} fuzz_tensor;
+
+/* Offsets and counts in 128 bits, so the oracle never overflows where the library must not. */
+static void measure(fuzz_tensor* f) {
+    __int128 count = 1, lo = 0, hi = 0;
+    f->overflow = false;
+    for (int d = 0; d < 4; ++d) {
+        const __int128 shape = f->t.shape[d];
+        if (shape < 1) { f->lo = f->hi = 0; return; }
+        const __int128 term = (shape - 1) * (__int128)f->t.strides[d];
+        count *= shape;
+        if (count > INT64_MAX) f->overflow = true;
+        if (term < 0) lo += term; else hi += term;
+    }
+    if (lo < INT64_MIN || hi > INT64_MAX) f->overflow = true;
+    f->lo = f->overflow ? 0 : (int64_t)lo;
+    f->hi = f->overflow ? 0 : (int64_t)hi;
+}
+
+static bool shapes_positive(const mfa_tensor* t) {
+    for (int d = 0; d < 4; ++d)
+        if (t->shape[d] < 1) return false;
+    return true;
+}
+
+static int64_t element_size(int dtype) {
+    return dtype == MFA_DTYPE_F32 ? 4 : (dtype == MFA_DTYPE_F16 || dtype == MFA_DTYPE_BF16) ? 2 : 0;
+}
+
+static int64_t element_count(const mfa_tensor* t) {
+    return t->shape[0] * t->shape[1] * t->shape[2] * t->shape[3];
+}
+
+/* Is every byte the tensor spans inside allocation a? */
+static bool spans_inside(const fuzz_tensor* f, const allocation* a) {
+    const int64_t es = element_size((int)f->t.dtype);
+    if (a->bytes == NULL || f->overflow || es == 0 || !shapes_positive(&f->t)) return false;
+    const __int128 first = (__int128)(intptr_t)f->t.data + (__int128)f->lo * es;
+    const __int128 end = (__int128)(intptr_t)f->t.data + ((__int128)f->hi + 1) * es;
+    return first >= (__int128)(intptr_t)a->bytes && end <= (__int128)(intptr_t)(a->bytes + a->size);
+}
+
+/* ---- Decoding a problem ------------------------------------------------------------------- */
+
+typedef struct call {
+    bool backward;
+    mfa_context* ctx;
+    bool null_params;
+    mfa_attention_params params;
+    fuzz_tensor tensors[ROLES];
+    uint64_t value_seed;
+} call;
+
+/* Strides for a dense layout with dimensions ordered by `order` (outermost first), `pad` extra
+ * elements after each dimension and a sign per dimension. */
+static void layout(mfa_tensor* t, const int order[4], const int pad[4], unsigned negative) {
+    int64_t stride = 1;
+    for (int i = 3; i >= 0; --i) {
+        const int d = order[i];
+        t->strides[d] = (negative >> d) & 1 ? -stride : stride;
+        stride *= t->shape[d] + pad[d];
+    }
+}
+
+static void decode_layout(reader* r, mfa_tensor* t) {
+    int order[4] = {0, 1, 2, 3};
+    const uint8_t shuffle = next_byte(r);
+    for (int i = 3, s = shuffle; i > 0; --i, s /= 4) { /* an arbitrary permutation */
+        const int j = s % (i + 1), tmp = order[i];
+        order[i] = order[j];
+        order[j] = tmp;
+    }
+    const uint8_t padding = next_byte(r);
+    int pad[4];
+    for (int d = 0; d < 4; ++d) pad[d] = (padding >> (2 * d)) & 1;
+    layout(t, order, pad, next_byte(r) & 15);
+}
+
+static void set_shape(mfa_tensor* t, int64_t b, int64_t h, int64_t s, int64_t d) {
+    t->shape[0] = b; t->shape[1] = h; t->shape[2] = s; t->shape[3] = d;
+}
+
+static void decode_problem(reader* r, call* c) {
+    const int dtype_pick = next_byte(r) % 4;
+    const int dtype = dtype_pick < 3 ? dtype_pick : (int)(int8_t)next_byte(r);
+    const int64_t batch = 1 + next_byte(r) % 2, heads_kv = 1 + next_byte(r) % 2;
+    const int64_t heads_q = heads_kv * (1 + next_byte(r) % 3);
+    const int64_t seq_q = 1 + next_byte(r) % 48, seq_k = 1 + next_byte(r) % 48;
+    const int64_t head_dim = 1 + next_byte(r) % 24, head_dim_v = 1 + next_byte(r) % 24;
+    const int64_t shapes[ROLES][4] = {
+        {batch, heads_q, seq_q, head_dim},  {batch, heads_kv, seq_k, head_dim},
+        {batch, heads_kv, seq_k, head_dim_v}, {batch, heads_q, seq_q, head_dim_v},
+        {batch, heads_q, seq_q, 1},         {batch, heads_q, seq_q, head_dim_v},
+        {batch, heads_q, seq_q, head_dim},  {batch, heads_kv, seq_k, head_dim},
+        {batch, heads_kv, seq_k, head_dim_v},
+    };
+    for (int i = 0; i < ROLES; ++i) {
+        fuzz_tensor* f = &c->tensors[i];
+        f->present = true;
+        f->lives_in = -1;
+        f->t.dtype = (mfa_dtype)(i == LSE ? MFA_DTYPE_F32 : dtype);
+        set_shape(&f->t, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
+        decode_layout(r, &f->t);
+    }
+    if (!c->backward) c->tensors[DOUT].present = c->tensors[DQ].present =
+                          c->tensors[DK].present = c->tensors[DV].present = false;
+}
+
+static void decode_params(reader* r, call* c) {
+    static const float scales[] = {0.0f, 0.125f, 0.5f, 1.0f, 2.0f, -0.75f, 1e-3f, 1e-30f,
+                                   __builtin_nanf(""), __builtin_inff(), -__builtin_inff()};
+    static const size_t struct_sizes[] = {sizeof(mfa_attention_params), 0, 8,
+                                          sizeof(mfa_attention_params) - 8,
+                                          sizeof(mfa_attention_params) + 8, (size_t)1 << 40};
+    static const int64_t windows[] = {-1, -1, 0, 1, 3, 17, -2, INT64_MIN, INT64_MAX,
+                                      INT64_MAX - 1, (int64_t)1 << 40};
+    const uint8_t flags = next_byte(r);
+    c->null_params = (flags & 7) == 0;
+    mfa_attention_params_init(&c->params);
+    c->params.struct_size = struct_sizes[(flags >> 3) % 6 == 5 ? next_byte(r) % 6 : 0];
+    c->params.scale = scales[next_byte(r) % (sizeof scales / sizeof scales[0])];
+    const uint8_t causal = next_byte(r);
+    c->params.causal = causal < 200 ? causal % 2 : (int32_t)(int8_t)causal;
+    const uint8_t alignment = next_byte(r);
+    c->params.alignment = (mfa_alignment)(alignment < 200 ? alignment % 2 : (int8_t)alignment);
+    c->params.window_left = windows[next_byte(r) % (sizeof windows / sizeof windows[0])];
+    c->params.window_right = windows[next_byte(r) % (sizeof windows / sizeof windows[0])];
+}
+
+/* Mutations that change what a tensor claims; applied before buffers are sized. */
+enum { M_NULL_TENSOR, M_NULL_DATA, M_DTYPE, M_SHAPE, M_SHAPE_NUDGE, M_STRIDE, M_MISALIGN,
+       M_ALIAS, M_WILD_POINTER, M_KINDS };
+
+typedef struct mutation {
+    int kind, role, other, dim;
+    int64_t value;
+} mutation;
+
+static int decode_mutations(reader* r, mutation* m, int max) {
+    const int n = next_byte(r) % (max + 1);
+    for (int i = 0; i < n; ++i) {
+        m[i].kind = next_byte(r) % M_KINDS;
+        m[i].role = next_byte(r) % ROLES;
+        m[i].other = next_byte(r) % ROLES;
+        m[i].dim = next_byte(r) % 4;
+        m[i].value = m[i].kind == M_SHAPE_NUDGE ? (next_byte(r) % 2 ? 1 : -1) : next_hostile(r);
+    }
+    return n;
+}
+
+static void apply_claim(call* c, const mutation* m) {
+    mfa_tensor* t = &c->tensors[m->role].t;
+    switch (m->kind) {
+        case M_NULL_TENSOR: c->tensors[m->role].present = false; break;
+        case M_DTYPE: t->dtype = (mfa_dtype)(int)m->value; break;
+        case M_SHAPE: t->shape[m->dim] = m->value; break;
+        case M_SHAPE_NUDGE: t->shape[m->dim] += m->value; break;
+        case M_STRIDE: t->strides[m->dim] = m->value; break;
+        default: break;
+    }
+}
+
+static const uintptr_t wild_pointers[] = {
+    16, 4096, (uintptr_t)1 << 47, UINTPTR_MAX - 15, UINTPTR_MAX / 2 + 1, ((uintptr_t)1 << 63) - 64,
+};
+
+/* Mutations of where the data lives; applied after buffers exist. */
+static void apply_pointer(call* c, const mutation* m) {
+    fuzz_tensor* f = &c->tensors[m->role];
+    switch (m->kind) {
+        case M_NULL_DATA: f->t.data = NULL; f->lives_in = -1; break;
+        case M_MISALIGN: f->t.data = (void*)((uintptr_t)f->t.data + 1); break;
+        case M_ALIAS:
+            if (m->other != m->role && c->tensors[m->other].lives_in >= 0) {
+                f->t.data = c->tensors[m->other].t.data;
+                f->lives_in = c->tensors[m->other].lives_in;
+            }
+            break;
+        case M_WILD_POINTER:
+            f->t.data = (void*)wild_pointers[(uint64_t)m->value % (sizeof wild_pointers / sizeof wild_pointers[0])];
+            f->lives_in = -1;
+            break;
+        default: break;
+    }
+}
+
+/* ---- The oracle: mfa.h's rules, restated ------------------------------------------------- */
+
+#define STATUS_BIT(s) (1u << (s))
+
+typedef struct outcome {
+    unsigned required;  /* statuses of definite violations: the call must fail with one */
+    unsigned permitted; /* statuses of conservative checks the library may also apply */
+} outcome;
+
+/* The element offsets of a small tensor, sorted. NULL when it is too large to list. */
+static int compare_i64(const void* a, const void* b) {
+    const int64_t x = *(const int64_t*)a, y = *(const int64_t*)b;
+    return (x > y) - (x < y);
+}
+
+static int64_t* sorted_offsets(const mfa_tensor* t, int64_t* n) {
+    *n = element_count(t);
+    int64_t* o = (int64_t*)malloc((size_t)*n * sizeof *o);
+    int64_t at = 0;
+    for (int64_t b = 0; b < t->shape[0]; ++b)
+        for (int64_t h = 0; h < t->shape[1]; ++h)
+            for (int64_t s = 0; s < t->shape[2]; ++s)
+                for (int64_t d = 0; d < t->shape[3]; ++d) o[at++] = test_offset(t, b, h, s, d);
+    qsort(o, (size_t)*n, sizeof *o, compare_i64);
+    return o;
+}
+
+static bool listable(const fuzz_tensor* f) {
+    return f->present && !f->overflow && shapes_positive(&f->t) && element_size((int)f->t.dtype) &&
+           element_count(&f->t) <= MAX_LISTED;
+}
+
+/* The quick test a library may use instead of listing elements (numpy's): ordered by |stride|,
+ * each stride exceeds the extent of the smaller ones. It rejects some layouts whose elements
+ * are in fact distinct, so failing it only permits an error. */
+static bool strides_nested(const mfa_tensor* t) {
+    __int128 magnitude[4], extent = 0;
+    int order[4] = {0, 1, 2, 3};
+    for (int d = 0; d < 4; ++d) magnitude[d] = t->strides[d] < 0 ? -(__int128)t->strides[d] : t->strides[d];
+    for (int i = 1; i < 4; ++i)
+        for (int j = i; j > 0 && magnitude[order[j]] < magnitude[order[j - 1]]; --j) {
+            const int swap = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = swap;
+        }
+    for (int i = 0; i < 4; ++i) {
+        const int d = order[i];
+        if (t->shape[d] == 1) continue;
+        if (magnitude[d] <= extent) return false;
+        extent += magnitude[d] * (t->shape[d] - 1);
+    }
+    return true;
+}
+
+/* Do two listable tensors share a byte? Merges their sorted byte intervals. */
+static bool share_bytes(const fuzz_tensor* a, const fuzz_tensor* b) {
+    int64_t na, nb;
+    int64_t* oa = sorted_offsets(&a->t, &na);
+    int64_t* ob = sorted_offsets(&b->t, &nb);
+    const __int128 ea = element_size((int)a->t.dtype), eb = element_size((int)b->t.dtype);
+    const __int128 ba = (intptr_t)a->t.data, bb = (intptr_t)b->t.data;
+    bool shared = false;
+    for (int64_t i = 0, j = 0; i < na && j < nb && !shared;) {
+        const __int128 a0 = ba + oa[i] * ea, b0 = bb + ob[j] * eb;
+        if (a0 < b0 + eb && b0 < a0 + ea) shared = true;
+        else if (a0 < b0) ++i;
+        else ++j;
+    }
+    free(oa);
+    free(ob);
+    return shared;
+}
+
+static bool overlaps_itself(const fuzz_tensor* f) {
+    int64_t n;
+    int64_t* o = sorted_offsets(&f->t, &n);
+    bool repeated = false;
+    for (int64_t i = 1; i < n && !repeated; ++i) repeated = o[i] == o[i - 1];
+    free(o);
+    return repeated;
+}
+
+/* The byte range [first, end) the tensor spans; false when it leaves the address space. */
+static bool byte_range(const fuzz_tensor* f, __int128* first, __int128* end) {
+    const int64_t es = element_size((int)f->t.dtype);
+    *first = (__int128)(uintptr_t)f->t.data + (__int128)f->lo * es;
+    *end = (__int128)(uintptr_t)f->t.data + ((__int128)f->hi + 1) * es;
+    const __int128 lo_bytes = (__int128)f->lo * es, end_bytes = ((__int128)f->hi + 1) * es;
+    return lo_bytes >= INT64_MIN && end_bytes <= INT64_MAX && *first >= 0 &&
+           *end <= (__int128)UINTPTR_MAX;
+}
+
+static void violation(outcome* o, mfa_status s) { o->required |= STATUS_BIT(s); }
+
+static outcome expected_outcome(const call* c, const mfa_capabilities* caps) {
+    outcome o = {0, 0};
+    const fuzz_tensor* f = c->tensors;
+    const int roles_used = c->backward ? ROLES : DOUT;
+    const int dtype = (int)f[Q].t.dtype;
+
+    if (!c->null_params) {
+        const mfa_attention_params* p = &c->params;
+        if (p->struct_size != sizeof *p || !isfinite(p->scale) || (p->causal != 0 && p->causal != 1) ||
+            (p->alignment != MFA_ALIGN_BOTTOM_RIGHT && p->alignment != MFA_ALIGN_TOP_LEFT) ||
+            p->window_left < -1 || p->window_right < -1)
+            violation(&o, MFA_ERROR_INVALID_ARGUMENT);
+    }
+    if (c->backward && !(caps->features & MFA_FEATURE_BACKWARD)) violation(&o, MFA_ERROR_UNSUPPORTED);
+    if (f[Q].present && element_size(dtype) && !(caps->dtypes & (1u << dtype)))
+        violation(&o, MFA_ERROR_UNSUPPORTED);
+
+    /* Sizes every role must match, from q, k and v as the header defines them. */
+    const int64_t* qs = f[Q].t.shape;
+    const int64_t* ks = f[K].t.shape;
+    const int64_t* vs = f[V].t.shape;
+    const int64_t expected[ROLES][4] = {
+        {-1, -1, -1, -1},          {qs[0], -1, -1, qs[3]},        {qs[0], ks[1], ks[2], -1},
+        {qs[0], qs[1], qs[2], vs[3]}, {qs[0], qs[1], qs[2], 1},     {qs[0], qs[1], qs[2], vs[3]},
+        {qs[0], qs[1], qs[2], qs[3]}, {qs[0], ks[1], ks[2], qs[3]}, {qs[0], ks[1], ks[2], vs[3]},
+    };
+    const bool depends_on[ROLES][3] = {{0}, {1, 0, 0}, {1, 1, 0}, {1, 0, 1}, {1, 0, 0},
+                                       {1, 0, 1}, {1, 0, 0}, {1, 1, 0}, {1, 1, 1}};
+    for (int i = 0; i < roles_used; ++i) {
+        const fuzz_tensor* t = &f[i];
+        const bool output = c->backward ? i >= DQ : (i == OUT || i == LSE);
+        if (!t->present) {
+            if (i != LSE || c->backward) violation(&o, MFA_ERROR_INVALID_ARGUMENT);
+            continue;
+        }
+        const int want_dtype = i == LSE ? MFA_DTYPE_F32 : dtype;
+        if (t->t.data == NULL || !element_size((int)t->t.dtype) || (int)t->t.dtype != want_dtype ||
+            !shapes_positive(&t->t)) {
+            violation(&o, MFA_ERROR_INVALID_ARGUMENT);
+            continue;
+        }
+        for (int d = 0; d < 4; ++d) {
+            const bool known = (!depends_on[i][0] || f[Q].present) &&
+                               (!depends_on[i][1] || f[K].present) && (!depends_on[i][2] || f[V].present);
+            if (known && expected[i][d] != -1 && t->t.shape[d] != expected[i][d])
+                violation(&o, MFA_ERROR_INVALID_ARGUMENT);
+        }
+        __int128 first, end;
+        if (t->overflow || !byte_range(t, &first, &end)) {
+            violation(&o, MFA_ERROR_SIZE_OVERFLOW);
+            continue;
+        }
+        if ((uintptr_t)t->t.data % (uintptr_t)element_size((int)t->t.dtype))
+            violation(&o, MFA_ERROR_INVALID_ARGUMENT);
+        if (!output) continue;
+        /* Exact self-overlap is an error; a quicker sufficient test may reject more. */
+        if (listable(t) && overlaps_itself(t)) violation(&o, MFA_ERROR_INVALID_ARGUMENT);
+        else if (!strides_nested(&t->t)) o.permitted |= STATUS_BIT(MFA_ERROR_INVALID_ARGUMENT);
+        for (int j = 0; j < roles_used; ++j) {
+            const fuzz_tensor* u = &f[j];
+            __int128 u_first, u_end;
+            if (j == i || !u->present || u->t.data == NULL || !element_size((int)u->t.dtype) ||
+                u->overflow || !shapes_positive(&u->t) || !byte_range(u, &u_first, &u_end))
+                continue;
+            if (first < u_end && u_first < end) {
+                if (listable(t) && listable(u) && share_bytes(t, u)) violation(&o, MFA_ERROR_INVALID_ARGUMENT);
+                else o.permitted |= STATUS_BIT(MFA_ERROR_INVALID_ARGUMENT);
+            }
+        }
+    }
+    if (f[Q].present && f[K].present && shapes_positive(&f[Q].t) && shapes_positive(&f[K].t)) {
+        if (qs[1] % ks[1] != 0) violation(&o, MFA_ERROR_INVALID_ARGUMENT);
+        if (qs[3] > caps->max_head_dim) violation(&o, MFA_ERROR_UNSUPPORTED);
+    }
+    if (f[V].present && shapes_positive(&f[V].t) && vs[3] > caps->max_head_dim)
+        violation(&o, MFA_ERROR_UNSUPPORTED);
+    return o;
+}
+
+/* ---- Running an attention call ------------------------------------------------------------ */
+
+/* What the run exercised, printed at exit: a run that never reaches the reference check or
+ * never gets past validation would look green while testing little. */
+static struct {
+    long long checked[2], rejected[2], skipped[2], contexts_created, contexts_rejected;
+} stats;
+
+static void print_stats(void) {
+    fprintf(stderr,
+            "fuzz_attention: forward %lld checked against the reference, %lld rejected, %lld valid "
+            "but too large to run; backward %lld / %lld / %lld; contexts %lld created, %lld "
+            "rejected\n",
+            stats.checked[0], stats.rejected[0], stats.skipped[0], stats.checked[1],
+            stats.rejected[1], stats.skipped[1], stats.contexts_created, stats.contexts_rejected);
+}
+
+
+static mfa_context* contexts[4];
+static int context_count;
+/* No fuzzed call passes a NULL context, so this message can only be left over. */
+static const char stale_message_marker[] = "ctx is NULL";
+
+/* Leave a known message behind, so a failing call is seen to set its own. */
+static void plant_stale_message(void) { mfa_context_capabilities(NULL, NULL); }
+
+static bool is_output(const call* c, int role) {
+    return c->backward ? role >= DQ : (role == OUT || role == LSE);
+}
+
+/* Uniform values in [-1, 1), stored in the tensor's dtype, through every element's view. */
+static void fill_uniform(const mfa_tensor* t) {
+    for (int64_t b = 0; b < t->shape[0]; ++b)
+        for (int64_t h = 0; h < t->shape[1]; ++h)
+            for (int64_t s = 0; s < t->shape[2]; ++s)
+                for (int64_t d = 0; d < t->shape[3]; ++d) test_set(t, b, h, s, d, (float)test_uniform());
+}
+
+static void fill_inputs(call* c) {
+    test_rng_state = c->value_seed | 1;
+    for (int i = Q; i <= (c->backward ? DOUT : V); ++i) {
+        const fuzz_tensor* f = &c->tensors[i];
+        if (f->lives_in == i && !(c->backward && (i == OUT || i == LSE))) fill_uniform(&f->t);
+    }
+}
+
+static ref_problem problem_of(const call* c) {
+    const mfa_tensor *q = &c->tensors[Q].t, *k = &c->tensors[K].t, *v = &c->tensors[V].t;
+    ref_problem p = {q->shape[0], q->shape[1], k->shape[1], q->shape[2], k->shape[2], q->shape[3],
+                     v->shape[3], 0, 0, MFA_ALIGN_BOTTOM_RIGHT, -1, -1};
+    const mfa_attention_params* a = c->null_params ? NULL : &c->params;
+    p.scale = a && a->scale != 0 ? a->scale : (float)(1.0 / sqrt((double)p.head_dim));
+    if (a) {
+        p.causal = a->causal;
+        p.alignment = a->alignment;
+        p.window_left = a->window_left;
+        p.window_right = a->window_right;
+    }
+    return p;
+}
+
+/* Backward needs out and lse from a forward pass: the reference's, stored in their dtypes. */
+static void fill_forward_results(call* c, const ref_problem* p) {
+    fuzz_tensor *out = &c->tensors[OUT], *lse = &c->tensors[LSE];
+    if (out->lives_in != OUT || lse->lives_in != LSE) return;
+    ref_result r = ref_forward(p, &c->tensors[Q].t, &c->tensors[K].t, &c->tensors[V].t);
+    int64_t at = 0;
+    for (int64_t b = 0; b < p->batch; ++b)
+        for (int64_t h = 0; h < p->heads_q; ++h)
+            for (int64_t s = 0; s < p->seq_q; ++s, ++at) {
+                test_set(&lse->t, b, h, s, 0, (float)r.lse[at]);
+                for (int64_t y = 0; y < p->head_dim_v; ++y)
+                    test_set(&out->t, b, h, s, y, (float)r.out[at * p->head_dim_v + y]);
+            }
+    ref_free(&r);
+}
+
+/* Bytes of an output's own buffer that are not elements must keep the poison. */
+static void check_gaps(const call* c, int role) {
+    const fuzz_tensor* f = &c->tensors[role];
+    if (f->lives_in != role) return;
+    const int64_t es = element_size((int)f->t.dtype);
+    unsigned char* element = (unsigned char*)calloc(f->own.size, 1);
+    for (int64_t b = 0; b < f->t.shape[0]; ++b)
+        for (int64_t h = 0; h < f->t.shape[1]; ++h)
+            for (int64_t s = 0; s < f->t.shape[2]; ++s)
+                for (int64_t d = 0; d < f->t.shape[3]; ++d)
+                    memset(element + ((char*)f->t.data - (char*)f->own.bytes) +
+                               test_offset(&f->t, b, h, s, d) * es, 1, (size_t)es);
+    for (size_t i = 0; i < f->own.size; ++i)
+        if (!element[i] && f->own.bytes[i] != POISON)
+            fail("%s: byte %zu between elements was written", role_names[role], i);
+    free(element);
+}
+
+static void check_results(const call* c, const ref_problem* p, mfa_dtype dtype) {
+    char why[256];
+    const fuzz_tensor* f = c->tensors;
+    if (!c->backward) {
+        ref_result r = ref_forward(p, &f[Q].t, &f[K].t, &f[V].t);
+        if (!ref_compare(&f[OUT].t, dtype, r.out, r.out_mag, p->seq_k + p->head_dim, r.max_score,
+                         why, sizeof why))
+            fail("forward out: %s", why);
+        if (f[LSE].present &&
+            !ref_compare(&f[LSE].t, MFA_DTYPE_F32, r.lse, r.lse_mag, p->seq_k + p->head_dim, r.max_score,
+                         why, sizeof why))
+            fail("forward lse: %s", why);
+        ref_free(&r);
+        return;
+    }
+    ref_result r = ref_backward(p, &f[Q].t, &f[K].t, &f[V].t, &f[OUT].t, &f[DOUT].t, &f[LSE].t);
+    const int64_t n = p->head_dim + p->head_dim_v + p->seq_k + p->seq_q * (p->heads_q / p->heads_kv);
+    if (!ref_compare(&f[DQ].t, dtype, r.dq, r.dq_mag, n, r.max_score, why, sizeof why)) fail("dq: %s", why);
+    if (!ref_compare(&f[DK].t, dtype, r.dk, r.dk_mag, n, r.max_score, why, sizeof why)) fail("dk: %s", why);
+    if (!ref_compare(&f[DV].t, dtype, r.dv, r.dv_mag, n, r.max_score, why, sizeof why)) fail("dv: %s", why);
+    ref_free(&r);
+}
+
+static void release(call* c) {
+    for (int i = 0; i < ROLES; ++i) {
+        free(c->tensors[i].own.bytes);
+        free(c->tensors[i].own.snapshot);
+    }
+}
+
+static void run_attention(reader* r, bool backward) {
+    call c;
+    memset(&c, 0, sizeof c);
+    c.backward = backward;
+    c.ctx = contexts[next_byte(r) % context_count];
+    c.value_seed = next_u64(r);
+    decode_problem(r, &c);
+    decode_params(r, &c);
+    mutation m[8];
+    const int n = decode_mutations(r, m, 8);
+    for (int i = 0; i < n; ++i) apply_claim(&c, &m[i]);
+
+    for (int i = 0; i < ROLES; ++i) {
+        fuzz_tensor* f = &c.tensors[i];
+        measure(f);
+        const int64_t es = element_size((int)f->t.dtype);
+        const __int128 elements = (__int128)f->hi - f->lo + 1;
+        if (f->present && !f->overflow && es && shapes_positive(&f->t) && elements <= MAX_ELEMENTS) {
+            f->own.size = (size_t)elements * (size_t)es;
+            f->own.bytes = (unsigned char*)malloc(f->own.size);
+            memset(f->own.bytes, POISON, f->own.size);
+            f->t.data = f->own.bytes - f->lo * es;
+            f->lives_in = i;
+        } else {
+            f->t.data = guard_region + 4096;
+        }
+    }
+    for (int i = 0; i < n; ++i) apply_pointer(&c, &m[i]);
+
+    mfa_capabilities caps;
+    caps.struct_size = sizeof caps;
+    if (mfa_context_capabilities(c.ctx, &caps) != MFA_OK) fail("capabilities: %s", mfa_last_error());
+    const outcome expected = expected_outcome(&c, &caps);
+
+    /* Runnable: every tensor lies inside memory we own, holding values of its own dtype, and
+     * (backward) out and lse are the ones the reference forward pass fills in. */
+    bool backed = true;
+    for (int i = 0; i < (backward ? ROLES : DOUT); ++i) {
+        const fuzz_tensor* f = &c.tensors[i];
+        if (!f->present) continue;
+        if (f->lives_in < 0 || !spans_inside(f, &c.tensors[f->lives_in].own) ||
+            c.tensors[f->lives_in].t.dtype != f->t.dtype ||
+            (backward && (i == OUT || i == LSE) && f->lives_in != i))
+            backed = false;
+    }
+    const mfa_tensor* q = &c.tensors[Q].t;
+    int64_t work = 0;
+    if (!expected.required) {
+        const int64_t kv = c.tensors[K].t.shape[2] * (q->shape[3] + c.tensors[V].t.shape[3]);
+        if (!backed || __builtin_mul_overflow(element_count(q) / q->shape[3], kv, &work) ||
+            work > MAX_WORK) {
+            ++stats.skipped[backward];
+            return release(&c);
+        }
+        ref_problem p = problem_of(&c);
+        fill_inputs(&c);
+        if (backward) fill_forward_results(&c, &p);
+    }
+    for (int i = 0; i < ROLES; ++i) {
+        allocation* a = &c.tensors[i].own;
+        if (!a->bytes) continue;
+        a->snapshot = (unsigned char*)malloc(a->size);
+        memcpy(a->snapshot, a->bytes, a->size);
+    }
+
+    const mfa_tensor* arg[ROLES];
+    for (int i = 0; i < ROLES; ++i) arg[i] = c.tensors[i].present ? &c.tensors[i].t : NULL;
+    const mfa_attention_params* params = c.null_params ? NULL : &c.params;
+    plant_stale_message();
+    const mfa_status status =
+        backward ? mfa_attention_backward(c.ctx, params, arg[Q], arg[K], arg[V], arg[OUT], arg[DOUT],
+                                          arg[LSE], arg[DQ], arg[DK], arg[DV])
+                 : mfa_attention_forward(c.ctx, params, arg[Q], arg[K], arg[V], arg[OUT], arg[LSE]);
+    const char* message = mfa_last_error();
+    const unsigned allowed = expected.required | expected.permitted;
+
+    if (expected.required && (status == MFA_OK || !(STATUS_BIT(status) & allowed)))
+        fail("%s returned %d (%s) but the rules require one of mask 0x%x (maybe 0x%x); message: %s",
+             backward ? "backward" : "forward", (int)status, mfa_status_string(status),
+             expected.required, expected.permitted, message);
+    if (!expected.required && status != MFA_OK && !(STATUS_BIT(status) & expected.permitted))
+        fail("%s of a valid call failed: %s: %s", backward ? "backward" : "forward",
+             mfa_status_string(status), message);
+
+    for (int i = 0; i < ROLES; ++i) {
+        const fuzz_tensor* f = &c.tensors[i];
+        if (!f->own.bytes) continue;
+        /* Inputs never change; outputs change only on success. */
+        if ((status != MFA_OK || !is_output(&c, i) || !f->present) &&
+            memcmp(f->own.bytes, f->own.snapshot, f->own.size) != 0)
+            fail("%s: %s's buffer was modified (status %s; message: %s)",
+                 backward ? "backward" : "forward", role_names[i], mfa_status_string(status), message);
+    }
+    ++(status == MFA_OK ? stats.checked : stats.rejected)[backward];
+    if (status != MFA_OK) {
+        if (message[0] == '\0') fail("status %s with an empty message", mfa_status_string(status));
+        if (strncmp(message, stale_message_marker, sizeof stale_message_marker - 1) == 0)
+            fail("status %s left an earlier call's message", mfa_status_string(status));
+    } else {
+        for (int i = 0; i < ROLES; ++i)
+            if (is_output(&c, i) && c.tensors[i].present) check_gaps(&c, i);
+        ref_problem p = problem_of(&c);
+        check_results(&c, &p, q->dtype);
+    }
+    release(&c);
+}
+
+/* ---- Contexts ----------------------------------------------------------------------------- */
+
+static void run_context(reader* r) {
+    static const int backends[] = {MFA_BACKEND_AUTO, MFA_BACKEND_CPU, MFA_BACKEND_METAL,
+                                   MFA_BACKEND_METAL_SIM, 4, -1, 1000};
+    static const int families[] = {MFA_GPU_FAMILY_NONE, MFA_GPU_FAMILY_APPLE7, MFA_GPU_FAMILY_APPLE8,
+                                   MFA_GPU_FAMILY_APPLE9, 5, -1};
+    static const int32_t threads[] = {0, 1, 2, -1, 4097, INT32_MIN};
+    static const size_t option_sizes[] = {sizeof(mfa_context_options), 0, 3,
+                                          sizeof(mfa_context_options) + 8};
+    static const size_t caps_sizes[] = {sizeof(mfa_capabilities), 0, 4, 8, 12, 16, 24,
+                                        sizeof(mfa_capabilities) + 16};
+    const uint8_t flags = next_byte(r);
+    const int backend = backends[next_byte(r) % 7];
+    mfa_context_options options;
+    mfa_context_options_init(&options);
+    options.struct_size = option_sizes[next_byte(r) % 4];
+    options.num_threads = threads[next_byte(r) % 6];
+    options.gpu_family = (mfa_gpu_family)families[next_byte(r) % 6];
+    options.sim_schedule_seed = next_byte(r) % 2 ? next_u64(r) : 0;
+    const bool null_options = flags & 1, null_out = (flags & 6) == 6;
+    const size_t caps_size = caps_sizes[next_byte(r) % 8];
+
+    /* The rules of mfa_context_create, restated. */
+    const mfa_context_options* given = null_options ? NULL : &options;
+    const int resolved = backend == MFA_BACKEND_AUTO ? (mfa_backend_available(MFA_BACKEND_METAL)
+                                                            ? MFA_BACKEND_METAL : MFA_BACKEND_CPU)
+                                                     : backend;
+    unsigned required = 0;
+    const bool known_backend = backend >= MFA_BACKEND_AUTO && backend <= MFA_BACKEND_METAL_SIM;
+    if (null_out || !known_backend) required |= STATUS_BIT(MFA_ERROR_INVALID_ARGUMENT);
+    if (given) {
+        if (given->struct_size != sizeof options || given->num_threads < 0 ||
+            given->num_threads > 4096 ||
+            !(given->gpu_family == 0 || (given->gpu_family >= 7 && given->gpu_family <= 9)) ||
+            (resolved != MFA_BACKEND_METAL_SIM && (given->gpu_family || given->sim_schedule_seed)))
+            required |= STATUS_BIT(MFA_ERROR_INVALID_ARGUMENT);
+    }
+    if (known_backend && !mfa_backend_available((mfa_backend)resolved))
+        required |= STATUS_BIT(MFA_ERROR_BACKEND_UNAVAILABLE);
+
+    mfa_context* ctx = (mfa_context*)(uintptr_t)0x10; /* must become NULL on failure */
+    plant_stale_message();
+    const mfa_status status = mfa_context_create((mfa_backend)backend, given, null_out ? NULL : &ctx);
+    const char* message = mfa_last_error();
+    if (required && (status == MFA_OK || !(STATUS_BIT(status) & required)))
+        fail("context_create(%d) returned %s, rules require mask 0x%x: %s", backend,
+             mfa_status_string(status), required, message);
+    if (!required && status != MFA_OK)
+        fail("context_create(%d) of valid options failed: %s", backend, message);
+    if (status == MFA_OK) ++stats.contexts_created;
+    else ++stats.contexts_rejected;
+    if (status != MFA_OK) {
+        if (!null_out && ctx != NULL) fail("failed context_create left *out = %p", (void*)ctx);
+        if (message[0] == '\0' || strncmp(message, stale_message_marker, sizeof stale_message_marker - 1) == 0)
+            fail("context_create: empty or stale message for %s", mfa_status_string(status));
+        return;
+    }
+    /* A caller's capabilities struct of exactly caps_size bytes: nothing beyond is written. */
+    mfa_capabilities* caps = (mfa_capabilities*)malloc(caps_size < sizeof(size_t) ? sizeof(size_t) : caps_size);
+    memset(caps, POISON, caps_size < sizeof(size_t) ? sizeof(size_t) : caps_size);
+    caps->struct_size = caps_size;
+    const mfa_status caps_status = mfa_context_capabilities(ctx, caps);
+    if ((caps_size < sizeof(size_t)) != (caps_status != MFA_OK))
+        fail("capabilities with struct_size %zu returned %s", caps_size, mfa_status_string(caps_status));
+    if (caps_status == MFA_OK && caps->struct_size != caps_size)
+        fail("capabilities changed struct_size from %zu to %zu", caps_size, caps->struct_size);
+    free(caps);
+    if (mfa_context_backend(ctx) != (mfa_backend)resolved) fail("context runs the wrong backend");
+    mfa_context_destroy(ctx);
+}
+
+/* ---- Entry points ------------------------------------------------------------------------- */
+
+static void initialize(void) {
+    atexit(print_stats);
+    guard_region = (char*)mmap(NULL, GUARD_BYTES, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (guard_region == MAP_FAILED) fail("cannot map the guard region");
+    /* One worker thread: each call is tiny, and a fuzzer wants executions, not parallelism. */
+    mfa_context_options options;
+    mfa_context_options_init(&options);
+    options.num_threads = 1;
+    if (mfa_context_create(MFA_BACKEND_CPU, &options, &contexts[context_count++]) != MFA_OK)
+        fail("cpu context: %s", mfa_last_error());
+    options.num_threads = 2;
+    if (mfa_context_create(MFA_BACKEND_CPU, &options, &contexts[context_count++]) != MFA_OK)
+        fail("cpu context: %s", mfa_last_error());
+    if (mfa_backend_available(MFA_BACKEND_METAL_SIM)) {
+        options.num_threads = 1;
+        if (mfa_context_create(MFA_BACKEND_METAL_SIM, &options, &contexts[context_count++]) != MFA_OK)
+            fail("metal-sim context: %s", mfa_last_error());
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+    if (context_count == 0) initialize();
+    reader r = {data, size};
+    switch (next_byte(&r) % 3) {
+        case 0: run_attention(&r, false); break;
+        case 1: run_attention(&r, true); break;
+        default: run_context(&r); break;
+    }
+    return 0;
+}

@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""Writes the seed corpus of tests/fuzz/fuzz_attention.c into tests/fuzz/corpus/.
+
+Each seed is one named call in the input format of docs/fuzzing.md: valid problems of every
+dtype, layout and mask, then one hostile change at a time, so that the fuzzer starts from inputs
+that already reach every validation rule and the reference check. Re-run after changing the
+format, and commit the result:  python3 tests/fuzz/make_corpus.py
+"""
+
+import pathlib
+import struct
+
+CORPUS = pathlib.Path(__file__).resolve().parent / "corpus"
+
+FORWARD, BACKWARD, CONTEXT = 0, 1, 2
+ROLES = ("q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv")
+# Indices into the decoder's tables (fuzz_attention.c).
+MUTATIONS = ("null_tensor", "null_data", "dtype", "shape", "shape_nudge", "stride", "misalign",
+             "alias", "wild_pointer")
+HOSTILE = (0, 1, 2, 3, -1, -2, 7, 8, 64, 65, 1024, 1025, 2**31 - 1, 2**31, 2**32, 2**40, 2**62,
+           (2**63 - 1) // 2, -((2**63 - 1) // 4), 2**63 - 1, -2**63, -2**63 + 1, -2**31,
+           2**33 + 1)
+SCALES = ("default", 0.125, 0.5, 1.0, 2.0, -0.75, 1e-3, 1e-30, "nan", "inf", "-inf")
+STRUCT_SIZES = ("sizeof", 0, 8, "sizeof-8", "sizeof+8", 2**40)
+WINDOWS = (-1, -1, 0, 1, 3, 17, -2, -2**63, 2**63 - 1, 2**63 - 2, 2**40)
+
+
+def hostile(value):
+    """The bytes selecting value: its table index, or the raw-value escape and 8 bytes."""
+    if value in HOSTILE:
+        return bytes([HOSTILE.index(value)])
+    return bytes([len(HOSTILE)]) + struct.pack("<q", value)
+
+
+def attention(op, *, context=0, dtype=0, batch=1, heads_kv=1, group=1, seq_q=5, seq_k=7,
+              head_dim=8, head_dim_v=8, layouts=None, null_params=False, struct_size="sizeof",
+              scale="default", causal=0, alignment=0, window=(-1, -1), mutations=()):
+    data = bytes([op, context]) + struct.pack("<Q", 0x5EED0000 + seq_q * 131 + seq_k)
+    data += bytes([dtype]) if dtype in (0, 1, 2) else bytes([3, dtype & 0xFF])
+    data += bytes([batch - 1, heads_kv - 1, group - 1, seq_q - 1, seq_k - 1, head_dim - 1,
+                   head_dim_v - 1])
+    layouts = layouts or {}
+    for role in ROLES:
+        order, padding, negative = layouts.get(role, (0, 0, 0))
+        data += bytes([order, padding, negative])
+    size_index = STRUCT_SIZES.index(struct_size)
+    flags = 0 if null_params else (1 | (5 << 3 if size_index else 0))
+    data += bytes([flags]) + (bytes([size_index]) if size_index else b"")
+    data += bytes([SCALES.index(scale), causal if causal in (0, 1) else causal & 0xFF,
+                   alignment if alignment in (0, 1) else alignment & 0xFF,
+                   WINDOWS.index(window[0]), WINDOWS.index(window[1])])
+    data += bytes([len(mutations)])
+    for kind, role, other, dim, value in mutations:
+        data += bytes([MUTATIONS.index(kind), ROLES.index(role), ROLES.index(other), dim])
+        data += bytes([value > 0]) if kind == "shape_nudge" else hostile(value)
+    return data
+
+
+def context(*, backend=1, null_options=False, null_out=False, struct_size=0, threads=1,
+            family=0, seed=None, caps_size=0):
+    flags = (1 if null_options else 0) | (6 if null_out else 0)
+    data = bytes([CONTEXT, flags, backend, struct_size, threads, family])
+    data += bytes([1]) + struct.pack("<Q", seed) if seed is not None else bytes([0])
+    return data + bytes([caps_size])
+
+
+def mutation(kind, role, value=0, dim=0, other="q"):
+    return (kind, role, other, dim, value)
+
+
+def seeds():
+    yield "fwd-f32", attention(FORWARD)
+    yield "fwd-f16-gqa-causal", attention(FORWARD, dtype=1, heads_kv=2, group=3, causal=1)
+    yield "fwd-bf16-window-topleft", attention(FORWARD, dtype=2, alignment=1, window=(3, 1),
+                                               seq_q=20, seq_k=9)
+    yield "fwd-bshd-negative-padded", attention(
+        FORWARD, layouts={role: (7, 0x55, 0b0101) for role in ROLES}, batch=2)
+    yield "fwd-null-params-no-lse", attention(
+        FORWARD, null_params=True, mutations=[mutation("null_tensor", "lse")])
+    yield "fwd-tile-edges", attention(FORWARD, seq_q=48, seq_k=47, head_dim=24, head_dim_v=17)
+    yield "fwd-masked-rows", attention(FORWARD, seq_q=12, seq_k=4, causal=1)
+    yield "bwd-f32", attention(BACKWARD)
+    yield "bwd-f16-mqa", attention(BACKWARD, dtype=1, heads_kv=1, group=3, seq_q=9, seq_k=30)
+    yield "bwd-bf16-causal-window", attention(BACKWARD, dtype=2, causal=1, window=(17, -1),
+                                              layouts={"dq": (5, 0xFF, 0b1000)})
+    yield "bad-dtype", attention(FORWARD, dtype=7)
+    yield "bad-params-struct-size", attention(FORWARD, struct_size="sizeof+8")
+    yield "bad-params-scale-nan", attention(FORWARD, scale="nan")
+    yield "bad-params-causal", attention(FORWARD, causal=-3)
+    yield "bad-params-alignment", attention(FORWARD, alignment=-10)
+    yield "bad-params-window", attention(BACKWARD, window=(-2, 2**63 - 1))
+    yield "huge-window", attention(FORWARD, window=(2**63 - 1, 2**63 - 1), seq_q=9, seq_k=3)
+    yield "null-q", attention(FORWARD, mutations=[mutation("null_tensor", "q")])
+    yield "null-lse-backward", attention(BACKWARD, mutations=[mutation("null_tensor", "lse")])
+    yield "null-data-dk", attention(BACKWARD, mutations=[mutation("null_data", "dk")])
+    yield "dtype-v-f16", attention(FORWARD, mutations=[mutation("dtype", "v", 1)])
+    yield "dtype-lse-unknown", attention(FORWARD, mutations=[mutation("dtype", "lse", -1)])
+    yield "shape-zero", attention(FORWARD, mutations=[mutation("shape", "k", 0, dim=2)])
+    yield "shape-negative", attention(FORWARD, mutations=[mutation("shape", "out", -1, dim=3)])
+    yield "shape-mismatch", attention(BACKWARD, mutations=[mutation("shape_nudge", "dv", 1, 1)])
+    yield "heads-not-divisible", attention(
+        FORWARD, heads_kv=2, mutations=[mutation("shape", "k", 3, dim=1),
+                                        mutation("shape", "v", 3, dim=1)])
+    yield "head-dim-too-large", attention(
+        FORWARD, mutations=[mutation("shape", r, 2**31, dim=3) for r in ("q", "k")] +
+        [mutation("stride", r, 0, dim=3) for r in ("q", "k")])
+    yield "element-count-overflow", attention(
+        FORWARD, mutations=[mutation("shape", "q", 2**40, dim=0),
+                            mutation("stride", "q", 0, dim=0),
+                            mutation("shape", "q", 2**40, dim=2)])
+    yield "offset-overflow", attention(FORWARD, mutations=[mutation("stride", "k", 2**62, 0),
+                                                           mutation("shape", "k", 3, dim=0)])
+    yield "byte-count-overflow", attention(FORWARD, mutations=[mutation("stride", "v", 2**62, 2)])
+    yield "negative-address", attention(FORWARD,
+                                        mutations=[mutation("stride", "q", -(2**62), dim=2)])
+    yield "broadcast-input", attention(FORWARD, mutations=[mutation("stride", "k", 0, dim=2)])
+    yield "broadcast-output", attention(FORWARD, mutations=[mutation("stride", "out", 0, dim=2)])
+    yield "broadcast-dq", attention(BACKWARD, mutations=[mutation("stride", "dq", 0, dim=1)])
+    yield "self-overlap-out", attention(FORWARD, mutations=[mutation("stride", "out", 3, dim=2)])
+    yield "misaligned-q", attention(FORWARD, mutations=[mutation("misalign", "q")])
+    yield "misaligned-lse", attention(FORWARD, mutations=[mutation("misalign", "lse")])
+    yield "alias-out-q", attention(FORWARD, mutations=[mutation("alias", "out", other="q")])
+    yield "alias-dk-dv", attention(BACKWARD, mutations=[mutation("alias", "dv", other="dk")])
+    yield "alias-k-q", attention(FORWARD, mutations=[mutation("alias", "k", other="q")])
+    yield "alias-dout-out", attention(BACKWARD, mutations=[mutation("alias", "dout", other="out")])
+    yield "wild-pointer-top", attention(FORWARD, mutations=[mutation("wild_pointer", "v", 3)])
+    yield "context-cpu", context()
+    yield "context-auto-null-options", context(backend=0, null_options=True, caps_size=4)
+    yield "context-metal", context(backend=2, caps_size=7)
+    yield "context-metal-sim-family", context(backend=3, family=1, seed=7, caps_size=3)
+    yield "context-bad-backend", context(backend=6)
+    yield "context-bad-threads", context(threads=4)
+    yield "context-family-on-cpu", context(family=2)
+    yield "context-null-out", context(null_out=True)
+    yield "context-options-size", context(struct_size=2)
+
+
+def main():
+    CORPUS.mkdir(exist_ok=True)
+    for old in CORPUS.iterdir():
+        old.unlink()
+    for name, data in seeds():
+        (CORPUS / name).write_bytes(data)
+    print(f"wrote {len(list(CORPUS.iterdir()))} seeds to {CORPUS}")
+
+
+if __name__ == "__main__":
+    main()
