@@ -12,7 +12,8 @@
 inline void store_rows(device uchar* dst, operand_slice slice, thread simd_fragment* acc,
                        column_range cols, int row, float factor, ushort lane) {
     const uint col0 = cols.begin + fragment_col(lane);
-    for (uint j = 0; j < cols.fragments(); ++j)
+    #pragma unroll
+    for (uint j = 0; j < fc_out_fragments; ++j)
         for (ushort e = 0; e < 2; ++e) {
             const uint col = col0 + j * 8 + e;
             if (col < cols.end) store_element(dst, slice.at(row, col), acc[j].thread_elements()[e] * factor);
@@ -49,8 +50,8 @@ inline void attention_backward_key_value(device const uchar* q, device const uch
 
     simd_fragment dk_acc[MFA_OUT_FRAGMENTS];
     simd_fragment dv_acc[MFA_OUT_FRAGMENTS];
-    clear_fragments(dk_acc, dk_cols.fragments());
-    clear_fragments(dv_acc, dv_cols.fragments());
+    clear_fragments(dk_acc, fc_out_fragments);
+    clear_fragments(dv_acc, fc_out_fragments);
 
     const block_range blocks = query_blocks_for_keys(p, key0, key_last, int(fc_block_traversal));
     for (uint head = kv_head * uint(p.group); head < (kv_head + 1) * uint(p.group); ++head) {
@@ -84,6 +85,7 @@ inline void attention_backward_key_value(device const uchar* q, device const uch
                                                    key_last);
             to_log2_scores(probs, p, edge, score_orientation::key_rows, key, query0, lane);
             const uint col = fragment_col(lane);
+            #pragma unroll
             for (uint t = 0; t < fc_traversal_fragments; ++t)
                 for (ushort e = 0; e < 2; ++e)
                     probs[t].thread_elements()[e] =
@@ -98,6 +100,7 @@ inline void attention_backward_key_value(device const uchar* q, device const uch
                                thread_index);
 
             // dS^T = P^T * (dP^T - D), in place of dP^T.
+            #pragma unroll
             for (uint t = 0; t < fc_traversal_fragments; ++t)
                 for (ushort e = 0; e < 2; ++e)
                     dprobs[t].thread_elements()[e] =

@@ -53,7 +53,7 @@ inline void attention_backward_query(device const uchar* q, device const uchar* 
     if (fc_cache_parallel2) cache_slab(dout_cache, parallel_tile, grads, thread_index, simd_index);
 
     simd_fragment dq_acc[MFA_OUT_FRAGMENTS];
-    clear_fragments(dq_acc, out_cols.fragments());
+    clear_fragments(dq_acc, fc_out_fragments);
 
     const block_range blocks = key_blocks_for_rows(p, row0, row_last, int(fc_block_traversal));
     for (int block = blocks.begin; block < blocks.end; ++block) {
@@ -74,6 +74,7 @@ inline void attention_backward_query(device const uchar* q, device const uchar* 
                        traversal_tile, values, thread_index, simd_index);
 
         // dS = P * (dP - D), in place of dP.
+        #pragma unroll
         for (uint t = 0; t < fc_traversal_fragments; ++t)
             for (ushort e = 0; e < 2; ++e) {
                 const float prob = exp2(probs[t].thread_elements()[e] - lse2);
@@ -86,7 +87,8 @@ inline void attention_backward_query(device const uchar* q, device const uchar* 
     if (row >= p.seq_q) return;
     const operand_slice dq_slice = slice_of(p.dq, batch, head);
     const uint col0 = out_cols.begin + fragment_col(lane);
-    for (uint j = 0; j < out_cols.fragments(); ++j)
+    #pragma unroll
+    for (uint j = 0; j < fc_out_fragments; ++j)
         for (ushort e = 0; e < 2; ++e) {
             const uint col = col0 + j * 8 + e;
             if (col < out_cols.end)

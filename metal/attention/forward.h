@@ -28,7 +28,7 @@ inline void attention_forward(device const uchar* q, device const uchar* k, devi
     if (fc_cache_parallel) cache_slab(q_cache, parallel_tile, queries, thread_index, simd_index);
 
     simd_fragment out[MFA_OUT_FRAGMENTS];
-    clear_fragments(out, out_cols.fragments());
+    clear_fragments(out, fc_out_fragments);
     softmax_row stats = softmax_row_start();
 
     const block_range blocks = key_blocks_for_rows(p, row0, row_last, int(fc_block_traversal));
@@ -47,7 +47,7 @@ inline void attention_forward(device const uchar* q, device const uchar* k, devi
         const float correction = softmax_row_update(stats, scores, fc_traversal_fragments);
 
         // O = O * exp2(m_old - m_new) + P V
-        scale_fragments(out, out_cols.fragments(), correction);
+        scale_fragments(out, fc_out_fragments, correction);
         accumulate_product(out, scores, traversal_tile, values, out_cols.begin, out_cols.end,
                            thread_index);
     }
@@ -56,7 +56,8 @@ inline void attention_forward(device const uchar* q, device const uchar* k, devi
     const float normalizer = stats.sum > 0.0f ? 1.0f / stats.sum : 0.0f;
     const operand_slice o_slice = slice_of(p.o, batch, head);
     const uint col0 = out_cols.begin + fragment_col(lane);
-    for (uint j = 0; j < out_cols.fragments(); ++j)
+    #pragma unroll
+    for (uint j = 0; j < fc_out_fragments; ++j)
         for (ushort e = 0; e < 2; ++e) {
             const uint col = col0 + j * 8 + e;
             if (col < out_cols.end)

@@ -28,31 +28,53 @@ inline void stage_chunk(threadgroup float* tile, staged_operand operand, uint ro
 // Loads this simdgroup's rows of `operand` (block_parallel rows from row0) into registers.
 inline void cache_slab(thread simd_fragment* cache, threadgroup float* parallel_tile,
                        staged_operand operand, ushort thread_index, ushort simd_index) {
-    for (uint d0 = 0; d0 < operand.width; d0 += fc_block_head) {
+    // Counted in cache fragments with a constant bound, so that, unrolled, every cache index is
+    // a constant and the cache stays in registers.
+    #pragma unroll
+    for (uint c = 0; c < MFA_CACHED_FRAGMENTS; c += fc_head_fragments) {
+        const uint d0 = c * 8;
+        if (d0 >= operand.width) break;  // uniform across the threadgroup
         stage_chunk(parallel_tile, operand, fc_block_parallel, d0, operand.width, thread_index);
         threadgroup_barrier(mem_flags::mem_threadgroup);
-        load_slab(cache + d0 / 8, parallel_tile, simd_index, fragments_in(operand.width - d0));
+        load_slab(cache + c, parallel_tile, simd_index, fragments_in(operand.width - d0));
         threadgroup_barrier(mem_flags::mem_threadgroup);
     }
 }
 
+// One feature chunk [d0, d0 + block_head) of compute_scores.
+inline void accumulate_score_chunk(thread simd_fragment* scores, const thread simd_fragment* cache,
+                                   bool cached, threadgroup float* parallel_tile,
+                                   staged_operand slab, threadgroup float* traversal_tile,
+                                   staged_operand traversed, uint d0, ushort thread_index,
+                                   ushort simd_index) {
+    if (!cached) stage_chunk(parallel_tile, slab, fc_block_parallel, d0, slab.width, thread_index);
+    stage_chunk(traversal_tile, traversed, fc_block_traversal, d0, traversed.width, thread_index);
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    const uint fragments = fragments_in(slab.width - d0);
+    simd_fragment chunk[MFA_HEAD_FRAGMENTS];
+    if (!cached) load_slab(chunk, parallel_tile, simd_index, fragments);
+    accumulate_scores(scores, cached ? cache + d0 / 8 : chunk, traversal_tile, fragments);
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+}
+
 // scores = slab x traversed^T over the full width (slab and traversed share it).
-inline void compute_scores(thread simd_fragment* scores, const thread simd_fragment* cache, bool cached,
-                           threadgroup float* parallel_tile, staged_operand slab,
+inline void compute_scores(thread simd_fragment* scores, const thread simd_fragment* cache,
+                           bool cached, threadgroup float* parallel_tile, staged_operand slab,
                            threadgroup float* traversal_tile, staged_operand traversed,
                            ushort thread_index, ushort simd_index) {
     clear_fragments(scores, fc_traversal_fragments);
-    for (uint d0 = 0; d0 < slab.width; d0 += fc_block_head) {
-        if (!cached)
-            stage_chunk(parallel_tile, slab, fc_block_parallel, d0, slab.width, thread_index);
-        stage_chunk(traversal_tile, traversed, fc_block_traversal, d0, traversed.width,
-                    thread_index);
-        threadgroup_barrier(mem_flags::mem_threadgroup);
-        const uint fragments = fragments_in(slab.width - d0);
-        simd_fragment chunk[MFA_HEAD_FRAGMENTS];
-        if (!cached) load_slab(chunk, parallel_tile, simd_index, fragments);
-        accumulate_scores(scores, cached ? cache + d0 / 8 : chunk, traversal_tile, fragments);
-        threadgroup_barrier(mem_flags::mem_threadgroup);
+    if (cached) {
+        // As in cache_slab: a constant bound keeps the unrolled cache indices constant.
+        #pragma unroll
+        for (uint c = 0; c < MFA_CACHED_FRAGMENTS; c += fc_head_fragments) {
+            if (c * 8 >= slab.width) break;
+            accumulate_score_chunk(scores, cache, true, parallel_tile, slab, traversal_tile,
+                                   traversed, c * 8, thread_index, simd_index);
+        }
+    } else {
+        for (uint d0 = 0; d0 < slab.width; d0 += fc_block_head)
+            accumulate_score_chunk(scores, cache, false, parallel_tile, slab, traversal_tile,
+                                   traversed, d0, thread_index, simd_index);
     }
 }
 
@@ -60,20 +82,23 @@ inline void compute_scores(thread simd_fragment* scores, const thread simd_fragm
 inline void accumulate_product(thread simd_fragment* out, const thread simd_fragment* weights,
                                threadgroup float* traversal_tile, staged_operand traversed,
                                uint out_begin, uint out_end, ushort thread_index) {
-    for (uint d0 = out_begin; d0 < out_end; d0 += fc_block_head) {
+    // Counted from out_begin so that, unrolled, every accumulator index is a constant.
+    #pragma unroll
+    for (uint offset = 0; offset < fc_block_out; offset += fc_block_head) {
+        const uint d0 = out_begin + offset;
+        if (d0 >= out_end) break;  // uniform across the threadgroup
         stage_chunk(traversal_tile, traversed, fc_block_traversal, d0, out_end, thread_index);
         threadgroup_barrier(mem_flags::mem_threadgroup);
-        accumulate_output(out + (d0 - out_begin) / 8, weights, traversal_tile,
-                          fragments_in(out_end - d0));
+        accumulate_output(out + offset / 8, weights, traversal_tile, fragments_in(out_end - d0));
         threadgroup_barrier(mem_flags::mem_threadgroup);
     }
 }
 
-// Output columns [begin, end) of a threadgroup, and how many fragments hold them.
+// Output columns [begin, end) of a threadgroup: fc_out_fragments fragments, of which those past
+// `end` are computed but never stored.
 struct column_range {
     uint begin;
     uint end;
-    uint fragments() const { return end > begin ? (end - begin + 7) / 8 : 0; }
 };
 
 inline column_range output_columns(uint out_block, uint width) {

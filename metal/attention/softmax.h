@@ -33,12 +33,14 @@ inline softmax_row softmax_row_start() {
 // factor exp2(old max - new max) by which earlier partial results must be rescaled.
 inline float softmax_row_update(thread softmax_row& row, thread simd_fragment* scores, uint count) {
     float block_max = kMaskedScore;
+    #pragma unroll
     for (uint t = 0; t < count; ++t) {
         const float2 s = scores[t].thread_elements();
         block_max = max(block_max, max(s.x, s.y));
     }
     const float new_max = max(row.max_score, row_max(block_max));
     float block_sum = 0.0f;
+    #pragma unroll
     for (uint t = 0; t < count; ++t) {
         const float2 p = exp2(float2(scores[t].thread_elements()) - new_max);
         scores[t].thread_elements()[0] = p.x;

@@ -1,6 +1,7 @@
 // Matrix products of a simdgroup's 8-row slab against tiles staged in threadgroup memory.
 // Register arrays are sized for the largest variant; loop bounds are function constants, so
-// Metal specialises each pipeline down to the fragments it actually uses.
+// once a pipeline is specialised the unrolled loops index registers with constants and Metal
+// keeps only the fragments that variant uses.
 #ifndef MFA_ATTENTION_TILES_H
 #define MFA_ATTENTION_TILES_H
 
@@ -13,6 +14,8 @@
 #define MFA_HEAD_FRAGMENTS (MFA_MAX_BLOCK_HEAD / 8)
 
 constant uint fc_traversal_fragments = fc_block_traversal / 8;
+constant uint fc_head_fragments = fc_block_head / 8;
+constant uint fc_out_fragments = fc_block_out / 8;
 
 // Fragments of an 8-row slab that hold real columns of a chunk with `width` columns left.
 inline uint fragments_in(uint width) {
@@ -20,10 +23,12 @@ inline uint fragments_in(uint width) {
 }
 
 inline void clear_fragments(thread simd_fragment* f, uint count) {
+    #pragma unroll
     for (uint i = 0; i < count; ++i) f[i] = zero_fragment();
 }
 
 inline void scale_fragments(thread simd_fragment* f, uint count, float factor) {
+    #pragma unroll
     for (uint i = 0; i < count; ++i) {
         f[i].thread_elements()[0] *= factor;
         f[i].thread_elements()[1] *= factor;
@@ -35,29 +40,40 @@ inline void scale_fragments(thread simd_fragment* f, uint count, float factor) {
 // key-value-side twins). slab(k) is the slab's k-th 8-column simd_fragment of this chunk.
 inline void accumulate_scores(thread simd_fragment* scores, const thread simd_fragment* slab,
                               const threadgroup float* traversed, uint fragments) {
-    for (uint k = 0; k < fragments; ++k)
+    #pragma unroll
+    for (uint k = 0; k < fc_head_fragments; ++k) {
+        if (k >= fragments) break;  // constant bound, so the unrolled indices are constants
+        #pragma unroll
         for (uint t = 0; t < fc_traversal_fragments; ++t) {
             const simd_fragment rhs = load_fragment(traversed, fc_block_head, t * 8, k * 8, true);
             simdgroup_multiply_accumulate(scores[t], slab[k], rhs, scores[t]);
         }
+    }
 }
 
 // out[j] += weights[t] * traversed[t rows, j]: the "probabilities x traversed rows" product
 // (O += P V, dQ += dS K, dV += P^T dO, dK += dS^T Q) for one staged feature chunk.
 inline void accumulate_output(thread simd_fragment* out, const thread simd_fragment* weights,
                               const threadgroup float* traversed, uint fragments) {
-    for (uint j = 0; j < fragments; ++j)
+    #pragma unroll
+    for (uint j = 0; j < fc_head_fragments; ++j) {
+        if (j >= fragments) break;
+        #pragma unroll
         for (uint t = 0; t < fc_traversal_fragments; ++t) {
             const simd_fragment rhs = load_fragment(traversed, fc_block_head, t * 8, j * 8, false);
             simdgroup_multiply_accumulate(out[j], weights[t], rhs, out[j]);
         }
+    }
 }
 
 // The fragments of this simdgroup's 8 rows in a staged [block_parallel x block_head] tile.
 inline void load_slab(thread simd_fragment* slab, const threadgroup float* tile, ushort simd_index,
                       uint fragments) {
-    for (uint k = 0; k < fragments; ++k)
+    #pragma unroll
+    for (uint k = 0; k < fc_head_fragments; ++k) {
+        if (k >= fragments) break;
         slab[k] = load_fragment(tile, fc_block_head, uint(simd_index) * 8, k * 8, false);
+    }
 }
 
 #endif
