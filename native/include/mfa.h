@@ -12,7 +12,9 @@
  * Conventions used by every function below:
  *   - Functions that can fail return an mfa_status. On failure nothing has been written to any
  *     output, and mfa_last_error() returns a message for the calling thread naming what was
- *     wrong (which argument, which dimension, expected vs got).
+ *     wrong (which argument, which dimension, expected vs got). One exception: when a GPU fails
+ *     while running the work (MFA_ERROR_DEVICE or MFA_ERROR_OUT_OF_MEMORY from the metal
+ *     backend), outputs it writes in place may hold partial results.
  *   - Sizes and strides are int64_t and counted in elements, not bytes.
  *   - Structs that may grow carry their own size in `struct_size`; fill them with the matching
  *     *_init function, which sets struct_size and every default. Fields are only ever appended.
@@ -221,6 +223,14 @@ typedef struct mfa_capabilities {
 /* mfa_context_capabilities(): fill *caps. caps->struct_size must be set by the caller; fields
  * beyond it are not written. */
 mfa_status mfa_context_capabilities(const mfa_context* ctx, mfa_capabilities* caps);
+
+/* mfa_context_last_gpu_time(): seconds the GPU spent on the most recently completed attention
+ * call of ctx (GPUEndTime - GPUStartTime of its command buffer; a backward call counts all its
+ * passes). Under concurrent use of ctx, whichever call finished last. For benchmarks: planning,
+ * pipeline compilation, staging copies and the wait are excluded. metal only: other backends
+ * give MFA_ERROR_UNSUPPORTED; MFA_ERROR_INVALID_ARGUMENT when seconds is NULL or no call has
+ * completed on ctx yet. */
+mfa_status mfa_context_last_gpu_time(const mfa_context* ctx, double* seconds);
 
 /* ----------------------------------------------------------------------------------------- */
 /* Attention                                                                                 */

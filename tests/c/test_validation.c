@@ -251,6 +251,12 @@ static void test_context_arguments(void) {
                  "ctx is NULL");
     expect_error("NULL caps", mfa_context_capabilities(ctx, NULL), MFA_ERROR_INVALID_ARGUMENT,
                  "caps is NULL");
+    double seconds = -1;
+    expect_error("gpu time on cpu", mfa_context_last_gpu_time(ctx, &seconds),
+                 MFA_ERROR_UNSUPPORTED, "metal backend only");
+    CHECK(seconds == -1, "gpu time written on failure");
+    expect_error("gpu time of NULL", mfa_context_last_gpu_time(NULL, &seconds),
+                 MFA_ERROR_INVALID_ARGUMENT, "ctx is NULL");
     mfa_capabilities caps;
     caps.struct_size = 0;
     expect_error("caps struct_size", mfa_context_capabilities(ctx, &caps),

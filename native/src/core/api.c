@@ -7,6 +7,9 @@
 #include "core/backend.h"
 #include "core/export.h"
 #include "core/validate.h"
+#if MFA_HAVE_METAL
+#include "metal/metal_backend.h"
+#endif
 
 _Static_assert(MFA_VERSION_NUMBER ==
                   MFA_VERSION_MAJOR * 10000 + MFA_VERSION_MINOR * 100 + MFA_VERSION_PATCH,
@@ -219,6 +222,17 @@ MFA_EXPORT mfa_status mfa_context_capabilities(const mfa_context* ctx, mfa_capab
     memcpy(caps, &ctx->caps, n);
     caps->struct_size = given;
     return MFA_OK;
+}
+
+MFA_EXPORT mfa_status mfa_context_last_gpu_time(const mfa_context* ctx, double* seconds) {
+    mfa_status status = check_context(ctx);
+    if (status) return status;
+#if MFA_HAVE_METAL
+    if (ctx->ops->backend == MFA_BACKEND_METAL) return mfa_metal_last_gpu_time(ctx->state, seconds);
+#endif
+    return mfa_set_error(MFA_ERROR_UNSUPPORTED,
+                         "GPU timing is recorded by the metal backend only, not %s",
+                         mfa_backend_name(ctx->ops->backend));
 }
 
 MFA_EXPORT mfa_status mfa_attention_forward(mfa_context* ctx, const mfa_attention_params* params,
