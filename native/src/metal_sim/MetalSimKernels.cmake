@@ -1,0 +1,63 @@
+# mfa_sim_add_kernels(<target> SOURCES <file.metal>... [INCLUDE_DIRECTORIES <dir>...])
+#
+# Compiles .metal files for the simulator and adds them to <target>. Each file goes through
+#   1. the C++ preprocessor, with the compatibility headers (include/metal_stdlib, ...) and no
+#      system headers at all, so a kernel that includes the C++ standard library fails here;
+#   2. metal_sim_codegen.py, which strips Metal's attributes, makes function constants
+#      per-dispatch, and appends the argument-binding glue generated from each kernel signature;
+#   3. the C++ compiler, with -fno-exceptions -fno-rtti, as a source of <target>.
+# The kernels register themselves by host name when <target> is loaded; mfa::sim::dispatch finds
+# them there. <target> must link libmfa (or be it).
+include_guard(GLOBAL)
+find_package(Python3 COMPONENTS Interpreter REQUIRED)
+
+set(MFA_SIM_DIR ${CMAKE_CURRENT_LIST_DIR} CACHE INTERNAL "metal-sim sources")
+set(MFA_SIM_COMPAT_INCLUDE_DIR ${CMAKE_CURRENT_LIST_DIR}/include CACHE INTERNAL
+    "metal-sim compatibility headers")
+set(MFA_SIM_CODEGEN ${CMAKE_CURRENT_LIST_DIR}/metal_sim_codegen.py CACHE INTERNAL
+    "metal-sim code generator")
+# The language mode the kernels are preprocessed in: MSL 3.1 (bfloat) on a C++17 base.
+set(MFA_SIM_PREPROCESS_FLAGS -E -x c++ -std=c++17 -nostdinc -nostdinc++
+    -isystem ${MFA_SIM_COMPAT_INCLUDE_DIR} -D__METAL_VERSION__=310 -D__HAVE_BFLOAT__=1
+    -D__METAL_SIM__=1 CACHE INTERNAL "metal-sim preprocessing flags")
+# -Wno-unused-parameter: kernels routinely take built-ins they do not read.
+set(MFA_SIM_KERNEL_COMPILE_OPTIONS -fno-exceptions -fno-rtti -Wno-unused-parameter
+    CACHE INTERNAL "metal-sim kernel compile options")
+
+function(mfa_sim_add_kernels target)
+  cmake_parse_arguments(ARG "" "" "SOURCES;INCLUDE_DIRECTORIES" ${ARGN})
+  file(GLOB compat_headers ${MFA_SIM_COMPAT_INCLUDE_DIR}/*)
+  set(include_flags)
+  foreach(dir IN LISTS ARG_INCLUDE_DIRECTORIES)
+    list(APPEND include_flags -I${dir})
+  endforeach()
+  set(all_generated)
+  foreach(source IN LISTS ARG_SOURCES)
+    get_filename_component(source ${source} ABSOLUTE)
+    get_filename_component(stem ${source} NAME_WE)
+    set(out_dir ${CMAKE_CURRENT_BINARY_DIR}/metal_sim_kernels/${target})
+    set(preprocessed ${out_dir}/${stem}.ii)
+    set(generated ${out_dir}/${stem}.sim.cpp)
+    add_custom_command(
+      OUTPUT ${generated}
+      COMMAND ${CMAKE_COMMAND} -E make_directory ${out_dir}
+      COMMAND ${CMAKE_CXX_COMPILER} ${MFA_SIM_PREPROCESS_FLAGS} ${include_flags}
+              -MD -MF ${preprocessed}.d -MT ${generated} ${source} -o ${preprocessed}
+      COMMAND Python3::Interpreter ${MFA_SIM_CODEGEN} ${preprocessed} -o ${generated}
+              --source ${source}
+      DEPENDS ${source} ${MFA_SIM_CODEGEN} ${compat_headers}
+      DEPFILE ${preprocessed}.d
+      COMMENT "metal-sim: compiling ${stem}.metal as C++"
+      VERBATIM)
+    target_sources(${target} PRIVATE ${generated})
+    # Source properties are per directory: set them where <target> lives, which may not be here.
+    set_source_files_properties(${generated} TARGET_DIRECTORY ${target} PROPERTIES
+      GENERATED TRUE
+      COMPILE_OPTIONS "${MFA_SIM_KERNEL_COMPILE_OPTIONS}")
+    list(APPEND all_generated ${generated})
+  endforeach()
+  # A custom command's rule only reaches targets of its own directory; this target carries it
+  # to <target> wherever that is defined.
+  add_custom_target(${target}_metal_sim_kernels DEPENDS ${all_generated})
+  add_dependencies(${target} ${target}_metal_sim_kernels)
+endfunction()

@@ -1,0 +1,649 @@
+// The simulator's executor: kernel registry, dispatch validation, and the per-threadgroup
+// scheduler that runs kernel threads as fibers and implements barriers and SIMD-group
+// rendezvous.
+//
+// One threadgroup runs on one worker OS thread. Its threads are fibers; a thread runs until it
+// reaches a rendezvous (threadgroup_barrier, a SIMD-group function, a simdgroup_matrix operation)
+// or returns, and the scheduler then resumes another runnable thread: in index order, or in a
+// seeded random order. The last thread to reach a rendezvous completes it (checking that every
+// participant is at the same call site) and makes the others runnable again. When nothing is
+// runnable but some threads have not returned, the threadgroup is stuck: a barrier or SIMD-group
+// function that only part of its group reached. That is reported, naming who waits where.
+#include "metal_sim/sim.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "core/backend.h"
+#include "metal_sim/fiber.h"
+#include "mfa_sim_abi.h"
+
+namespace mfa::sim {
+namespace {
+
+using mfa_sim_abi::ArgumentTable;
+using mfa_sim_abi::BufferView;
+using mfa_sim_abi::ConstantTable;
+using mfa_sim_abi::ConstantValue;
+using mfa_sim_abi::KernelRecord;
+using mfa_sim_abi::Site;
+using mfa_sim_abi::ThreadInfo;
+
+static_assert(static_cast<int>(ConstantType::Float) == mfa_sim_abi::Float &&
+                  static_cast<int>(ConstantType::Bool) == mfa_sim_abi::Bool,
+              "mfa::sim::ConstantType and mfa_sim_abi::ConstantType must agree");
+
+// ---- Registry ------------------------------------------------------------------------------
+
+struct RegisteredKernel {
+    KernelRecord record;
+    const char* duplicate_source = nullptr;  // a second definition of the same host name
+};
+
+struct Registry {
+    std::mutex mutex;
+    std::unordered_map<std::string, RegisteredKernel> kernels;
+};
+
+Registry& registry() {
+    static Registry instance;  // constructed on first use: registration runs in static init
+    return instance;
+}
+
+// ---- Fiber stacks, reused across dispatches ------------------------------------------------
+
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr size_t kFiberStackBytes = size_t{1} << 20;  // redzones and fake frames need room
+#else
+constexpr size_t kFiberStackBytes = size_t{256} << 10;
+#endif
+#else
+constexpr size_t kFiberStackBytes = size_t{256} << 10;
+#endif
+
+struct StackPool {
+    std::mutex mutex;
+    std::vector<std::unique_ptr<FiberStack>> free;
+};
+
+StackPool& stack_pool() {
+    static StackPool instance;
+    return instance;
+}
+
+bool acquire_stacks(size_t count, std::vector<std::unique_ptr<FiberStack>>* out) {
+    {
+        std::lock_guard<std::mutex> lock(stack_pool().mutex);
+        auto& free = stack_pool().free;
+        while (out->size() < count && !free.empty()) {
+            out->push_back(std::move(free.back()));
+            free.pop_back();
+        }
+    }
+    while (out->size() < count) {
+        auto stack = std::make_unique<FiberStack>(kFiberStackBytes);
+        if (!stack->valid()) return false;
+        out->push_back(std::move(stack));
+    }
+    return true;
+}
+
+void release_stacks(std::vector<std::unique_ptr<FiberStack>>* stacks) {
+    std::lock_guard<std::mutex> lock(stack_pool().mutex);
+    for (auto& stack : *stacks) stack_pool().free.push_back(std::move(stack));
+    stacks->clear();
+}
+
+// ---- Deterministic randomness for schedules and garbage ------------------------------------
+
+uint64_t splitmix64(uint64_t* state) {
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+// ---- Dispatch state ------------------------------------------------------------------------
+
+struct Worker;
+
+enum class ThreadState : uint8_t { Runnable, AtSimd, AtBarrier, Finished };
+
+struct SimdGroup {
+    unsigned first_thread = 0;
+    unsigned lanes = 0;
+    unsigned arrived = 0;
+    unsigned leader = 0;
+    void* records[kSimdWidth] = {};
+};
+
+struct KernelThread {
+    FiberContext context;
+    ThreadInfo info = {};
+    Worker* worker = nullptr;
+    SimdGroup* simd = nullptr;
+    const Site* waiting_at = nullptr;
+    ThreadState state = ThreadState::Runnable;
+};
+
+// What all workers of one dispatch share.
+struct DispatchRun {
+    const Dispatch* dispatch = nullptr;
+    KernelRecord kernel = {};
+    ConstantTable constants = {};
+    BufferView buffers[kMaxBufferBindings] = {};
+    uint64_t threadgroup_count = 0;
+    unsigned threads_per_group = 0;
+    std::atomic<uint64_t> next_threadgroup{0};
+    std::atomic<bool> failed{false};
+    std::mutex failure_mutex;
+    mfa_status failure_status = MFA_OK;
+    std::string failure_message;
+
+    void fail(mfa_status status, std::string message) {
+        std::lock_guard<std::mutex> lock(failure_mutex);
+        if (failure_status == MFA_OK) {
+            failure_status = status;
+            failure_message = std::move(message);
+        }
+        failed.store(true, std::memory_order_relaxed);
+    }
+};
+
+thread_local KernelThread* t_current = nullptr;
+
+std::string describe_site(const Site* site) {
+    if (!site) return "?";
+    return std::string(site->operation) + " at " + site->file + ":" + std::to_string(site->line);
+}
+
+bool same_site(const Site* a, const Site* b) {
+    return a->line == b->line &&
+           (a->operation == b->operation || std::strcmp(a->operation, b->operation) == 0) &&
+           (a->file == b->file || std::strcmp(a->file, b->file) == 0);
+}
+
+// "0-31, 64" style list of thread indices.
+std::string format_ranges(const std::vector<unsigned>& indices) {
+    std::string out;
+    for (size_t i = 0; i < indices.size();) {
+        size_t j = i;
+        while (j + 1 < indices.size() && indices[j + 1] == indices[j] + 1) ++j;
+        if (!out.empty()) out += ", ";
+        out += std::to_string(indices[i]);
+        if (j > i) out += "-" + std::to_string(indices[j]);
+        i = j + 1;
+    }
+    return out;
+}
+
+// One OS thread's share of a dispatch: the fibers and threadgroup memory of the threadgroup it
+// is running, reused for each threadgroup it takes.
+struct Worker {
+    DispatchRun* run = nullptr;
+    std::vector<KernelThread> threads;
+    std::vector<SimdGroup> simd_groups;
+    std::vector<std::unique_ptr<FiberStack>> stacks;
+    std::vector<std::vector<unsigned char>> threadgroup_memory;  // exact lengths, for ASan
+    char* threadgroup_memory_pointers[kMaxThreadgroupMemoryBindings] = {};
+    ArgumentTable arguments = {};
+    FiberContext scheduler;
+    std::vector<unsigned> runnable;  // ring buffer of thread indices
+    size_t runnable_head = 0;
+    size_t runnable_size = 0;
+    uint64_t rng = 0;
+    unsigned barrier_arrived = 0;
+    unsigned group_position[3] = {};
+    bool group_failed = false;
+
+    void push_runnable(unsigned index) {
+        threads[index].state = ThreadState::Runnable;
+        runnable[(runnable_head + runnable_size) % runnable.size()] = index;
+        ++runnable_size;
+    }
+
+    unsigned pop_runnable() {
+        if (run->dispatch->schedule_seed != 0 && runnable_size > 1) {
+            const size_t pick = splitmix64(&rng) % runnable_size;
+            std::swap(runnable[runnable_head], runnable[(runnable_head + pick) % runnable.size()]);
+        }
+        const unsigned index = runnable[runnable_head];
+        runnable_head = (runnable_head + 1) % runnable.size();
+        --runnable_size;
+        return index;
+    }
+
+    std::string where() const {
+        return "metal-sim: kernel '" + std::string(run->kernel.name) + "' (" + run->kernel.source +
+               "), threadgroup (" + std::to_string(group_position[0]) + ", " +
+               std::to_string(group_position[1]) + ", " + std::to_string(group_position[2]) + ")";
+    }
+
+    // Records a kernel thread's failure. The caller then calls abandon(), in a later statement
+    // so that the temporaries of the message are destroyed first (abandon never returns).
+    void record_failure(const KernelThread* thread, const std::string& message) {
+        run->fail(MFA_ERROR_DEVICE, where() + ", thread " +
+                                        std::to_string(thread->info.thread_index_in_threadgroup) +
+                                        ": " + message);
+        group_failed = true;
+    }
+
+    [[noreturn]] void abandon(KernelThread* thread) { fiber_exit_to(&thread->context, &scheduler); }
+
+    void yield(KernelThread* thread) { fiber_switch(&thread->context, &scheduler); }
+
+    bool prepare(const DispatchRun& dispatch_run);
+    void run_threadgroup(uint64_t linear_index);
+    std::string describe_stuck_threads() const;
+};
+
+void thread_main(void* argument) {
+    auto* thread = static_cast<KernelThread*>(argument);
+    Worker* worker = thread->worker;
+    fiber_started(&thread->context, &worker->scheduler);
+    worker->run->kernel.entry(thread->info, worker->arguments);
+    thread->state = ThreadState::Finished;
+    fiber_exit_to(&thread->context, &worker->scheduler);
+}
+
+bool Worker::prepare(const DispatchRun& dispatch_run) {
+    const Dispatch& d = *dispatch_run.dispatch;
+    const unsigned count = dispatch_run.threads_per_group;
+    threads.assign(count, KernelThread{});
+    simd_groups.assign((count + kSimdWidth - 1) / kSimdWidth, SimdGroup{});
+    runnable.assign(count, 0);
+    if (!acquire_stacks(count, &stacks)) return false;
+    for (int i = 0; i < kMaxThreadgroupMemoryBindings; ++i) {
+        threadgroup_memory.emplace_back(d.threadgroup_memory_lengths[i]);
+        threadgroup_memory_pointers[i] =
+            d.threadgroup_memory_lengths[i] ? reinterpret_cast<char*>(threadgroup_memory[i].data())
+                                            : nullptr;
+    }
+    arguments.buffers = dispatch_run.buffers;
+    arguments.threadgroup_memory = threadgroup_memory_pointers;
+    arguments.threadgroup_memory_lengths = d.threadgroup_memory_lengths;
+
+    for (unsigned s = 0; s < simd_groups.size(); ++s) {
+        simd_groups[s].first_thread = s * kSimdWidth;
+        simd_groups[s].lanes = std::min(kSimdWidth, count - s * kSimdWidth);
+    }
+    const Size3 size = d.threads_per_threadgroup;
+    for (unsigned i = 0; i < count; ++i) {
+        KernelThread& t = threads[i];
+        t.worker = this;
+        t.simd = &simd_groups[i / kSimdWidth];
+        ThreadInfo& info = t.info;
+        info.thread_position_in_threadgroup[0] = i % size.x;
+        info.thread_position_in_threadgroup[1] = i / size.x % size.y;
+        info.thread_position_in_threadgroup[2] = i / (size.x * size.y);
+        info.threads_per_threadgroup[0] = size.x;
+        info.threads_per_threadgroup[1] = size.y;
+        info.threads_per_threadgroup[2] = size.z;
+        info.threadgroups_per_grid[0] = d.threadgroups.x;
+        info.threadgroups_per_grid[1] = d.threadgroups.y;
+        info.threadgroups_per_grid[2] = d.threadgroups.z;
+        info.threads_per_grid[0] = d.threadgroups.x * size.x;
+        info.threads_per_grid[1] = d.threadgroups.y * size.y;
+        info.threads_per_grid[2] = d.threadgroups.z * size.z;
+        info.thread_index_in_threadgroup = i;
+        info.thread_index_in_simdgroup = i % kSimdWidth;
+        info.simdgroup_index_in_threadgroup = i / kSimdWidth;
+        info.simdgroups_per_threadgroup = static_cast<unsigned>(simd_groups.size());
+        info.threads_per_simdgroup = kSimdWidth;
+    }
+    return true;
+}
+
+std::string Worker::describe_stuck_threads() const {
+    // Group the threads by what they are doing, in order of first appearance.
+    struct Group {
+        ThreadState state;
+        const Site* site;
+        std::vector<unsigned> threads;
+    };
+    std::vector<Group> groups;
+    for (unsigned i = 0; i < threads.size(); ++i) {
+        const KernelThread& t = threads[i];
+        auto it = std::find_if(groups.begin(), groups.end(), [&](const Group& g) {
+            return g.state == t.state &&
+                   (t.state == ThreadState::Finished || same_site(g.site, t.waiting_at));
+        });
+        if (it == groups.end()) {
+            groups.push_back({t.state, t.waiting_at, {}});
+            it = groups.end() - 1;
+        }
+        it->threads.push_back(i);
+    }
+    std::string out;
+    for (const Group& g : groups) {
+        out += "\n  threads " + format_ranges(g.threads) + ": ";
+        if (g.state == ThreadState::Finished)
+            out += "returned";
+        else
+            out += "waiting in " + describe_site(g.site);
+    }
+    return out;
+}
+
+void Worker::run_threadgroup(uint64_t linear_index) {
+    const Dispatch& d = *run->dispatch;
+    group_position[0] = static_cast<unsigned>(linear_index % d.threadgroups.x);
+    group_position[1] = static_cast<unsigned>(linear_index / d.threadgroups.x % d.threadgroups.y);
+    group_position[2] = static_cast<unsigned>(linear_index / (uint64_t{d.threadgroups.x} * d.threadgroups.y));
+    rng = d.schedule_seed ^ (linear_index * 0xD1B54A32D192ED03ull);
+
+    // Threadgroup memory starts as garbage, as on a GPU: a kernel that reads before writing
+    // must not get lucky zeros.
+    uint64_t garbage = rng ^ 0x6A09E667F3BCC909ull;
+    for (auto& memory : threadgroup_memory) {
+        for (size_t i = 0; i < memory.size(); i += 8) {
+            const uint64_t word = splitmix64(&garbage);
+            std::memcpy(memory.data() + i, &word, std::min<size_t>(8, memory.size() - i));
+        }
+    }
+
+    runnable_head = 0;
+    runnable_size = 0;
+    barrier_arrived = 0;
+    group_failed = false;
+    for (SimdGroup& s : simd_groups) s.arrived = 0;
+    for (unsigned i = 0; i < threads.size(); ++i) {
+        KernelThread& t = threads[i];
+        for (int axis = 0; axis < 3; ++axis) {
+            t.info.threadgroup_position_in_grid[axis] = group_position[axis];
+            t.info.thread_position_in_grid[axis] =
+                group_position[axis] * t.info.threads_per_threadgroup[axis] +
+                t.info.thread_position_in_threadgroup[axis];
+        }
+        t.waiting_at = nullptr;
+        fiber_prepare(&t.context, *stacks[i], &thread_main, &t);
+        push_runnable(i);
+    }
+
+    while (runnable_size > 0 && !group_failed) {
+        KernelThread* t = &threads[pop_runnable()];
+        t_current = t;
+        fiber_switch(&scheduler, &t->context);
+        t_current = nullptr;
+    }
+    if (group_failed) return;
+    for (const KernelThread& t : threads) {
+        if (t.state != ThreadState::Finished) {
+            run->fail(MFA_ERROR_DEVICE,
+                      where() + ": stuck: a barrier or SIMD-group function was reached by only "
+                                "part of its group (divergent control flow or an early return)" +
+                          describe_stuck_threads());
+            return;
+        }
+    }
+}
+
+void run_worker(DispatchRun* run, Worker* worker) {
+    if (const char* error = run->kernel.setup_constants(run->constants)) {
+        run->fail(MFA_ERROR_INVALID_ARGUMENT, std::string("metal-sim: kernel '") + run->kernel.name +
+                                                  "': " + error);
+        return;
+    }
+    while (!run->failed.load(std::memory_order_relaxed)) {
+        const uint64_t index = run->next_threadgroup.fetch_add(1, std::memory_order_relaxed);
+        if (index >= run->threadgroup_count) break;
+        worker->run_threadgroup(index);
+    }
+}
+
+// ---- Validation ----------------------------------------------------------------------------
+
+mfa_status validate(const Dispatch& d, RegisteredKernel* kernel) {
+    if (!d.kernel) return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT, "metal-sim: no kernel name");
+    {
+        std::lock_guard<std::mutex> lock(registry().mutex);
+        auto it = registry().kernels.find(d.kernel);
+        if (it == registry().kernels.end())
+            return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
+                                 "metal-sim: no kernel named '%s' is compiled into this process",
+                                 d.kernel);
+        *kernel = it->second;
+    }
+    if (kernel->duplicate_source)
+        return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
+                             "metal-sim: kernel '%s' is defined twice (%s and %s)", d.kernel,
+                             kernel->record.source, kernel->duplicate_source);
+    const Size3 g = d.threadgroups, t = d.threads_per_threadgroup;
+    if (g.x == 0 || g.y == 0 || g.z == 0)
+        return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
+                             "metal-sim: kernel '%s': empty grid of threadgroups (%u, %u, %u)",
+                             d.kernel, g.x, g.y, g.z);
+    const uint64_t threads = uint64_t{t.x} * t.y * t.z;
+    if (threads == 0 || threads > kMaxThreadsPerThreadgroup)
+        return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
+                             "metal-sim: kernel '%s': %u x %u x %u threads per threadgroup; must "
+                             "be 1 to %u",
+                             d.kernel, t.x, t.y, t.z, kMaxThreadsPerThreadgroup);
+    if (uint64_t{g.x} * t.x > UINT32_MAX || uint64_t{g.y} * t.y > UINT32_MAX ||
+        uint64_t{g.z} * t.z > UINT32_MAX)
+        return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
+                             "metal-sim: kernel '%s': the grid has more than 2^32 threads along "
+                             "an axis",
+                             d.kernel);
+    uint64_t threadgroup_bytes = 0;
+    for (int i = 0; i < kMaxThreadgroupMemoryBindings; ++i) {
+        const uint32_t length = d.threadgroup_memory_lengths[i];
+        if (length % kThreadgroupMemoryAlignment != 0)
+            return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
+                                 "metal-sim: kernel '%s': threadgroup memory [[threadgroup(%d)]] "
+                                 "length %u is not a multiple of %u bytes",
+                                 d.kernel, i, length, kThreadgroupMemoryAlignment);
+        threadgroup_bytes += length;
+    }
+    if (threadgroup_bytes > kMaxThreadgroupMemoryBytes)
+        return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
+                             "metal-sim: kernel '%s': %llu bytes of threadgroup memory exceed the "
+                             "%u-byte limit",
+                             d.kernel, static_cast<unsigned long long>(threadgroup_bytes),
+                             kMaxThreadgroupMemoryBytes);
+    for (int i = 0; i < kMaxBufferBindings; ++i) {
+        const BufferBinding& b = d.buffers[i];
+        if (b.base && b.offset > b.length)
+            return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
+                                 "metal-sim: kernel '%s': buffer(%d) offset %zu is past its "
+                                 "length %zu",
+                                 d.kernel, i, b.offset, b.length);
+    }
+    if (d.num_constants > 0 && !d.constants)
+        return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
+                             "metal-sim: kernel '%s': %zu function constants but no array",
+                             d.kernel, d.num_constants);
+    for (size_t i = 0; i < d.num_constants; ++i) {
+        if (static_cast<unsigned>(d.constants[i].type) > static_cast<unsigned>(ConstantType::Float))
+            return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
+                                 "metal-sim: kernel '%s': function constant %u has an unknown type",
+                                 d.kernel, d.constants[i].index);
+        for (size_t j = 0; j < i; ++j)
+            if (d.constants[j].index == d.constants[i].index)
+                return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
+                                     "metal-sim: kernel '%s': function constant %u is set twice",
+                                     d.kernel, d.constants[i].index);
+    }
+    if (d.num_workers < 0)
+        return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
+                             "metal-sim: kernel '%s': num_workers %d is negative", d.kernel,
+                             d.num_workers);
+    return MFA_OK;
+}
+
+mfa_status run_dispatch(const Dispatch& d) {
+    RegisteredKernel kernel;
+    if (mfa_status status = validate(d, &kernel); status != MFA_OK) return status;
+
+    DispatchRun run;
+    run.dispatch = &d;
+    run.kernel = kernel.record;
+    run.threads_per_group = d.threads_per_threadgroup.x * d.threads_per_threadgroup.y *
+                            d.threads_per_threadgroup.z;
+    run.threadgroup_count = uint64_t{d.threadgroups.x} * d.threadgroups.y * d.threadgroups.z;
+    std::vector<ConstantValue> constants(d.num_constants);
+    for (size_t i = 0; i < d.num_constants; ++i) {
+        const FunctionConstant& c = d.constants[i];
+        constants[i].index = c.index;
+        constants[i].type = static_cast<mfa_sim_abi::ConstantType>(c.type);
+        std::memcpy(&constants[i].value, &c.value, sizeof(c.value));
+    }
+    run.constants = {constants.data(), constants.size()};
+    for (int i = 0; i < kMaxBufferBindings; ++i) {
+        const BufferBinding& b = d.buffers[i];
+        if (b.base) run.buffers[i] = {static_cast<char*>(b.base) + b.offset, b.length - b.offset};
+    }
+
+    uint64_t worker_count = d.num_workers > 0 ? static_cast<uint64_t>(d.num_workers)
+                                              : std::max(1u, std::thread::hardware_concurrency());
+    worker_count = std::min(worker_count, run.threadgroup_count);
+    std::vector<Worker> workers(worker_count);
+    for (Worker& w : workers) {
+        w.run = &run;
+        if (!w.prepare(run)) {
+            for (Worker& prepared : workers) release_stacks(&prepared.stacks);
+            return mfa_set_error(MFA_ERROR_OUT_OF_MEMORY,
+                                 "metal-sim: kernel '%s': cannot map fiber stacks for %u threads",
+                                 d.kernel, run.threads_per_group);
+        }
+    }
+    std::vector<std::thread> helpers;
+    for (size_t i = 1; i < workers.size(); ++i) {
+        try {
+            helpers.emplace_back(run_worker, &run, &workers[i]);
+        } catch (const std::system_error&) {
+            break;  // fewer OS threads; the remaining workers take all threadgroups
+        }
+    }
+    run_worker(&run, &workers[0]);
+    for (std::thread& helper : helpers) helper.join();
+    for (Worker& w : workers) release_stacks(&w.stacks);
+
+    if (run.failure_status != MFA_OK)
+        return mfa_set_error(run.failure_status, "%s", run.failure_message.c_str());
+    return MFA_OK;
+}
+
+}  // namespace
+
+mfa_status dispatch(const Dispatch& d) {
+    try {
+        return run_dispatch(d);
+    } catch (const std::bad_alloc&) {
+        return mfa_set_error(MFA_ERROR_OUT_OF_MEMORY, "metal-sim: out of memory running kernel '%s'",
+                             d.kernel ? d.kernel : "?");
+    }
+}
+
+bool has_kernel(const char* name) {
+    std::lock_guard<std::mutex> lock(registry().mutex);
+    return name && registry().kernels.count(name) != 0;
+}
+
+}  // namespace mfa::sim
+
+// ---- The kernel-side ABI -------------------------------------------------------------------
+
+using mfa::sim::KernelThread;
+using mfa::sim::ThreadState;
+using mfa::sim::t_current;
+
+extern "C" void mfa_sim_register_kernels(const mfa_sim_abi::KernelRecord* kernels,
+                                         unsigned count) {
+    auto& reg = mfa::sim::registry();
+    std::lock_guard<std::mutex> lock(reg.mutex);
+    for (unsigned i = 0; i < count; ++i) {
+        auto [it, inserted] = reg.kernels.try_emplace(kernels[i].name);
+        if (inserted)
+            it->second.record = kernels[i];
+        else
+            it->second.duplicate_source = kernels[i].source;
+    }
+}
+
+extern "C" const mfa_sim_abi::ThreadInfo* mfa_sim_current_thread(void) {
+    return &t_current->info;
+}
+
+extern "C" void mfa_sim_fail(const char* message) {
+    KernelThread* t = t_current;
+    t->worker->record_failure(t, message);
+    t->worker->abandon(t);
+}
+
+extern "C" mfa_sim_abi::SimdRendezvous mfa_sim_simd_arrive(const mfa_sim_abi::Site* site,
+                                                           void* record) {
+    KernelThread* t = t_current;
+    mfa::sim::SimdGroup* simd = t->simd;
+    const unsigned lane = t->info.thread_index_in_simdgroup;
+    simd->records[lane] = record;
+    t->waiting_at = site;
+    if (++simd->arrived < simd->lanes) {
+        t->state = ThreadState::AtSimd;
+        t->worker->yield(t);
+        t->waiting_at = nullptr;
+        return {nullptr, 0};
+    }
+    mfa::sim::Worker* w = t->worker;
+    for (unsigned l = 0; l < simd->lanes; ++l) {
+        const KernelThread& other = w->threads[simd->first_thread + l];
+        if (l != lane && !mfa::sim::same_site(other.waiting_at, site)) {
+            w->record_failure(t, "the lanes of SIMD-group " +
+                                  std::to_string(t->info.simdgroup_index_in_threadgroup) +
+                                  " are in different SIMD-group functions (divergent control "
+                                  "flow): lane " + std::to_string(l) + " in " +
+                                  mfa::sim::describe_site(other.waiting_at) + ", lane " +
+                                  std::to_string(lane) + " in " + mfa::sim::describe_site(site));
+            w->abandon(t);
+        }
+    }
+    t->waiting_at = nullptr;
+    simd->leader = lane;
+    return {simd->records, simd->lanes};
+}
+
+extern "C" void mfa_sim_simd_release(void) {
+    KernelThread* t = t_current;
+    mfa::sim::SimdGroup* simd = t->simd;
+    simd->arrived = 0;
+    for (unsigned l = 0; l < simd->lanes; ++l)
+        if (l != simd->leader) t->worker->push_runnable(simd->first_thread + l);
+}
+
+extern "C" void mfa_sim_threadgroup_barrier(const mfa_sim_abi::Site* site) {
+    KernelThread* t = t_current;
+    mfa::sim::Worker* w = t->worker;
+    t->waiting_at = site;
+    if (++w->barrier_arrived < w->threads.size()) {
+        t->state = ThreadState::AtBarrier;
+        w->yield(t);
+        t->waiting_at = nullptr;
+        return;
+    }
+    for (const KernelThread& other : w->threads) {
+        if (&other != t && !mfa::sim::same_site(other.waiting_at, site)) {
+            w->record_failure(t, "threads of the threadgroup wait at different barriers (divergent "
+                              "control flow): thread " +
+                                  std::to_string(other.info.thread_index_in_threadgroup) + " in " +
+                                  mfa::sim::describe_site(other.waiting_at) + ", thread " +
+                                  std::to_string(t->info.thread_index_in_threadgroup) + " in " +
+                                  mfa::sim::describe_site(site));
+            w->abandon(t);
+        }
+    }
+    t->waiting_at = nullptr;
+    w->barrier_arrived = 0;
+    for (unsigned i = 0; i < w->threads.size(); ++i)
+        if (&w->threads[i] != t) w->push_runnable(i);
+}

@@ -1,0 +1,56 @@
+# Runs every kernel in KERNELS through the simulator's compilation steps (preprocess, codegen,
+# compile) and checks the outcome each file announces on its first line:
+#   // expect-success          it must compile
+#   // expect: <regex>         it must fail, with diagnostics matching <regex>
+# Invoked by ctest (tests/metal_sim/CMakeLists.txt) with the build's own compiler and flags.
+file(GLOB kernels ${KERNELS}/*.metal)
+file(MAKE_DIRECTORY ${WORK_DIR})
+set(failures 0)
+foreach(kernel IN LISTS kernels)
+  get_filename_component(stem ${kernel} NAME_WE)
+  file(STRINGS ${kernel} first_line LIMIT_COUNT 1)
+  set(output "")
+  execute_process(
+    COMMAND ${COMPILER} ${PREPROCESS_FLAGS} ${kernel} -o ${WORK_DIR}/${stem}.ii
+    RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  string(APPEND output "${out}${err}")
+  if(status EQUAL 0)
+    execute_process(
+      COMMAND ${PYTHON} ${CODEGEN} ${WORK_DIR}/${stem}.ii -o ${WORK_DIR}/${stem}.sim.cpp
+              --source ${kernel}
+      RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err)
+    string(APPEND output "${out}${err}")
+  endif()
+  if(status EQUAL 0)
+    execute_process(
+      COMMAND ${COMPILER} -std=c++17 -fsyntax-only ${COMPILE_OPTIONS} ${WORK_DIR}/${stem}.sim.cpp
+      RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err)
+    string(APPEND output "${out}${err}")
+  endif()
+
+  if(first_line MATCHES "^// expect-success")
+    if(NOT status EQUAL 0)
+      message(SEND_ERROR "${stem}: the control kernel does not compile:\n${output}")
+      math(EXPR failures "${failures} + 1")
+    else()
+      message(STATUS "${stem}: compiles, as it must")
+    endif()
+  elseif(first_line MATCHES "^// expect: (.*)$")
+    set(expected "${CMAKE_MATCH_1}")
+    if(status EQUAL 0)
+      message(SEND_ERROR "${stem}: compiled, but must fail with \"${expected}\"")
+      math(EXPR failures "${failures} + 1")
+    elseif(NOT output MATCHES "${expected}")
+      message(SEND_ERROR "${stem}: failed, but without \"${expected}\":\n${output}")
+      math(EXPR failures "${failures} + 1")
+    else()
+      message(STATUS "${stem}: rejected with \"${expected}\"")
+    endif()
+  else()
+    message(SEND_ERROR "${stem}: the first line must be // expect-success or // expect: <regex>")
+    math(EXPR failures "${failures} + 1")
+  endif()
+endforeach()
+if(failures GREATER 0)
+  message(FATAL_ERROR "${failures} compile-fail case(s) wrong")
+endif()
