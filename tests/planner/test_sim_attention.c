@@ -359,6 +359,7 @@ int main(int argc, char** argv) {
         {"wide_d300_f32", A9, F32, 1, 1, 1, 20, 21, 300, 300, 0, BR, -1, -1, 0, BHSD, BHSD, 1, 1, 0},
         {"wide_d260_dv136_bf16", A7, BF16, 1, 2, 1, 17, 12, 260, 136, 1, TL, -1, -1, 0, BSHD, BHSD, 1, 1, 0},
         {"d512_f16", A9, F16, 1, 1, 1, 9, 10, 512, 512, 0, BR, -1, -1, 0, BHSD, BHSD, 1, 1, 0},
+        {"d1024_dv1000_bf16", A7, BF16, 1, 2, 1, 7, 11, 1024, 1000, 1, BR, -1, -1, 0, BHSD, BHSD, 1, 1, 5},
     };
     const size_t count = sizeof cases / sizeof cases[0];
     for (size_t i = 0; i < count; ++i) {

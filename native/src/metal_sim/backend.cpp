@@ -14,9 +14,6 @@ namespace {
 const char* const kKernels[] = {"mfa_attention_forward", "mfa_attention_backward_query",
                                 "mfa_attention_backward_key_value"};
 
-// Largest D and Dv advertised; the planner accepts up to MFA_PLAN_MAX_HEAD_DIM, this is the
-// range exercised by the tests.
-constexpr int64_t kMaxHeadDim = 512;
 
 struct SimState {
     mfa_gpu_family family;
@@ -61,7 +58,7 @@ void capabilities(void* state, mfa_capabilities* caps) {
     caps->features = MFA_FEATURE_BACKWARD | MFA_FEATURE_LSE | MFA_FEATURE_CAUSAL |
                      MFA_FEATURE_WINDOW | MFA_FEATURE_GQA | MFA_FEATURE_VALUE_HEAD_DIM |
                      MFA_FEATURE_STRIDES;
-    caps->max_head_dim = kMaxHeadDim;
+    caps->max_head_dim = MFA_PLAN_MAX_HEAD_DIM;
     caps->gpu_family = s->family;
     caps->num_threads = s->workers;
 }
