@@ -32,17 +32,26 @@ def test_info_json_is_info():
     assert json.loads(result.stdout) == mfa_native.info()
 
 
+@pytest.mark.parametrize("backend", mfa_native.available_backends())
 @pytest.mark.parametrize("options", [[], ["--causal"]])
-def test_demo_small_passes_and_reports_time_memory_and_errors(options):
-    result = _run("demo", "--size", "small", "--backend", "cpu", *options)
+def test_demo_small_passes_and_reports_time_memory_and_errors(backend, options):
+    result = _run("demo", "--size", "small", "--backend", backend, *options)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "B=1 H=2 N=128 D=32 float32" in result.stdout and "backend cpu" in result.stdout
+    assert "B=1 H=2 N=128 D=32 float32" in result.stdout
+    assert f"backend {backend} (" in result.stdout
     for label in ("mfa forward", "naive forward", "mfa backward", "naive backward"):
         assert re.search(rf"^{label}\s+\d+\.\d+s\s+[\d.]+ MiB\s+([\d.]+ MiB|n/a)$",
                          result.stdout, re.M), label
     errors = re.findall(r"^max abs error (\w+)\s+(\S+)\s+\(tolerance (\S+)\)$", result.stdout, re.M)
     assert [name for name, _, _ in errors] == ["out", "lse", "dq", "dk", "dv"]
     assert all(float(error) <= float(bound) for _, error, bound in errors)
+
+
+def test_demo_defaults_to_the_best_real_backend_never_the_simulator():
+    result = _run("demo", "--size", "small")
+    assert result.returncode == 0, result.stdout + result.stderr
+    expected = "metal" if "metal" in mfa_native.available_backends() else "cpu"
+    assert f"backend {expected} (" in result.stdout
 
 
 def test_demo_fails_when_results_are_out_of_tolerance(monkeypatch, capsys):
