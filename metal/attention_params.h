@@ -28,9 +28,6 @@ typedef struct mfa_operand_layout {
 /* Per-call arguments of all three attention kernels; bound with setBytes at MFA_BUFFER_PARAMS. */
 typedef struct mfa_kernel_params {
     mfa_operand_layout q, k, v, o, l, d, dout, dq, dk, dv; /* l, d: stride[3] unused */
-    int32_t batch;
-    int32_t heads_q;
-    int32_t heads_kv;
     int32_t group;            /* heads_q / heads_kv: query head h reads key/value head h / group */
     int32_t seq_q;
     int32_t seq_k;
@@ -42,8 +39,10 @@ typedef struct mfa_kernel_params {
     int32_t out_blocks;       /* threadgroups sharing one row block, each owning block_out columns */
     float scale;              /* multiplies Q K^T (natural units) */
     float scale_log2;         /* scale * log2(e): scores are exponentiated with exp2 */
-    int32_t reserved0;        /* keeps the struct a multiple of 8 bytes in C and MSL alike */
 } mfa_kernel_params;
+
+/* C and MSL must agree on the layout; both sides assert this size. */
+#define MFA_KERNEL_PARAMS_SIZE 432
 
 /* Buffer binding indices (MFA's numbering, plus the argument block). */
 #define MFA_BUFFER_Q 0
@@ -71,7 +70,6 @@ typedef struct mfa_kernel_params {
 #define MFA_FC_CACHE_PARALLEL (MFA_FC_ATTENTION + 7)   /* bool: keep the 1st parallel operand (Q or K) in registers */
 #define MFA_FC_CACHE_PARALLEL2 (MFA_FC_ATTENTION + 8)  /* bool: keep the 2nd (dO or V) in registers */
 #define MFA_FC_HAS_LSE (MFA_FC_ATTENTION + 9)          /* bool: forward writes L */
-#define MFA_FC_ATTENTION_COUNT 10
 
 /* Values of MFA_FC_DTYPE; equal to mfa_dtype's. */
 #define MFA_KERNEL_DTYPE_F32 0

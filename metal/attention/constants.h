@@ -5,6 +5,9 @@
 
 #include "../attention_params.h"
 
+static_assert(sizeof(mfa_kernel_params) == MFA_KERNEL_PARAMS_SIZE,
+              "mfa_kernel_params must have the layout the planner fills");
+
 constant uint fc_dtype [[function_constant(MFA_FC_DTYPE)]];
 constant uint fc_head_dim [[function_constant(MFA_FC_HEAD_DIM)]];
 constant uint fc_head_dim_v [[function_constant(MFA_FC_HEAD_DIM_V)]];

@@ -8,6 +8,9 @@
 
 #include "planner/tables.h"
 
+_Static_assert(sizeof(mfa_kernel_params) == MFA_KERNEL_PARAMS_SIZE,
+               "mfa_kernel_params must have the layout the kernels assume");
+
 /* Sequence lengths are int32 in the kernels, and row + band sums must not overflow. */
 #define MFA_PLAN_MAX_SEQUENCE (INT64_C(1) << 30)
 
@@ -202,9 +205,6 @@ static mfa_status check_problem(const mfa_problem* problem, mfa_gpu_family famil
 /* The per-call argument block, minus operand layouts (filled when binding). */
 static void fill_params(const mfa_problem* problem, mfa_kernel_params* params) {
     memset(params, 0, sizeof *params);
-    params->batch = (int32_t)problem->batch;
-    params->heads_q = (int32_t)problem->heads_q;
-    params->heads_kv = (int32_t)problem->heads_kv;
     params->group = (int32_t)problem->group;
     params->seq_q = (int32_t)problem->seq_q;
     params->seq_k = (int32_t)problem->seq_k;
