@@ -1,0 +1,94 @@
+/* Memory held by libmfa must not grow with use: contexts created and destroyed, forward and
+ * backward calls, failed calls, on every available backend, round after round.
+ *
+ * After a few warm-up rounds (first-use allocations: thread-local error buffers, kernel
+ * selection) the bytes the allocator has handed out and not got back are measured; ROUNDS
+ * further rounds may not add more than a few small allocations' worth. Under AddressSanitizer
+ * the count comes from the sanitizer's allocator and LeakSanitizer also checks at exit that
+ * nothing became unreachable; otherwise it comes from glibc's mallinfo2. */
+#include <malloc.h>
+
+#include "test_util.h"
+
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define HAVE_ASAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#define HAVE_ASAN 1
+#endif
+
+#ifdef HAVE_ASAN
+#include <sanitizer/allocator_interface.h>
+static size_t allocated_bytes(void) { return __sanitizer_get_current_allocated_bytes(); }
+#else
+static size_t allocated_bytes(void) { return mallinfo2().uordblks; }
+#endif
+
+enum { WARMUP = 3, ROUNDS = 40 };
+/* Slack for allocator bookkeeping that is not the library's: far below one leaked context
+ * (hundreds of bytes) or buffer per round, which over ROUNDS rounds adds up to many KiB. */
+#define ALLOWED_GROWTH 2048
+
+static void one_round(mfa_backend backend) {
+    mfa_context_options options;
+    mfa_context_options_init(&options);
+    options.num_threads = 2;
+    mfa_context* ctx = NULL;
+    if (mfa_context_create(backend, &options, &ctx) != MFA_OK) {
+        CHECK(0, "creating a %s context: %s", mfa_backend_name(backend), mfa_last_error());
+        return;
+    }
+    test_tensor q = test_tensor_make(MFA_DTYPE_F16, 1, 2, 37, 16, 0);
+    test_tensor k = test_tensor_make(MFA_DTYPE_F16, 1, 1, 45, 16, 0);
+    test_tensor v = test_tensor_make(MFA_DTYPE_F16, 1, 1, 45, 8, 0);
+    test_tensor out = test_tensor_make(MFA_DTYPE_F16, 1, 2, 37, 8, 0);
+    test_tensor lse = test_tensor_make(MFA_DTYPE_F32, 1, 2, 37, 1, 0);
+    test_tensor dout = test_tensor_make(MFA_DTYPE_F16, 1, 2, 37, 8, 0);
+    test_tensor dq = test_tensor_make(MFA_DTYPE_F16, 1, 2, 37, 16, 0);
+    test_tensor dk = test_tensor_make(MFA_DTYPE_F16, 1, 1, 45, 16, 0);
+    test_tensor dv = test_tensor_make(MFA_DTYPE_F16, 1, 1, 45, 8, 0);
+    test_fill_random(&q);
+    test_fill_random(&k);
+    test_fill_random(&v);
+    test_fill_random(&dout);
+    mfa_attention_params params;
+    mfa_attention_params_init(&params);
+    params.causal = 1;
+    CHECK(mfa_attention_forward(ctx, &params, &q.t, &k.t, &v.t, &out.t, &lse.t) == MFA_OK, "%s",
+          mfa_last_error());
+    CHECK(mfa_attention_backward(ctx, &params, &q.t, &k.t, &v.t, &out.t, &dout.t, &lse.t, &dq.t,
+                                 &dk.t, &dv.t) == MFA_OK, "%s", mfa_last_error());
+    /* Failed calls must not leak either. */
+    CHECK(mfa_attention_forward(ctx, &params, &q.t, &k.t, &v.t, &q.t, NULL) != MFA_OK,
+          "out aliasing q was accepted");
+    CHECK(mfa_attention_backward(ctx, &params, &q.t, &k.t, &v.t, &out.t, &dout.t, NULL, &dq.t,
+                                 &dk.t, &dv.t) != MFA_OK, "backward without lse was accepted");
+    mfa_capabilities caps;
+    caps.struct_size = sizeof caps;
+    CHECK(mfa_context_capabilities(ctx, &caps) == MFA_OK, "%s", mfa_last_error());
+    mfa_context_destroy(ctx);
+    test_tensor* all[] = {&q, &k, &v, &out, &lse, &dout, &dq, &dk, &dv};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) test_tensor_free(all[i]);
+    void* page = mfa_alloc(12345);
+    CHECK(page != NULL, "mfa_alloc: %s", mfa_last_error());
+    mfa_free(page);
+}
+
+int main(void) {
+    const mfa_backend backends[] = {MFA_BACKEND_CPU, MFA_BACKEND_METAL_SIM, MFA_BACKEND_METAL};
+    for (size_t b = 0; b < sizeof backends / sizeof backends[0]; ++b) {
+        if (!mfa_backend_available(backends[b])) continue;
+        for (int i = 0; i < WARMUP; ++i) one_round(backends[b]);
+        const size_t before = allocated_bytes();
+        for (int i = 0; i < ROUNDS; ++i) one_round(backends[b]);
+        const size_t after = allocated_bytes();
+        const long long growth = (long long)after - (long long)before;
+        printf("leak_check: %s: %d rounds, %lld bytes of growth\n", mfa_backend_name(backends[b]),
+               ROUNDS, growth);
+        CHECK(growth <= ALLOWED_GROWTH, "%s: held memory grew by %lld bytes over %d rounds",
+              mfa_backend_name(backends[b]), growth, ROUNDS);
+    }
+    return test_finish("leak_check");
+}
