@@ -184,8 +184,12 @@ _BAD_OPTIONS = [
 ]
 
 
-@pytest.mark.parametrize("options, error, message", _BAD_OPTIONS,
-                         ids=[f"{next(iter(o))}={o[next(iter(o))]!r}" for o, _, _ in _BAD_OPTIONS])
+def _option_ids(cases):
+    return [", ".join(f"{key}={value!r}"[:32] for key, value in options.items())
+            for options, _, _ in cases]
+
+
+@pytest.mark.parametrize("options, error, message", _BAD_OPTIONS, ids=_option_ids(_BAD_OPTIONS))
 def test_bad_options_raise_before_writing(rng, options, error, message):
     q, k, v = _arrays(rng)
     out = _filled((B, HQ, NQ, DV))
@@ -333,8 +337,7 @@ _BAD_BACKWARD_OPTIONS = [case for case in _BAD_OPTIONS if "return_lse" not in ca
 
 
 @pytest.mark.parametrize("options, error, message", _BAD_BACKWARD_OPTIONS,
-                         ids=[f"{next(iter(o))}={o[next(iter(o))]!r}"
-                              for o, _, _ in _BAD_BACKWARD_OPTIONS])
+                         ids=_option_ids(_BAD_BACKWARD_OPTIONS))
 def test_backward_bad_options_raise_before_writing(rng, options, error, message):
     arguments = _backward_arguments(rng)
     gradients = {name: _filled(arguments[like].shape)
