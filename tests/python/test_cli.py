@@ -87,6 +87,12 @@ def test_bench_arguments_go_to_bench_main(monkeypatch):
     assert received == [["--size", "3", "--help"]]
 
 
+def test_bench_help_reaches_the_real_benchmark():
+    result = _run("bench", "--help")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: python -m mfa_native bench")
+
+
 def test_missing_bench_is_a_clear_error(monkeypatch, capsys):
     monkeypatch.delattr(mfa_native, "bench", raising=False)
     monkeypatch.setitem(sys.modules, "mfa_native.bench", None)  # makes the import fail
