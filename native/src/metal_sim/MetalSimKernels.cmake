@@ -7,7 +7,7 @@
 #      per-dispatch, and appends the argument-binding glue generated from each kernel signature;
 #   3. the C++ compiler, with -fno-exceptions -fno-rtti, as a source of <target>.
 # The kernels register themselves by host name when <target> is loaded; mfa::sim::dispatch finds
-# them there. <target> must link libmfa (or be it).
+# them there. <target> must contain the executor: it is libmfa, or links mfa_sim_test_runtime.
 include_guard(GLOBAL)
 find_package(Python3 COMPONENTS Interpreter REQUIRED)
 
@@ -21,8 +21,10 @@ set(MFA_SIM_PREPROCESS_FLAGS -E -x c++ -std=c++17 -nostdinc -nostdinc++
     -isystem ${MFA_SIM_COMPAT_INCLUDE_DIR} -D__METAL_VERSION__=310 -D__HAVE_BFLOAT__=1
     -D__METAL_SIM__=1 CACHE INTERNAL "metal-sim preprocessing flags")
 # -Wno-unused-parameter: kernels routinely take built-ins they do not read.
+# -Wno-pass-failed: `#pragma unroll` over a loop bounded by function constants cannot be honoured
+# here, where the constants are bound at dispatch time rather than at pipeline creation.
 set(MFA_SIM_KERNEL_COMPILE_OPTIONS -fno-exceptions -fno-rtti -Wno-unused-parameter
-    CACHE INTERNAL "metal-sim kernel compile options")
+    -Wno-pass-failed CACHE INTERNAL "metal-sim kernel compile options")
 
 function(mfa_sim_add_kernels target)
   cmake_parse_arguments(ARG "" "" "SOURCES;INCLUDE_DIRECTORIES" ${ARGN})

@@ -10,8 +10,9 @@
 // How kernels get here. Every metal/*.metal file is preprocessed with the compatibility headers
 // in native/src/metal_sim/include (metal_stdlib & co.), rewritten by metal_sim_codegen.py (which
 // strips Metal's attributes and generates the argument-binding glue from each kernel signature)
-// and compiled as C++ into libmfa; the kernels register themselves by name at load time. Tests
-// compile their own .metal files the same way with the CMake function mfa_sim_add_kernels().
+// and compiled as C++ into libmfa; the kernels register themselves by name at load time. The
+// simulator's tests link the executor statically with their own .metal files, compiled the same
+// way by the CMake function mfa_sim_add_kernels(); nothing of the simulator is exported.
 //
 // Supported kernel forms (anything else is a build error from the code generator, never a
 // silently unbound argument):
@@ -62,6 +63,9 @@
 
 #include "mfa.h"
 
+// Transitional: exported from libmfa only because tests/planner/test_lane_layout_probe.cpp links
+// libmfa to reach dispatch(). Once it links mfa_sim_test_runtime instead (docs/requests-sim.md),
+// this goes and libmfa exports exactly the C API again.
 #if defined(__GNUC__) || defined(__clang__)
 #define MFA_SIM_API __attribute__((visibility("default")))
 #else
@@ -143,8 +147,7 @@ struct Dispatch {
 // when a dispatch fails, as on a GPU.
 MFA_SIM_API mfa_status dispatch(const Dispatch& dispatch);
 
-// Whether a kernel with this host name is compiled into the process (libmfa's kernels, plus any
-// a test executable compiled itself).
+// Whether a kernel with this host name is compiled into this binary.
 MFA_SIM_API bool has_kernel(const char* name);
 
 }  // namespace mfa::sim

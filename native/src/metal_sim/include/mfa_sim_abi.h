@@ -2,12 +2,10 @@
 //
 // Kernel translation units include it through <metal_stdlib>; the executor includes it as plain
 // C++. It therefore uses only built-in types: kernels are compiled without any system header.
-// The executor's half lives in libmfa and is exported, so test executables that compile their
-// own kernels reach the same registry and scheduler.
+// Kernels and the executor are linked into the same binary (libmfa, or a simulator test), so
+// nothing here is exported from libmfa.
 #ifndef MFA_SIM_ABI_H
 #define MFA_SIM_ABI_H
-
-#define MFA_SIM_ABI_EXPORT __attribute__((visibility("default")))
 
 namespace mfa_sim_abi {
 
@@ -92,16 +90,16 @@ struct SimdRendezvous {
 }  // namespace mfa_sim_abi
 
 extern "C" {
-MFA_SIM_ABI_EXPORT void mfa_sim_register_kernels(const mfa_sim_abi::KernelRecord* kernels,
+void mfa_sim_register_kernels(const mfa_sim_abi::KernelRecord* kernels,
                                                  unsigned count);
 // The calling kernel thread's built-ins.
-MFA_SIM_ABI_EXPORT const mfa_sim_abi::ThreadInfo* mfa_sim_current_thread(void);
+const mfa_sim_abi::ThreadInfo* mfa_sim_current_thread(void);
 // Ends the calling kernel thread and fails its dispatch with message (static storage).
-[[noreturn]] MFA_SIM_ABI_EXPORT void mfa_sim_fail(const char* message);
-MFA_SIM_ABI_EXPORT mfa_sim_abi::SimdRendezvous mfa_sim_simd_arrive(const mfa_sim_abi::Site* site,
+[[noreturn]] void mfa_sim_fail(const char* message);
+mfa_sim_abi::SimdRendezvous mfa_sim_simd_arrive(const mfa_sim_abi::Site* site,
                                                                    void* record);
-MFA_SIM_ABI_EXPORT void mfa_sim_simd_release(void);
-MFA_SIM_ABI_EXPORT void mfa_sim_threadgroup_barrier(const mfa_sim_abi::Site* site);
+void mfa_sim_simd_release(void);
+void mfa_sim_threadgroup_barrier(const mfa_sim_abi::Site* site);
 }
 
 #endif  // MFA_SIM_ABI_H
