@@ -70,7 +70,7 @@ static void pack_query_side(const mfa_cpu_plan* plan, int64_t task, float* slot)
             l = f32_storage::load(lse.row(r));
         }
         pack.row_dot[i0 + r] = dot;
-        pack.lse2[i0 + r] = l == -__builtin_inff() ? __builtin_inff() : l * kLog2e;
+        pack.lse2[i0 + r] = l == -__builtin_inff() ? __builtin_inff() : l * mfa_cpu_log2e;
     }
 }
 

@@ -4,7 +4,7 @@
  * key blocks, all in f32 and in base 2 (scale * log2(e) is folded into Q).
  */
 
-/* The chunk's key/value head g_local as (batch, head), and its packs. */
+/* The chunk's key/value head g_local as (batch, head). */
 struct kv_head_ref {
     int64_t batch, head;
 };
@@ -110,15 +110,15 @@ static void forward_task(const mfa_cpu_plan* plan, int64_t task, float* slot)
 
     /* A row that saw no key keeps max -inf and sum 0: out 0 (its accumulator is 0) and
      * lse -inf, never 0/0. */
-    for (int64_t r = 0; r < rows; ++r) {
-        const bool empty = t.row_sum[r] == 0.0f;
-        scale_row(t.o + r * dv_pad, dv_pad, empty ? 0.0f : 1.0f / t.row_sum[r]);
-        t.row_sum[r] = empty ? -__builtin_inff() : (t.row_max[r] + log2f(t.row_sum[r])) * kLn2;
-    }
+    for (int64_t r = 0; r < rows; ++r)
+        scale_row(t.o + r * dv_pad, dv_pad, t.row_sum[r] == 0.0f ? 0.0f : 1.0f / t.row_sum[r]);
     store_rows<Storage>(rows_of(p->out, es, b, h, i0), rows, dv, t.o, dv_pad, 1.0f);
     if (p->lse.data) {
         const strided_rows lse = rows_of(p->lse, sizeof(float), b, h, i0);
-        for (int64_t r = 0; r < rows; ++r)
-            f32_storage::store(lse.row(r), t.row_sum[r]);
+        for (int64_t r = 0; r < rows; ++r) {
+            const float sum = t.row_sum[r];
+            f32_storage::store(lse.row(r), sum == 0.0f ? -__builtin_inff()
+                                                      : (t.row_max[r] + log2f(sum)) * kLn2);
+        }
     }
 }

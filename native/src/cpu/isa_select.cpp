@@ -36,7 +36,7 @@ struct isa_choice {
 
 bool always(void) { return true; }
 
-#if defined(__x86_64__) || defined(_M_X64)
+#if defined(__x86_64__)
 bool has_avx512(void)
 {
     __builtin_cpu_init();
@@ -54,7 +54,7 @@ bool has_avx2(void)
 
 /* Fastest first. */
 const isa_choice choices[] = {
-#if defined(__x86_64__) || defined(_M_X64)
+#if defined(__x86_64__)
     {"avx512", mfa_cpu_kernels_avx512, has_avx512},
     {"avx2", mfa_cpu_kernels_avx2, has_avx2},
 #endif
@@ -81,7 +81,7 @@ mfa_status mfa_cpu_select_kernels(const mfa_cpu_kernels** kernels)
                              "MFA_CPU_ISA=%s: expected one of the kernel builds in this library "
                              "(%s%s)",
                              pinned,
-#if defined(__x86_64__) || defined(_M_X64)
+#if defined(__x86_64__)
                              "avx512, avx2, ",
 #else
                              "",

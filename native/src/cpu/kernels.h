@@ -57,7 +57,7 @@ static inline int64_t mfa_cpu_backward_tasks(const mfa_cpu_plan* plan)
 }
 
 const mfa_cpu_kernels* mfa_cpu_kernels_portable(void);
-#if defined(__x86_64__) || defined(_M_X64)
+#if defined(__x86_64__)
 const mfa_cpu_kernels* mfa_cpu_kernels_avx2(void);
 const mfa_cpu_kernels* mfa_cpu_kernels_avx512(void);
 #endif

@@ -1,10 +1,10 @@
 /* The build every CPU of the target architecture runs, at the compiler's baseline flags: 128-bit
  * vectors, which are NEON on arm64 (32 registers: an 8 x 8 tile) and SSE2 on x86-64 (16
  * registers: a 6 x 8 tile). */
-#if defined(__aarch64__) || defined(_M_ARM64)
+#if defined(__aarch64__)
 #define MFA_CPU_ROWS 8
 #define MFA_CPU_ISA_NAME "NEON"
-#elif defined(__x86_64__) || defined(_M_X64)
+#elif defined(__x86_64__)
 #define MFA_CPU_ROWS 6
 #define MFA_CPU_ISA_NAME "SSE2"
 #else

@@ -19,6 +19,8 @@
 
 #include <stdint.h>
 
+static const float mfa_cpu_log2e = 1.44269504088896341f;
+
 typedef struct mfa_cpu_plan {
     const mfa_problem* problem;
     int64_t elem_size;

@@ -12,7 +12,6 @@ typedef float vf_unaligned
 
 static const int W = MFA_CPU_VECTOR_BYTES / 4;
 
-static const float kLog2e = 1.44269504088896341f;
 static const float kLn2 = 0.693147180559945309f;
 
 static inline vf vload(const float* p) { return *(const vf_unaligned*)p; }
