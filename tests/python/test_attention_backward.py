@@ -30,7 +30,7 @@ CASES = [
     Case(64, 1000, 192, 8, query_heads=4, kv_heads=2, window=(None, 10)),
     # Nearly one-hot rows: the running maximum changes late and exp underflows for most keys.
     Case(129, 1000, 64, 64, scale=3.0, dtype="bf16"),
-    Case(1000, 129, 64, 48, batch=3, query_heads=8, kv_heads=2, causal=True,
+    Case(1000, 129, 64, 48, batch=2, query_heads=6, kv_heads=2, causal=True,
          causal_alignment="top_left"),
 ]
 
@@ -54,6 +54,9 @@ SIMULATOR_CASES = [
          dtype="bf16"),
     Case(1, 129, 256, 64, query_heads=4, kv_heads=1, dtype="bf16"),
     Case(7, 2, 512, 96, causal=True, dtype="bf16"),
+    # Long sequences: decoding against many keys, and many queries of which most see nothing.
+    Case(1, 1000, 64, 64, query_heads=4, kv_heads=1, causal=True, dtype="f16"),
+    Case(1000, 7, 8, 3, query_heads=2, kv_heads=2, causal=True, dtype="bf16"),
 ]
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import mfa_native
-from _backends import Case, backend_params, check_forward
+from _backends import DTYPES, Case, backend_only_params, backend_params, check_forward
 
 CASES = [
     Case(1, 1, 1, 1),
@@ -37,7 +37,7 @@ CASES = [
     Case(64, 1000, 192, 8, query_heads=4, kv_heads=2, window=(None, 10)),
     # Nearly one-hot rows: the running maximum changes late and exp underflows for most keys.
     Case(129, 1000, 64, 64, scale=3.0, dtype="bf16"),
-    Case(1000, 129, 64, 48, batch=3, query_heads=8, kv_heads=2, causal=True,
+    Case(1000, 129, 64, 48, batch=2, query_heads=6, kv_heads=2, causal=True,
          causal_alignment="top_left"),
     Case(33, 2, 256, 33, query_heads=4, kv_heads=4, causal=True, window=(0, -1), dtype="bf16"),
 ]
@@ -62,6 +62,9 @@ SIMULATOR_CASES = [
          dtype="bf16"),
     Case(1, 129, 256, 64, query_heads=4, kv_heads=1, dtype="bf16"),
     Case(7, 2, 512, 96, causal=True, dtype="bf16"),
+    # Long sequences: decoding against many keys, and many queries of which most see nothing.
+    Case(1, 1000, 64, 64, query_heads=4, kv_heads=1, causal=True, dtype="f16"),
+    Case(1000, 7, 8, 3, query_heads=2, kv_heads=2, causal=True, dtype="bf16"),
 ]
 
 
@@ -71,4 +74,18 @@ def test_forward_matches_reference(backend, case):
     out, lse = mfa_native.attention(q, k, v, **case.options, return_lse=True,
                                     backend=backend.context())
     assert out.dtype == q.dtype and lse.dtype == np.float32
+    check_forward(case, out, lse, q, k, v)
+
+
+@pytest.mark.parametrize("backend", backend_only_params())
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_masks_hold_when_every_score_is_far_below_zero(backend, dtype):
+    # Kernels may mask with a finite sentinel instead of -inf; visible scores around -3e4 must
+    # still win over masked keys, and rows must not collapse to 0 or NaN.
+    case = Case(40, 70, 16, 8, causal=True, window=(5, None), scale=1e3, dtype=dtype)
+    rng = case.rng()
+    q, k, v = case.inputs(rng)
+    q, k = np.abs(q) + DTYPES[dtype].type(0.5), -np.abs(k) - DTYPES[dtype].type(0.5)
+    out, lse = mfa_native.attention(q, k, v, **case.options, return_lse=True,
+                                    backend=backend.context())
     check_forward(case, out, lse, q, k, v)
