@@ -2,6 +2,7 @@
 naming it, nothing written on error), library errors, Context, info(), available_backends(),
 empty(), and the layout/rank/out= plumbing checked against the float64 reference."""
 
+import doctest
 import json
 import math
 import os
@@ -591,6 +592,11 @@ def test_mfa_error_is_an_exception_with_the_library_status():
                                                                "no such device")
     copy = pickle.loads(pickle.dumps(error))
     assert (copy.status, copy.message, str(copy)) == (3, "no such device", str(error))
+
+
+def test_package_docstring_example_runs():
+    results = doctest.testmod(mfa_native)
+    assert results.attempted >= 4 and results.failed == 0
 
 
 # ---- loading the library ------------------------------------------------------------------------
