@@ -10,6 +10,9 @@
 # them there. <target> must contain the executor: it is libmfa, or links mfa_sim_test_runtime.
 include_guard(GLOBAL)
 find_package(Python3 COMPONENTS Interpreter REQUIRED)
+# The first directory to include this file owns the imported target; every directory that
+# compiles kernels needs it.
+set_property(TARGET Python3::Interpreter PROPERTY IMPORTED_GLOBAL TRUE)
 
 set(MFA_SIM_DIR ${CMAKE_CURRENT_LIST_DIR} CACHE INTERNAL "metal-sim sources")
 set(MFA_SIM_COMPAT_INCLUDE_DIR ${CMAKE_CURRENT_LIST_DIR}/include CACHE INTERNAL

@@ -72,6 +72,8 @@ constexpr size_t kFiberStackBytes = size_t{256} << 10;
 constexpr size_t kFiberStackBytes = size_t{256} << 10;
 #endif
 
+constexpr unsigned kMaxLiveFiberStacks = 16384;
+
 struct StackPool {
     std::mutex mutex;
     std::vector<std::unique_ptr<FiberStack>> free;
@@ -507,7 +509,10 @@ mfa_status run_dispatch(const Dispatch& d) {
 
     uint64_t worker_count = d.num_workers > 0 ? static_cast<uint64_t>(d.num_workers)
                                               : std::max(1u, std::thread::hardware_concurrency());
-    worker_count = std::min(worker_count, run.threadgroup_count);
+    // Every fiber stack is two memory mappings (stack and guard page); stay well inside Linux's
+    // default limit of 65530 mappings per process.
+    worker_count = std::min({worker_count, run.threadgroup_count,
+                             uint64_t{std::max(1u, kMaxLiveFiberStacks / run.threads_per_group)}});
     std::vector<Worker> workers(worker_count);
     for (Worker& w : workers) {
         w.run = &run;

@@ -42,6 +42,15 @@
 // standard library. Address-space mismatches (a threadgroup pointer where a device pointer is
 // expected) are NOT caught: see include/metal_stdlib for why.
 //
+// Differences from Apple's compiler to keep in mind (details in include/mfa_sim_metal.h):
+//   - float2(a, b)-style constructors are macros over metal::make_vec; `(float4)int4_value` is a
+//     bit cast here, so convert with float4(int4_value).
+//   - half is _Float16 (1.5h works); bfloat is a struct (bfloat(1.5f); no `bf` literal), its
+//     vectors convert and index but have no arithmetic; there are no bool vectors: comparisons
+//     of vectors give int/short masks, which select(), all() and any() accept.
+//   - fast:: and precise:: math compute the same precise results; denormals are not flushed.
+//   - Recursion and function pointers are not rejected.
+//
 // Execution semantics (what a dispatch guarantees and checks):
 //   - Each threadgroup runs its threads as fibers on one worker; threadgroups are spread over
 //     num_workers OS threads. threadgroup_barrier, simdgroup_barrier, every simd_* function and
@@ -55,6 +64,8 @@
 //   - schedule_seed != 0 shuffles the order in which runnable threads run between rendezvous,
 //     so a missing barrier shows up as wrong results; 0 runs them in index order.
 //   - dispatch() is thread-safe: many threads may dispatch at once, with any kernels.
+//   - Kernel threads run on 256 KB stacks (1 MB under AddressSanitizer) with a guard page:
+//     a kernel that overflows its stack crashes rather than corrupting its neighbours.
 #ifndef MFA_METAL_SIM_SIM_H
 #define MFA_METAL_SIM_SIM_H
 
@@ -62,15 +73,6 @@
 #include <cstdint>
 
 #include "mfa.h"
-
-// Transitional: exported from libmfa only because tests/planner/test_lane_layout_probe.cpp links
-// libmfa to reach dispatch(). Once it links mfa_sim_test_runtime instead (docs/requests-sim.md),
-// this goes and libmfa exports exactly the C API again.
-#if defined(__GNUC__) || defined(__clang__)
-#define MFA_SIM_API __attribute__((visibility("default")))
-#else
-#define MFA_SIM_API
-#endif
 
 namespace mfa::sim {
 
@@ -145,10 +147,10 @@ struct Dispatch {
 // divergent barrier, a partial SIMD-group operation, an unbound buffer the kernel uses, ...) and
 // records the message with mfa_set_error on the calling thread. Buffers may be partly written
 // when a dispatch fails, as on a GPU.
-MFA_SIM_API mfa_status dispatch(const Dispatch& dispatch);
+mfa_status dispatch(const Dispatch& dispatch);
 
 // Whether a kernel with this host name is compiled into this binary.
-MFA_SIM_API bool has_kernel(const char* name);
+bool has_kernel(const char* name);
 
 }  // namespace mfa::sim
 
