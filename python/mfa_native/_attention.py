@@ -148,9 +148,7 @@ def _params(causal, causal_alignment, window, scale):
         with np.errstate(over="ignore"):  # too large for float32 is reported just below
             scale_value = float(np.float32(scale_value))
         if not math.isfinite(scale_value) or scale_value == 0.0:
-            raise ValueError(
-                f"scale must be finite and nonzero as a float32, got {scale!r}"
-            )
+            raise ValueError(f"scale must be finite and nonzero as a float32, got {scale!r}")
     params = ffi.new("mfa_attention_params*")
     lib.mfa_attention_params_init(params)
     params.scale = scale_value
@@ -185,6 +183,11 @@ def _check_inputs(q, k, v, layout):
             f"k.shape[{axis}] (key/value heads) = {heads_kv}"
         )
     return arrays
+
+
+def _lse_shape(arrays, batch, heads_q, seq_q):
+    """lse's shape: [B, Hq, Nq], or [Hq, Nq] for rank-3 arrays, whatever the layout."""
+    return (batch, heads_q, seq_q) if arrays.rank == 4 else (heads_q, seq_q)
 
 
 def attention(q, k, v, *, causal=False, causal_alignment="bottom_right", window=None,
@@ -258,10 +261,6 @@ def attention(q, k, v, *, causal=False, causal_alignment="bottom_right", window=
         _lse_tensor(lse) if return_lse else ffi.NULL,
     )
     return (out, lse) if return_lse else out
-
-
-def _lse_shape(arrays, batch, heads_q, seq_q):
-    return (batch, heads_q, seq_q) if arrays.rank == 4 else (heads_q, seq_q)
 
 
 def attention_backward(dout, q, k, v, out, lse, *, causal=False,
