@@ -113,7 +113,8 @@ static void check_pass(const mfa_problem* p, const mfa_pass_plan* pass, uint32_t
           "P %u", pass->block_parallel);
     CHECK(pass->block_traversal % 8 == 0 && pass->block_traversal <= MFA_MAX_BLOCK_TRAVERSAL,
           "T %u", pass->block_traversal);
-    CHECK(pass->block_head % 8 == 0 && pass->block_head > 0, "head %u", pass->block_head);
+    CHECK(pass->block_head % 8 == 0 && pass->block_head > 0 &&
+              pass->block_head <= MFA_MAX_BLOCK_HEAD, "head %u", pass->block_head);
     CHECK(pass->block_out % pass->block_head == 0 && pass->block_out <= MFA_MAX_BLOCK_OUT,
           "out %u head %u", pass->block_out, pass->block_head);
     CHECK(pass->params_index == MFA_BUFFER_PARAMS, "params index");
@@ -250,7 +251,7 @@ static void test_table_rows(void) {
                           "P");
                     CHECK(r->block_traversal % 8 == 0 &&
                               r->block_traversal <= MFA_MAX_BLOCK_TRAVERSAL, "T");
-                    CHECK(r->block_head % 8 == 0, "head");
+                    CHECK(r->block_head % 8 == 0 && r->block_head <= MFA_MAX_BLOCK_HEAD, "head");
                     uint32_t bytes = 4 * mfa_staging_floats(r->block_parallel, r->block_traversal,
                                                             r->block_head, 2);
                     CHECK(bytes <= MFA_PLAN_THREADGROUP_MEMORY_LIMIT,
