@@ -117,6 +117,17 @@ static mfa_status choose_blocks(const mfa_problem* problem, mfa_gpu_family famil
     const mfa_block_row* row =
         mfa_block_row_for(mfa_block_table_for(family, precision, kind), widest);
 
+    /* Tables are edited by hand when retuning: a row the kernels cannot run is a bug to report,
+     * never something to dispatch. */
+    if (row->block_parallel % 8 || row->block_parallel == 0 ||
+        row->block_parallel > MFA_MAX_BLOCK_PARALLEL || row->block_traversal % 8 ||
+        row->block_traversal == 0 || row->block_traversal > MFA_MAX_BLOCK_TRAVERSAL ||
+        row->block_head % 8 || row->block_head == 0 || row->block_head > MFA_MAX_BLOCK_HEAD)
+        return mfa_set_error(MFA_ERROR_INTERNAL,
+                             "metal planner: table row (D<=%u: %u, %u, %u) is outside the "
+                             "kernels' limits", row->max_head_dim, row->block_parallel,
+                             row->block_traversal, row->block_head);
+
     uint32_t parallel = row->block_parallel;
     while (parallel > 8 && parallel / 8 * 32 > max_threads) parallel /= 2;
     if (parallel / 8 * 32 > max_threads)
