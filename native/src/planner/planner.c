@@ -128,12 +128,10 @@ static mfa_status choose_blocks(const mfa_problem* problem, mfa_gpu_family famil
                              "kernels' limits", row->max_head_dim, row->block_parallel,
                              row->block_traversal, row->block_head);
 
+    /* Fewer simdgroups (8 rows each) when the pipeline cannot run the table's threadgroup;
+     * check_problem guaranteed room for one. */
     uint32_t parallel = row->block_parallel;
-    while (parallel > 8 && parallel / 8 * 32 > max_threads) parallel /= 2;
-    if (parallel / 8 * 32 > max_threads)
-        return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
-                             "metal planner: max_threads_per_threadgroup %u is below one "
-                             "simdgroup (32 threads)", max_threads);
+    if (parallel / 8 * 32 > max_threads) parallel = max_threads / 32 * 8;
 
     const uint32_t widest8 = round_up((uint32_t)widest, 8);
     const uint32_t head = row->block_head < widest8 ? row->block_head : widest8;
