@@ -390,6 +390,13 @@ static void test_limits_and_errors(void) {
     CHECK(plan.passes[0].threads_per_threadgroup <= 64 && plan.passes[0].block_parallel == 16,
           "P %u under a 64-thread pipeline", plan.passes[0].block_parallel);
     check_coverage(&p, &plan.passes[0]);
+    CHECK(mfa_plan_backward(&p, MFA_GPU_FAMILY_APPLE8, 96, &plan) == MFA_OK, "%s", last_error);
+    for (uint32_t i = 0; i < plan.num_passes; ++i) {
+        CHECK(plan.passes[i].block_parallel == 24, "P %u under a 96-thread pipeline",
+              plan.passes[i].block_parallel);
+        check_pass(&p, &plan.passes[i], 96);
+        check_coverage(&p, &plan.passes[i]);
+    }
     CHECK(mfa_plan_forward(&p, MFA_GPU_FAMILY_APPLE9, 16, &plan) == MFA_ERROR_INVALID_ARGUMENT,
           "max threads below a simdgroup");
     CHECK(strstr(last_error, "max_threads_per_threadgroup") != NULL, "message: %s", last_error);
