@@ -128,6 +128,7 @@ struct SimdGroup {
     unsigned arrived = 0;
     unsigned leader = 0;
     void* records[kSimdWidth] = {};
+    const Site* sites[kSimdWidth] = {};  // where each lane waits, kept together for the check
 };
 
 struct KernelThread {
@@ -170,7 +171,7 @@ std::string describe_site(const Site* site) {
     return std::string(site->operation) + " at " + site->file + ":" + std::to_string(site->line);
 }
 
-bool same_site(const Site* a, const Site* b) {
+inline bool same_site(const Site* a, const Site* b) {
     return a->line == b->line &&
            (a->operation == b->operation || std::strcmp(a->operation, b->operation) == 0) &&
            (a->file == b->file || std::strcmp(a->file, b->file) == 0);
@@ -201,7 +202,8 @@ struct Worker {
     char* threadgroup_memory_pointers[kMaxThreadgroupMemoryBindings] = {};
     ArgumentTable arguments = {};
     FiberContext scheduler;
-    std::vector<unsigned> runnable;  // ring buffer of thread indices
+    std::vector<unsigned> runnable;  // ring buffer of thread indices, power-of-two capacity
+    size_t runnable_mask = 0;
     size_t runnable_head = 0;
     size_t runnable_size = 0;
     uint64_t rng = 0;
@@ -211,17 +213,17 @@ struct Worker {
 
     void push_runnable(unsigned index) {
         threads[index].state = ThreadState::Runnable;
-        runnable[(runnable_head + runnable_size) % runnable.size()] = index;
+        runnable[(runnable_head + runnable_size) & runnable_mask] = index;
         ++runnable_size;
     }
 
     unsigned pop_runnable() {
         if (run->dispatch->schedule_seed != 0 && runnable_size > 1) {
             const size_t pick = splitmix64(&rng) % runnable_size;
-            std::swap(runnable[runnable_head], runnable[(runnable_head + pick) % runnable.size()]);
+            std::swap(runnable[runnable_head], runnable[(runnable_head + pick) & runnable_mask]);
         }
         const unsigned index = runnable[runnable_head];
-        runnable_head = (runnable_head + 1) % runnable.size();
+        runnable_head = (runnable_head + 1) & runnable_mask;
         --runnable_size;
         return index;
     }
@@ -264,7 +266,10 @@ bool Worker::prepare(const DispatchRun& dispatch_run) {
     const unsigned count = dispatch_run.threads_per_group;
     threads.assign(count, KernelThread{});
     simd_groups.assign((count + kSimdWidth - 1) / kSimdWidth, SimdGroup{});
-    runnable.assign(count, 0);
+    size_t capacity = 1;
+    while (capacity < count) capacity *= 2;
+    runnable.assign(capacity, 0);
+    runnable_mask = capacity - 1;
     if (!acquire_stacks(count, &stacks)) return false;
     for (int i = 0; i < kMaxThreadgroupMemoryBindings; ++i) {
         threadgroup_memory.emplace_back(d.threadgroup_memory_lengths[i]);
@@ -593,6 +598,7 @@ extern "C" mfa_sim_abi::SimdRendezvous mfa_sim_simd_arrive(const mfa_sim_abi::Si
     mfa::sim::SimdGroup* simd = t->simd;
     const unsigned lane = t->info.thread_index_in_simdgroup;
     simd->records[lane] = record;
+    simd->sites[lane] = site;
     t->waiting_at = site;
     if (++simd->arrived < simd->lanes) {
         t->state = ThreadState::AtSimd;
@@ -602,8 +608,8 @@ extern "C" mfa_sim_abi::SimdRendezvous mfa_sim_simd_arrive(const mfa_sim_abi::Si
     }
     mfa::sim::Worker* w = t->worker;
     for (unsigned l = 0; l < simd->lanes; ++l) {
-        const KernelThread& other = w->threads[simd->first_thread + l];
-        if (l != lane && !mfa::sim::same_site(other.waiting_at, site)) {
+        if (l != lane && !mfa::sim::same_site(simd->sites[l], site)) {
+            const KernelThread& other = w->threads[simd->first_thread + l];
             w->record_failure(t, "the lanes of SIMD-group " +
                                   std::to_string(t->info.simdgroup_index_in_threadgroup) +
                                   " are in different SIMD-group functions (divergent control "
