@@ -64,12 +64,20 @@ def _available_backends():
 BACKENDS = _available_backends()
 
 
+# Score-matrix entries (B * Hq * Nq * Nk) above which a case is too slow for metal-sim, which
+# executes every simulated GPU thread on the CPU.
+SIMULATOR_MAX_SCORES = 150_000
+
+
 def backend_params(cases, simulator_cases):
-    """pytest params (backend, case): `cases` on the native backends, the smaller
-    `simulator_cases` on every metal-sim run (it executes GPU kernels on the CPU, slowly)."""
+    """pytest params (backend, case): `cases` on the native backends; on every metal-sim run,
+    `simulator_cases` (chosen for its kernels) and the affordable ones among `cases`."""
+    affordable = [case for case in cases if case.batch * case.query_heads * case.num_queries
+                  * case.num_keys <= SIMULATOR_MAX_SCORES]
+    on_simulator = list(dict.fromkeys(simulator_cases + affordable))
     return [pytest.param(backend, case, id=f"{backend.id}-{case.id}")
             for backend in BACKENDS
-            for case in (simulator_cases if backend.is_simulator else cases)]
+            for case in (on_simulator if backend.is_simulator else cases)]
 
 
 def backend_only_params():

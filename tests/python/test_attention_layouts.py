@@ -65,19 +65,22 @@ def place_input(array, arrangement):
     return buffer[index]
 
 
-def output_slot(shape, dtype, arrangement, sentinel=7.0):
+OUTPUT_SENTINEL = 7.0
+
+
+def output_slot(shape, dtype, arrangement):
     """(view, buffer, index) for an output of bhsd shape `shape`, or Nones when mfa allocates."""
     if arrangement.output_steps is None:
         return None, None, None
     template = to_layout(np.zeros(shape, dtype=dtype), arrangement.layout)
-    buffer, index = embed(template, arrangement.output_steps, sentinel)
+    buffer, index = embed(template, arrangement.output_steps, OUTPUT_SENTINEL)
     return buffer[index], buffer, index
 
 
-def assert_only_view_written(buffer, index, sentinel=7.0):
+def assert_only_view_written(buffer, index):
     outside = buffer.astype(np.float64)
-    outside[index] = sentinel
-    assert np.all(outside == sentinel), "an output was written outside its view"
+    outside[index] = OUTPUT_SENTINEL
+    assert np.all(outside == OUTPUT_SENTINEL), "an output was written outside its view"
 
 
 PARAMS = [pytest.param(backend, name, dtype, id=f"{backend.id}-{name}-{dtype}")
