@@ -32,6 +32,8 @@ CASES = [
     Case(129, 1000, 64, 64, scale=3.0, dtype="bf16"),
     Case(1000, 129, 64, 48, batch=2, query_heads=6, kv_heads=2, causal=True,
          causal_alignment="top_left"),
+    Case(17, 40, 40, 24, batch=5, query_heads=7, kv_heads=7, causal=True),
+    Case(17, 40, 24, 40, batch=2, query_heads=16, kv_heads=1, window=(3, 3), dtype="f16"),
 ]
 
 # As in test_attention_forward.py, head dimensions fall into every row of the planner's
@@ -82,16 +84,28 @@ PIPELINE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("backend, case", backend_params(PIPELINE_CASES, PIPELINE_CASES))
-def test_backward_of_the_backends_own_forward(backend, case):
+def check_forward_then_backward(case, context):
+    """The backend's own forward results fed to its backward, judged by the reference."""
     rng = case.rng()
     q, k, v = case.inputs(rng)
     dout = case.array(rng, case.query_heads, case.num_queries, case.value_dim)
-    context = backend.context()
     out, lse = mfa_native.attention(q, k, v, **case.options, return_lse=True, backend=context)
     gradients = mfa_native.attention_backward(dout, q, k, v, out, lse, **case.options,
                                               backend=context)
     check_backward(case, gradients, dout, q, k, v, out)
+
+
+@pytest.mark.parametrize("backend, case", backend_params(PIPELINE_CASES, PIPELINE_CASES))
+def test_backward_of_the_backends_own_forward(backend, case):
+    check_forward_then_backward(case, backend.context())
+
+
+@pytest.mark.parametrize("backend", backend_only_params())
+def test_backward_at_the_largest_advertised_head_dim(backend):
+    context = backend.context()
+    head_dim = context.capabilities["max_head_dim"]
+    check_forward_then_backward(Case(9, 17, head_dim, head_dim - 24, causal=True, dtype="bf16"),
+                                context)
 
 
 # Tiny f32 problems for finite differences: mixed masks, GQA, Dv != D, and a row without keys.

@@ -39,6 +39,8 @@ CASES = [
     Case(129, 1000, 64, 64, scale=3.0, dtype="bf16"),
     Case(1000, 129, 64, 48, batch=2, query_heads=6, kv_heads=2, causal=True,
          causal_alignment="top_left"),
+    Case(17, 40, 40, 24, batch=5, query_heads=7, kv_heads=7, causal=True),
+    Case(17, 40, 24, 40, batch=2, query_heads=16, kv_heads=1, window=(3, 3), dtype="f16"),
     Case(33, 2, 256, 33, query_heads=4, kv_heads=4, causal=True, window=(0, -1), dtype="bf16"),
 ]
 
@@ -88,4 +90,14 @@ def test_masks_hold_when_every_score_is_far_below_zero(backend, dtype):
     q, k = np.abs(q) + DTYPES[dtype].type(0.5), -np.abs(k) - DTYPES[dtype].type(0.5)
     out, lse = mfa_native.attention(q, k, v, **case.options, return_lse=True,
                                     backend=backend.context())
+    check_forward(case, out, lse, q, k, v)
+
+
+@pytest.mark.parametrize("backend", backend_only_params())
+def test_forward_at_the_largest_advertised_head_dim(backend):
+    context = backend.context()
+    head_dim = context.capabilities["max_head_dim"]
+    case = Case(9, 17, head_dim, head_dim - 24, causal=True, dtype="bf16")
+    q, k, v = case.inputs(case.rng())
+    out, lse = mfa_native.attention(q, k, v, **case.options, return_lse=True, backend=context)
     check_forward(case, out, lse, q, k, v)
