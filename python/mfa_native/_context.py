@@ -22,7 +22,7 @@ def _enum_names(c_type, prefix):
 
 _BACKENDS = {
     ffi.string(lib.mfa_backend_name(value)).decode(): value
-    for value in ffi.typeof("mfa_backend").elements
+    for value in sorted(ffi.typeof("mfa_backend").elements)
 }
 _GPU_FAMILIES = {
     name: value
