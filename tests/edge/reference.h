@@ -48,7 +48,9 @@ static void ref_free(ref_result* r) {
     for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) free(all[i]);
 }
 
-/* Scaled scores of row (b, h, i) into s[] (-inf where masked); returns the row maximum. */
+/* Scaled scores of row (b, h, i) into s[] (-inf where masked); returns the row maximum, or
+ * NaN when a visible score is NaN, so that NaN inputs propagate to the row's results.
+ * max_score tracks the largest finite |score|. */
 static double ref_scores(const ref_problem* p, const mfa_tensor* q, const mfa_tensor* k, int64_t b,
                          int64_t h, int64_t i, double* s, double* max_score) {
     const int64_t hk = h / (p->heads_q / p->heads_kv);
@@ -59,8 +61,9 @@ static double ref_scores(const ref_problem* p, const mfa_tensor* q, const mfa_te
         double dot = 0;
         for (int64_t x = 0; x < p->head_dim; ++x) dot += test_get(q, b, h, i, x) * test_get(k, b, hk, j, x);
         s[j] = dot * p->scale;
-        if (fabs(s[j]) > *max_score) *max_score = fabs(s[j]);
-        if (s[j] > m) m = s[j];
+        if (isfinite(s[j]) && fabs(s[j]) > *max_score) *max_score = fabs(s[j]);
+        if (isnan(s[j]) || isnan(m)) m = NAN;
+        else if (s[j] > m) m = s[j];
     }
     return m;
 }
@@ -185,13 +188,14 @@ static double ref_underflow(mfa_dtype dtype) {
  * product on matrix hardware: 4 u * max|want| covers both; plus (b) fp32 arithmetic over sums
  * of n terms, growing like a random walk (8 u32 sqrt(n)), on terms whose own error is amplified
  * by exp() of scores computed with relative error u32 (the 1 + max_score factor); plus (c)
- * the dtype's subnormal spacing, below which a result may flush to 0. */
+ * the storage dtype's subnormal spacing, below which a result may round to 0, and that of
+ * f32 once per term, for sums of subnormal fp32 terms (absolute, not relative, rounding). */
 static double ref_allowed_error(mfa_dtype dtype, double max_abs_want, double magnitude,
                                 int64_t reduction_length, double max_score) {
     const double u32 = ldexp(1.0, -24);
     return 4 * ref_unit_roundoff(dtype) * max_abs_want +
            8 * u32 * sqrt((double)reduction_length) * (1 + max_score) * magnitude +
-           ref_underflow(dtype);
+           ref_underflow(dtype) + (double)reduction_length * ref_underflow(MFA_DTYPE_F32);
 }
 
 static double ref_max_abs(const double* x, int64_t n) {
