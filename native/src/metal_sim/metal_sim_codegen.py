@@ -152,6 +152,7 @@ class Codegen:
         self.instantiations = []  # (host name, KernelFunction name, expression, namespace, token)
         self.constants = []  # (qualified namespace, name)
         self.constant_names = set()
+        self.threadgroup_variables = 0  # threadgroup variables declared in kernel bodies
 
     # ---- helpers ----
 
@@ -242,8 +243,11 @@ class Codegen:
                     i = self.on_program_scope_constant(i, scopes)
                     statement_start = i
                     continue
-                if tok.text == "__mfa_sim_threadgroup__" and any(k == "block" for k, _ in scopes):
-                    self.check_threadgroup_in_function(i)
+                if tok.text == "__mfa_sim_threadgroup__" and any(k == "block" for k, _ in scopes) \
+                        and i == statement_start and self.is_variable_declaration(i):
+                    i = self.on_threadgroup_variable(i)
+                    statement_start = i
+                    continue
                 self.blank(i, i)
                 if tok.text == "__mfa_sim_kernel__":
                     self.on_kernel(i, i + 1, statement_start, scopes)
@@ -276,16 +280,40 @@ class Codegen:
     def namespace_of(self, scopes):
         return [name for kind, name in scopes if kind == "namespace"]
 
-    def check_threadgroup_in_function(self, i):
+    def is_variable_declaration(self, i):
+        """Whether the statement at marker i declares storage (not a pointer or reference)."""
         j = i + 1
-        while j < len(self.tokens) and self.tokens[j].text not in (";", "=", ")", ","):
+        while j < len(self.tokens) and self.tokens[j].text not in (";", "=", "(", ")", ","):
             if self.tokens[j].text in ("*", "&"):
-                return
+                return False
             j += 1
-        if j < len(self.tokens) and self.tokens[j].text in (";", "="):
-            self.error(self.tokens[i], "threadgroup variables declared inside a function are not "
-                       "supported by metal-sim; pass threadgroup memory as a "
-                       "[[threadgroup(i)]] kernel argument")
+        return j < len(self.tokens) and self.tokens[j].text == ";"
+
+    def on_threadgroup_variable(self, i):
+        """threadgroup T name[dims]; inside a kernel -> a reference to per-threadgroup memory.
+
+        The executor hands every thread of a threadgroup the same allocation for this
+        declaration, sized and aligned for T[dims] and counted against the 32 KB limit."""
+        end = i
+        while self.tokens[end].text != ";":
+            end += 1
+        body = self.tokens[i + 1:end]
+        bracket = next((n for n, t in enumerate(body) if t.text == "["), len(body))
+        if bracket < 2 or body[bracket - 1].kind != "identifier":
+            self.error(self.tokens[i], "unsupported threadgroup variable declaration (one "
+                       "variable per declaration: threadgroup T name[N];)")
+        name = body[bracket - 1].text
+        type_text = " ".join(t.text for t in body[:bracket - 1])
+        dims = " ".join(t.text for t in body[bracket:])
+        number = self.threadgroup_variables
+        self.threadgroup_variables += 1
+        alias = f"__mfa_sim_threadgroup_type_{number}"
+        self.replace(i, end,
+                     f"using {alias} = {type_text} {dims}; "
+                     f"{alias}& {name} = *reinterpret_cast<{alias}*>("
+                     f"::mfa_sim_threadgroup_variable({number}, sizeof({alias}), "
+                     f"alignof({alias})));")
+        return end + 1
 
     # ---- program-scope constants ----
 

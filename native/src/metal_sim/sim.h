@@ -36,10 +36,12 @@
 // Both are per dispatch (thread-local in the simulator), so concurrent dispatches with different
 // constants do not interfere. is_function_constant_defined(name) works on either.
 //
-// Not supported, and rejected at build time: `threadgroup` variables declared inside a kernel
-// body (declare threadgroup memory as a [[threadgroup(i)]] argument, as issue 4 asks), size_t
-// and ptrdiff_t kernel arguments, double, exceptions, RTTI, dynamic allocation, the C++
-// standard library. Address-space mismatches (a threadgroup pointer where a device pointer is
+// Threadgroup variables declared in a kernel body (`threadgroup float tile[64];`, one per
+// declaration) are supported too: one allocation per threadgroup, counted with the
+// [[threadgroup(i)]] lengths against the 32 KB limit.
+//
+// Rejected at build time, as Metal rejects them: size_t and ptrdiff_t kernel arguments, double,
+// exceptions, RTTI, virtual functions, dynamic allocation, the C++ standard library. Address-space mismatches (a threadgroup pointer where a device pointer is
 // expected) are NOT caught: see include/metal_stdlib for why.
 //
 // Differences from Apple's compiler to keep in mind (details in include/mfa_sim_metal.h):
