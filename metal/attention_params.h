@@ -12,7 +12,9 @@
 #ifndef MFA_ATTENTION_PARAMS_H
 #define MFA_ATTENTION_PARAMS_H
 
-#if !defined(__METAL_VERSION__)
+#if defined(__METAL_VERSION__)
+#include <metal_stdlib>
+#else
 #include <stdint.h>
 #endif
 
