@@ -9,17 +9,6 @@
 #include "rows.h"
 #include "scores.h"
 
-inline void store_rows(device uchar* dst, operand_slice slice, thread simd_fragment* acc,
-                       column_range cols, int row, float factor, ushort lane) {
-    const uint col0 = cols.begin + fragment_col(lane);
-    #pragma unroll
-    for (uint j = 0; j < fc_out_fragments; ++j)
-        for (ushort e = 0; e < 2; ++e) {
-            const uint col = col0 + j * 8 + e;
-            if (col < cols.end) store_element(dst, slice.at(row, col), acc[j].thread_elements()[e] * factor);
-        }
-}
-
 inline void attention_backward_key_value(device const uchar* q, device const uchar* k,
                                          device const uchar* v, device const float* l,
                                          device const float* delta, device const uchar* dout,

@@ -85,15 +85,7 @@ inline void attention_backward_query(device const uchar* q, device const uchar* 
     }
 
     if (row >= p.seq_q) return;
-    const operand_slice dq_slice = slice_of(p.dq, batch, head);
-    const uint col0 = out_cols.begin + fragment_col(lane);
-    #pragma unroll
-    for (uint j = 0; j < fc_out_fragments; ++j)
-        for (ushort e = 0; e < 2; ++e) {
-            const uint col = col0 + j * 8 + e;
-            if (col < out_cols.end)
-                store_element(dq, dq_slice.at(row, col), dq_acc[j].thread_elements()[e] * p.scale);
-        }
+    store_rows(dq, slice_of(p.dq, batch, head), dq_acc, out_cols, row, p.scale, lane);
 }
 
 #endif

@@ -54,15 +54,7 @@ inline void attention_forward(device const uchar* q, device const uchar* k, devi
 
     if (row >= p.seq_q) return;
     const float normalizer = stats.sum > 0.0f ? 1.0f / stats.sum : 0.0f;
-    const operand_slice o_slice = slice_of(p.o, batch, head);
-    const uint col0 = out_cols.begin + fragment_col(lane);
-    #pragma unroll
-    for (uint j = 0; j < fc_out_fragments; ++j)
-        for (ushort e = 0; e < 2; ++e) {
-            const uint col = col0 + j * 8 + e;
-            if (col < out_cols.end)
-                store_element(o, o_slice.at(row, col), out[j].thread_elements()[e] * normalizer);
-        }
+    store_rows(o, slice_of(p.o, batch, head), out, out_cols, row, normalizer, lane);
     if (fc_has_lse && out_block == 0 && fragment_row_quarter(lane) == 0)
         l[slice_of(p.l, batch, head).at(row, 0)] = softmax_row_log_sum_exp(stats);
 }

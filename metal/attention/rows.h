@@ -108,4 +108,18 @@ inline column_range output_columns(uint out_block, uint width) {
     return r;
 }
 
+// Stores this lane's elements of an 8-row accumulator slab, times `factor`, into sequence row
+// `row` of the output columns `cols`.
+inline void store_rows(device uchar* dst, operand_slice slice, thread simd_fragment* acc,
+                       column_range cols, int row, float factor, ushort lane) {
+    const uint col0 = cols.begin + fragment_col(lane);
+    #pragma unroll
+    for (uint j = 0; j < fc_out_fragments; ++j)
+        for (ushort e = 0; e < 2; ++e) {
+            const uint col = col0 + j * 8 + e;
+            if (col < cols.end)
+                store_element(dst, slice.at(row, col), acc[j].thread_elements()[e] * factor);
+        }
+}
+
 #endif
