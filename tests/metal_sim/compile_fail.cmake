@@ -1,5 +1,5 @@
 # Runs every kernel in KERNELS through the simulator's compilation steps (preprocess, codegen,
-# compile) and checks the outcome each file announces on its first line:
+# compile, IR check) and checks the outcome each file announces on its first line:
 #   // expect-success          it must compile
 #   // expect: <regex>         it must fail, with diagnostics matching <regex>
 # Invoked by ctest (tests/metal_sim/CMakeLists.txt) with the build's own compiler and flags.
@@ -23,7 +23,15 @@ foreach(kernel IN LISTS kernels)
   endif()
   if(status EQUAL 0)
     execute_process(
-      COMMAND ${COMPILER} -std=c++17 -fsyntax-only ${COMPILE_OPTIONS} ${WORK_DIR}/${stem}.sim.cpp
+      COMMAND ${COMPILER} -std=c++17 -O0 ${COMPILE_OPTIONS} -S -emit-llvm ${WORK_DIR}/${stem}.sim.cpp
+              -o ${WORK_DIR}/${stem}.ll
+      RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err)
+    string(APPEND output "${out}${err}")
+  endif()
+  if(status EQUAL 0)
+    execute_process(
+      COMMAND ${PYTHON} ${CHECK_IR} ${WORK_DIR}/${stem}.ll --source ${kernel}
+              --stamp ${WORK_DIR}/${stem}.checked
       RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err)
     string(APPEND output "${out}${err}")
   endif()

@@ -5,7 +5,9 @@
 #      system headers at all, so a kernel that includes the C++ standard library fails here;
 #   2. metal_sim_codegen.py, which strips Metal's attributes, makes function constants
 #      per-dispatch, and appends the argument-binding glue generated from each kernel signature;
-#   3. the C++ compiler, with -fno-exceptions -fno-rtti, as a source of <target>.
+#   3. the C++ compiler, with -fno-exceptions -fno-rtti, as a source of <target>;
+#   4. metal_sim_check_ir.py over the unit's unoptimised LLVM IR, which rejects recursion and
+#      calls through function pointers (Metal allows neither; C++ cannot tell).
 # The kernels register themselves by host name when <target> is loaded; mfa::sim::dispatch finds
 # them there. <target> must contain the executor: it is libmfa, or links mfa_sim_test_runtime.
 include_guard(GLOBAL)
@@ -19,6 +21,8 @@ set(MFA_SIM_COMPAT_INCLUDE_DIR ${CMAKE_CURRENT_LIST_DIR}/include CACHE INTERNAL
     "metal-sim compatibility headers")
 set(MFA_SIM_CODEGEN ${CMAKE_CURRENT_LIST_DIR}/metal_sim_codegen.py CACHE INTERNAL
     "metal-sim code generator")
+set(MFA_SIM_CHECK_IR ${CMAKE_CURRENT_LIST_DIR}/metal_sim_check_ir.py CACHE INTERNAL
+    "metal-sim recursion and function-pointer check")
 # The language mode the kernels are preprocessed in: MSL 3.1 (bfloat) on a C++17 base.
 set(MFA_SIM_PREPROCESS_FLAGS -E -x c++ -std=c++17 -nostdinc -nostdinc++
     -isystem ${MFA_SIM_COMPAT_INCLUDE_DIR} -D__METAL_VERSION__=310 -D__HAVE_BFLOAT__=1
@@ -54,12 +58,22 @@ function(mfa_sim_add_kernels target)
       DEPFILE ${preprocessed}.d
       COMMENT "metal-sim: compiling ${stem}.metal as C++"
       VERBATIM)
+    set(checked ${out_dir}/${stem}.checked)
+    add_custom_command(
+      OUTPUT ${checked}
+      COMMAND ${CMAKE_CXX_COMPILER} -std=c++17 -O0 ${MFA_SIM_KERNEL_COMPILE_OPTIONS} -S -emit-llvm
+              ${generated} -o ${out_dir}/${stem}.ll
+      COMMAND Python3::Interpreter ${MFA_SIM_CHECK_IR} ${out_dir}/${stem}.ll --source ${source}
+              --stamp ${checked}
+      DEPENDS ${generated} ${MFA_SIM_CHECK_IR}
+      COMMENT "metal-sim: checking ${stem}.metal for recursion and function pointers"
+      VERBATIM)
     target_sources(${target} PRIVATE ${generated})
     # Source properties are per directory: set them where <target> lives, which may not be here.
     set_source_files_properties(${generated} TARGET_DIRECTORY ${target} PROPERTIES
       GENERATED TRUE
       COMPILE_OPTIONS "${MFA_SIM_KERNEL_COMPILE_OPTIONS}")
-    list(APPEND all_generated ${generated})
+    list(APPEND all_generated ${generated} ${checked})
   endforeach()
   # A custom command's rule only reaches targets of its own directory; this target carries it
   # to <target> wherever that is defined.

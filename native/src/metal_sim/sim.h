@@ -41,7 +41,8 @@
 // [[threadgroup(i)]] lengths against the 32 KB limit.
 //
 // Rejected at build time, as Metal rejects them: size_t and ptrdiff_t kernel arguments, double,
-// exceptions, RTTI, virtual functions, dynamic allocation, the C++ standard library. Address-space mismatches (a threadgroup pointer where a device pointer is
+// exceptions, RTTI, virtual functions, dynamic allocation, the C++ standard library, recursion
+// and calls through function pointers. Address-space mismatches (a threadgroup pointer where a device pointer is
 // expected) are NOT caught: see include/metal_stdlib for why.
 //
 // Differences from Apple's compiler to keep in mind (details in include/mfa_sim_metal.h):
@@ -51,7 +52,6 @@
 //     vectors convert and index but have no arithmetic; there are no bool vectors: comparisons
 //     of vectors give int/short masks, which select(), all() and any() accept.
 //   - fast:: and precise:: math compute the same precise results; denormals are not flushed.
-//   - Recursion and function pointers are not rejected.
 //
 // Execution semantics (what a dispatch guarantees and checks):
 //   - Each threadgroup runs its threads as fibers on one worker; threadgroups are spread over
