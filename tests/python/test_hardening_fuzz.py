@@ -1,0 +1,253 @@
+"""Property-based fuzzing of the Python API (hypothesis), the counterpart of tests/fuzz:
+
+- valid calls, drawn over shapes, dtypes, layouts, strided and negative-stride views, rank 3 and
+  4, masks, windows, scales and GQA, on every available backend, match a float64 reference
+  written here, forward and backward, and write only the outputs they return;
+- invalid calls, a valid call with one thing broken, raise TypeError, ValueError or
+  mfa_native.MFAError with a message naming the culprit, and leave a given ``out`` untouched.
+
+Skipped when hypothesis is not installed. Examples per test: 40, or MFA_HYPOTHESIS_EXAMPLES
+for long runs (docs/fuzzing.md). The search is derandomized, so a CI failure reproduces.
+"""
+
+import os
+
+import numpy as np
+import pytest
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+
+import ml_dtypes  # noqa: E402
+import mfa_native  # noqa: E402
+
+EXAMPLES = int(os.environ.get("MFA_HYPOTHESIS_EXAMPLES", "40"))
+SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+DTYPES = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16),
+          "bf16": np.dtype(ml_dtypes.bfloat16)}
+# Unit roundoff of each storage dtype's significand (24, 11 and 8 bits).
+UNIT_ROUNDOFF = {"f32": 2.0**-24, "f16": 2.0**-11, "bf16": 2.0**-8}
+BACKENDS = mfa_native.available_backends()
+
+
+# ---- A float64 reference --------------------------------------------------------------------
+
+def visible(nq, nk, causal, alignment, window):
+    """[nq, nk] bool: the visibility rule of mfa.h, restated."""
+    pos = np.arange(nq)[:, None] + (nk - nq if alignment == "bottom_right" else 0)
+    key = np.arange(nk)[None, :]
+    mask = np.ones((nq, nk), bool)
+    if causal:
+        mask &= key <= pos
+    left, right = (-1, -1) if window is None else window
+    if left >= 0:
+        mask &= key >= pos - left
+    if right >= 0:
+        mask &= key <= pos + right
+    return mask
+
+
+def reference(q, k, v, dout, *, causal, alignment, window, scale):
+    """{name: (value, magnitude)} for out, lse, dq, dk, dv in float64, from [B, H, N, D] arrays;
+    GQA by repeating k and v (and summing their gradients over each group)."""
+    q, k, v, dout = (np.asarray(x, np.float64) for x in (q, k, v, dout))
+    group = q.shape[1] // k.shape[1]
+    kr, vr = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+    scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else float(np.float32(scale))
+    mask = visible(q.shape[2], k.shape[2], causal, alignment, window)
+    s = np.where(mask, scale * q @ kr.swapaxes(-1, -2), -np.inf)
+    m = s.max(axis=-1, keepdims=True)
+    empty = ~mask.any(axis=-1)[:, None]
+    p = np.where(mask, np.exp(s - np.where(np.isfinite(m), m, 0)), 0.0)
+    total = p.sum(axis=-1, keepdims=True)
+    p = p / np.where(total > 0, total, 1)
+    out = p @ vr
+    lse = np.where(empty[..., 0], -np.inf, (m + np.log(np.where(total > 0, total, 1)))[..., 0])
+    dp = dout @ vr.swapaxes(-1, -2)
+    delta = (dout * out).sum(axis=-1, keepdims=True)
+    ds = p * (dp - delta)
+    # The same sums over absolute values: what fp32 rounding inside each result is relative to.
+    ds_abs = p * (np.abs(dout) @ np.abs(vr).swapaxes(-1, -2) + np.abs(dout * out).sum(axis=-1, keepdims=True))
+    fold = lambda x: x.reshape(x.shape[0], k.shape[1], group, *x.shape[2:]).sum(axis=2)  # noqa: E731
+    results = {
+        "out": (out, p @ np.abs(vr)),
+        "lse": (lse, 1 + np.abs(np.where(empty[..., 0], 0, lse))),
+        "dq": (scale * ds @ kr, abs(scale) * ds_abs @ np.abs(kr)),
+        "dk": (fold(scale * ds.swapaxes(-1, -2) @ q), fold(abs(scale) * ds_abs.swapaxes(-1, -2) @ np.abs(q))),
+        "dv": (fold(p.swapaxes(-1, -2) @ dout), fold(p.swapaxes(-1, -2) @ np.abs(dout))),
+    }
+    return results
+
+
+def assert_close(name, got, want, dtype, magnitude, terms):
+    """|got - want| within 4 u of the largest |want| (rounding to the storage dtype, once for
+    the result and once for a probability or dS fed to a second product), plus fp32 sums of
+    `terms` terms and one storage rounding of the given out (backward) relative to
+    `magnitude`; non-finite entries (the -inf lse of empty rows) must match exactly."""
+    got = np.asarray(got, np.float64)
+    finite = np.isfinite(want)
+    assert np.array_equal(got[~finite], want[~finite]), f"{name}: non-finite entries differ"
+    largest = np.max(np.abs(want[finite]), initial=0.0)
+    allowed = (4 * UNIT_ROUNDOFF[dtype] * largest
+               + (16 * UNIT_ROUNDOFF["f32"] * np.sqrt(terms) + 2 * UNIT_ROUNDOFF[dtype]) * magnitude)
+    excess = np.where(finite, np.abs(got - np.where(finite, want, 0)) - allowed, -np.inf)
+    worst = np.unravel_index(np.argmax(excess), excess.shape)
+    assert excess[worst] <= 0, (f"{name}{worst}: got {got[worst]!r}, reference {want[worst]!r}, "
+                                f"allowed error {np.broadcast_to(allowed, want.shape)[worst]:.3g}")
+
+
+# ---- Drawing problems -----------------------------------------------------------------------
+
+@st.composite
+def problems(draw):
+    heads_kv = draw(st.integers(1, 2))
+    problem = {
+        "backend": draw(st.sampled_from(BACKENDS)),
+        "dtype": draw(st.sampled_from(sorted(DTYPES))),
+        "batch": draw(st.integers(1, 2)),
+        "heads_kv": heads_kv,
+        "heads_q": heads_kv * draw(st.integers(1, 3)),
+        "nq": draw(st.integers(1, 20)),
+        "nk": draw(st.integers(1, 20)),
+        "d": draw(st.integers(1, 16)),
+        "dv": draw(st.integers(1, 16)),
+        "layout": draw(st.sampled_from(["bhsd", "bshd"])),
+        "rank3": draw(st.booleans()),
+        "causal": draw(st.booleans()),
+        "alignment": draw(st.sampled_from(["bottom_right", "top_left"])),
+        "window": draw(st.none() | st.tuples(st.integers(-1, 6), st.integers(-1, 6))),
+        "scale": draw(st.none() | st.floats(-2, 2).filter(lambda x: abs(x) > 1e-3)),
+        # Inputs as views: every other element of a padded buffer, possibly reversed.
+        "step": draw(st.sampled_from([1, 2])),
+        "reverse": draw(st.booleans()),
+        "seed": draw(st.integers(0, 2**32 - 1)),
+    }
+    if problem["rank3"]:
+        problem["batch"] = 1
+    return problem
+
+
+def make_array(rng, problem, heads, length, dim):
+    """A [B, H, N, D] array in the problem's dtype, returned as the view the API gets: in its
+    layout and rank, every `step`-th sequence position of a larger buffer, maybe reversed."""
+    base = rng.uniform(-1, 1, (problem["batch"], heads, length * problem["step"], dim))
+    logical = base.astype(DTYPES[problem["dtype"]])[:, :, ::problem["step"]]
+    if problem["reverse"]:
+        logical = logical[:, :, ::-1]
+    return logical, to_api(logical, problem)
+
+
+def to_api(logical, problem):
+    view = logical.transpose(0, 2, 1, 3) if problem["layout"] == "bshd" else logical
+    return view[0] if problem["rank3"] else view
+
+
+def from_api(array, problem):
+    """The [B, H, N, D] view of an array in the problem's layout and rank."""
+    if problem["rank3"]:
+        array = array[None]
+    return array.transpose(0, 2, 1, 3) if problem["layout"] == "bshd" else array
+
+
+def options(problem):
+    return {"causal": problem["causal"], "causal_alignment": problem["alignment"],
+            "window": problem["window"], "scale": problem["scale"], "layout": problem["layout"],
+            "backend": problem["backend"]}
+
+
+def inputs(problem):
+    rng = np.random.default_rng(problem["seed"])
+    q = make_array(rng, problem, problem["heads_q"], problem["nq"], problem["d"])
+    k = make_array(rng, problem, problem["heads_kv"], problem["nk"], problem["d"])
+    v = make_array(rng, problem, problem["heads_kv"], problem["nk"], problem["dv"])
+    dout = make_array(rng, problem, problem["heads_q"], problem["nq"], problem["dv"])
+    return q, k, v, dout
+
+
+# ---- Valid calls ----------------------------------------------------------------------------
+
+@pytest.mark.skipif(not BACKENDS, reason="no backend available")
+@SETTINGS
+@given(problems())
+def test_valid_calls_match_the_reference(problem):
+    (q, q_api), (k, k_api), (v, v_api), (dout, dout_api) = inputs(problem)
+    before = [x.copy() for x in (q_api, k_api, v_api, dout_api)]
+    out, lse = mfa_native.attention(q_api, k_api, v_api, return_lse=True, **options(problem))
+    dq, dk, dv = mfa_native.attention_backward(dout_api, q_api, k_api, v_api, out, lse,
+                                               **options(problem))
+    for given_array, copy in zip((q_api, k_api, v_api, dout_api), before):
+        assert np.array_equal(given_array.view(np.uint8), copy.view(np.uint8)), "an input changed"
+
+    want = reference(q, k, v, dout, causal=problem["causal"], alignment=problem["alignment"],
+                     window=problem["window"], scale=problem["scale"])
+    terms = problem["nk"] + problem["d"] + problem["dv"] + problem["nq"] * 3
+    lse4 = lse[None] if problem["rank3"] else lse
+    got = {"out": from_api(out, problem), "lse": lse4, "dq": from_api(dq, problem),
+           "dk": from_api(dk, problem), "dv": from_api(dv, problem)}
+    for name, (value, magnitude) in want.items():
+        assert_close(name, got[name], value, "f32" if name == "lse" else problem["dtype"],
+                     magnitude, terms)
+
+
+# ---- Invalid calls --------------------------------------------------------------------------
+
+def breakages(problem, q, k, v):
+    """(description, keyword changes to attention(), exception types, text the message names)."""
+    other = {"f32": np.float16, "f16": np.float32, "bf16": np.float32}[problem["dtype"]]
+    wrong_rank = q[None] if q.ndim == 3 else q[0]
+    seq_axis = {"bhsd": 2, "bshd": 1}[problem["layout"]] - (1 if problem["rank3"] else 0)
+    return [
+        ("k of another dtype", {"k": k.astype(other)}, (TypeError,), "k"),
+        ("v not an array", {"v": v.tolist()}, (TypeError,), "v"),
+        ("q of the wrong rank", {"q": wrong_rank}, (ValueError,), "rank"),
+        ("v with one key fewer than k", {"v": np.delete(v, 0, axis=seq_axis)}, (ValueError,), "v"),
+        ("layout unknown", {"layout": "sbhd"}, (ValueError,), "layout"),
+        ("window with -2", {"window": (-2, 0)}, (ValueError,), "window"),
+        ("window not a pair", {"window": (1, 2, 3)}, (ValueError,), "window"),
+        ("scale NaN", {"scale": float("nan")}, (ValueError,), "scale"),
+        ("scale infinite", {"scale": float("inf")}, (ValueError,), "scale"),
+        ("causal not a bool", {"causal": 1}, (TypeError,), "causal"),
+        ("alignment unknown", {"causal_alignment": "center"}, (ValueError,), "causal_alignment"),
+        ("backend unknown", {"backend": "tpu"}, (ValueError,), "backend"),
+    ]
+
+
+@pytest.mark.skipif(not BACKENDS, reason="no backend available")
+@SETTINGS
+@given(problems(), st.data())
+def test_invalid_calls_raise_and_write_nothing(problem, data):
+    (_, q), (_, k), (_, v), _ = inputs(problem)
+    reference_out = mfa_native.attention(q, k, v, **options(problem))
+    description, change, errors, names = data.draw(st.sampled_from(breakages(problem, q, k, v)))
+    out = np.full_like(reference_out, 7)
+    arguments = {"q": q, "k": k, "v": v, **options(problem), "out": out}
+    arguments.update(change)
+    with pytest.raises(errors) as raised:
+        mfa_native.attention(arguments.pop("q"), arguments.pop("k"), arguments.pop("v"),
+                             **arguments)
+    message = str(raised.value)
+    assert message, f"{description}: empty message"
+    assert names in message, f"{description}: message {message!r} does not name {names!r}"
+    assert np.all(out == 7), f"{description}: out was written"
+
+
+@pytest.mark.skipif(not BACKENDS, reason="no backend available")
+@SETTINGS
+@given(problems(), st.sampled_from(["q", "k", "v"]))
+def test_out_overlapping_an_input_is_refused(problem, victim):
+    (_, q), (_, k), (_, v), _ = inputs(problem)
+    shape = mfa_native.attention(q, k, v, **options(problem)).shape
+    arrays = {"q": q, "k": k, "v": v}
+    # out carved from the same memory as the input: a flat buffer holding both.
+    needed = int(np.prod(shape)) + arrays[victim].size
+    buffer = np.zeros(needed, DTYPES[problem["dtype"]])
+    shared = buffer[:arrays[victim].size].reshape(arrays[victim].shape)
+    shared[...] = arrays[victim]
+    arrays[victim] = shared
+    out = buffer[:int(np.prod(shape))].reshape(shape)
+    snapshot = buffer.copy()
+    with pytest.raises((ValueError, mfa_native.MFAError)) as raised:
+        mfa_native.attention(arrays["q"], arrays["k"], arrays["v"], out=out, **options(problem))
+    assert "overlap" in str(raised.value), str(raised.value)
+    assert np.array_equal(buffer.view(np.uint8), snapshot.view(np.uint8)), "memory was written"
