@@ -8,6 +8,9 @@
  *     outputs may be f16/bf16 in memory and paging through them would lose precision.
  *   - block_head is the width of the threadgroup staging tile; MFA's head block of 8 is kept
  *     where MFA found it best.
+ *   - Every register operand here is f32 (16-bit inputs are widened when staged), while MFA's
+ *     mixed-precision rows hold 16-bit Q/K/V in registers. A cached operand therefore costs
+ *     twice MFA's registers, so the 16-bit tables cache only up to D = 96 (MFA: up to 224).
  * The tables have not been measured on hardware for these kernels yet; the threadgroup-memory
  * bound holds for every row (tests/planner).
  */
@@ -21,14 +24,13 @@ static const mfa_block_row apple9_forward_f32[] = {
     {192, 16, 64, 16, 0, 0}, {384, 16, 128, 16, 0, 0},
 };
 static const mfa_block_row apple9_forward_16bit[] = {
-    {32, 16, 128, 16, 1, 0}, {96, 16, 128, 32, 1, 0}, {160, 16, 128, 32, 0, 0},
-    {224, 16, 128, 32, 1, 0}, {384, 16, 128, 32, 0, 0},
+    {32, 16, 128, 16, 1, 0}, {96, 16, 128, 32, 1, 0}, {384, 16, 128, 32, 0, 0},
 };
 static const mfa_block_row apple9_backward_query_f32[] = {
     {16, 16, 64, 8, 1, 1}, {32, 16, 64, 16, 1, 0}, {192, 16, 64, 32, 1, 0}, {384, 16, 128, 16, 0, 0},
 };
 static const mfa_block_row apple9_backward_query_16bit[] = {
-    {80, 16, 64, 8, 1, 1}, {192, 16, 64, 32, 1, 0}, {384, 16, 128, 32, 0, 0},
+    {80, 16, 64, 8, 1, 1}, {192, 16, 64, 32, 0, 0}, {384, 16, 128, 32, 0, 0},
 };
 static const mfa_block_row apple9_backward_key_value_f32[] = {
     {16, 16, 64, 8, 1, 1},   {32, 16, 32, 16, 1, 1},  {64, 16, 32, 16, 0, 1},
@@ -44,7 +46,7 @@ static const mfa_block_row apple7_forward_f32[] = {
     {24, 32, 64, 24, 1, 0}, {32, 32, 64, 32, 0, 0}, {56, 32, 32, 56, 0, 0}, {384, 32, 80, 16, 0, 0},
 };
 static const mfa_block_row apple7_forward_16bit[] = {
-    {96, 32, 128, 32, 1, 0}, {128, 32, 128, 32, 1, 0}, {384, 32, 128, 32, 0, 0},
+    {96, 32, 128, 32, 1, 0}, {384, 32, 128, 32, 0, 0},
 };
 static const mfa_block_row apple7_backward_query_f32[] = {
     {16, 32, 64, 16, 1, 0}, {56, 32, 64, 24, 0, 0}, {384, 32, 80, 16, 0, 0},
