@@ -81,6 +81,7 @@ def backend_params(cases, simulator_cases):
 
 
 def backend_only_params():
+    """pytest params (backend,) for tests whose problem does not depend on the backend."""
     return [pytest.param(backend, id=backend.id) for backend in BACKENDS]
 
 
