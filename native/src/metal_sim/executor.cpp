@@ -138,6 +138,7 @@ struct KernelThread {
     SimdGroup* simd = nullptr;
     const Site* waiting_at = nullptr;
     ThreadState state = ThreadState::Runnable;
+    bool started = false;  // has run on its fiber in the current threadgroup
 };
 
 // What all workers of one dispatch share.
@@ -255,7 +256,25 @@ struct Worker {
 
     [[noreturn]] void abandon(KernelThread* thread) { fiber_exit_to(&thread->context, &scheduler); }
 
-    void yield(KernelThread* thread) { fiber_switch(&thread->context, &scheduler); }
+    // A thread that must wait hands its OS thread straight to the next runnable thread, which
+    // halves the context switches per rendezvous. A thread that has not started yet is started
+    // by the scheduler instead, on whose stack its fiber's first switch-in is set up.
+    void yield(KernelThread* thread) {
+        if (runnable_size > 0 && !group_failed) {
+            const unsigned index = pop_runnable();
+            KernelThread* next = &threads[index];
+            if (next->started) {
+                t_current = next;
+                fiber_switch(&thread->context, &next->context);
+                return;
+            }
+            start_next = index;
+        }
+        fiber_switch(&thread->context, &scheduler);
+    }
+
+    static constexpr unsigned kNoThread = ~0u;
+    unsigned start_next = kNoThread;  // popped by a yielding thread for the scheduler to start
 
     uint64_t garbage = 0;  // state of the current threadgroup's garbage stream
 
@@ -421,12 +440,24 @@ void Worker::run_threadgroup(uint64_t linear_index) {
                 t.info.thread_position_in_threadgroup[axis];
         }
         t.waiting_at = nullptr;
+        t.started = false;
         fiber_prepare(&t.context, *stacks[i], &thread_main, &t);
         push_runnable(i);
     }
 
-    while (runnable_size > 0 && !group_failed) {
-        KernelThread* t = &threads[pop_runnable()];
+    start_next = kNoThread;
+    while (!group_failed) {
+        unsigned index;
+        if (start_next != kNoThread) {
+            index = start_next;
+            start_next = kNoThread;
+        } else if (runnable_size > 0) {
+            index = pop_runnable();
+        } else {
+            break;
+        }
+        KernelThread* t = &threads[index];
+        t->started = true;
         t_current = t;
         fiber_switch(&scheduler, &t->context);
         t_current = nullptr;
