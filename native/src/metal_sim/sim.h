@@ -42,8 +42,8 @@
 //
 // Rejected at build time, as Metal rejects them: size_t and ptrdiff_t kernel arguments, double,
 // exceptions, RTTI, virtual functions, dynamic allocation, the C++ standard library, recursion
-// and calls through function pointers. Address-space mismatches (a threadgroup pointer where a device pointer is
-// expected) are NOT caught: see include/metal_stdlib for why.
+// and calls through function pointers. Address-space mismatches (a threadgroup pointer where a
+// device pointer is expected) are NOT caught: include/mfa_sim_metal.h explains why.
 //
 // Differences from Apple's compiler to keep in mind (details in include/mfa_sim_metal.h):
 //   - float2(a, b)-style constructors are macros over metal::make_vec; `(float4)int4_value` is a
@@ -68,6 +68,10 @@
 //   - dispatch() is thread-safe: many threads may dispatch at once, with any kernels.
 //   - Kernel threads run on 256 KB stacks (1 MB under AddressSanitizer) with a guard page:
 //     a kernel that overflows its stack crashes rather than corrupting its neighbours.
+//   - Out-of-bounds buffer accesses are caught in the checked build (MFA_SANITIZE=ON, exactly
+//     sized allocations), where AddressSanitizer aborts with a report; the normal build does
+//     not check them. A kernel thread that loops forever without reaching a rendezvous hangs
+//     its dispatch: there is no watchdog.
 #ifndef MFA_METAL_SIM_SIM_H
 #define MFA_METAL_SIM_SIM_H
 
