@@ -27,7 +27,9 @@ GINSTRS
     forward + backward, per head, per second, in billions. It counts the work of MFA's
     7-product backward, which mfa's CPU backend also does.
 x peer
-    the peer's time divided by mfa's (above 1: mfa is faster).
+    the peer's time divided by mfa's (above 1: mfa is faster). A "!" after a peer's time marks
+    a result that differs from mfa's by more than the dtype's tolerance (a sanity check of the
+    run, not a test: the tests compare against float64).
 % GEMM
     mfa's GFLOP/s as a fraction of this machine's float32 GEMM ceiling, measured in the same
     run as the best of three numpy float32 matmuls of 4096 x 4096 x 4096.
