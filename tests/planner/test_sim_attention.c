@@ -339,6 +339,45 @@ static void run_case(const attention_case* c) {
     mfa_context_destroy(ctx);
 }
 
+/* bf16 stores must round to nearest even. With q = 0 both keys get probability exactly 1/2,
+ * so out = (v0 + v1) / 2 is exact in f32 and, for these v, lies exactly halfway between two
+ * bf16 values: ties that truncation, round-half-up and round-to-nearest-even all resolve
+ * differently. Checked bit for bit. */
+static void test_bf16_ties(void) {
+    /* pairs (v0, v1) as bf16 bit patterns; 0x3f80 = 1.0, one bf16 ulp at 1.0 is 2^-7 */
+    static const uint16_t v0[4] = {0x3f80, 0x3f81, 0xbf81, 0x3f80};
+    static const uint16_t v1[4] = {0x3f81, 0x3f82, 0xbf82, 0x3f84};
+    mfa_context* ctx = NULL;
+    if (mfa_context_create(MFA_BACKEND_METAL_SIM, NULL, &ctx) != MFA_OK) {
+        CHECK(0, "bf16 ties: context: %s", mfa_last_error());
+        return;
+    }
+    tensor q = make_tensor(MFA_DTYPE_BF16, 1, 1, 1, 1, BHSD);
+    tensor k = make_tensor(MFA_DTYPE_BF16, 1, 1, 2, 1, BHSD);
+    tensor v = make_tensor(MFA_DTYPE_BF16, 1, 1, 2, 4, BHSD);
+    tensor o = make_tensor(MFA_DTYPE_BF16, 1, 1, 1, 4, BHSD);
+    ((uint16_t*)q.t.data)[0] = 0;
+    ((uint16_t*)k.t.data)[0] = double_to_bf16(0.5);
+    ((uint16_t*)k.t.data)[1] = double_to_bf16(-0.25);
+    for (int d = 0; d < 4; ++d) {
+        ((uint16_t*)v.t.data)[d] = v0[d];
+        ((uint16_t*)v.t.data)[4 + d] = v1[d];
+    }
+    mfa_status status = mfa_attention_forward(ctx, NULL, &q.t, &k.t, &v.t, &o.t, NULL);
+    CHECK(status == MFA_OK, "bf16 ties: forward: %s", mfa_last_error());
+    for (int d = 0; d < 4 && status == MFA_OK; ++d) {
+        const double mean = (bf16_to_double(v0[d]) + bf16_to_double(v1[d])) / 2;
+        const uint16_t expected = double_to_bf16(mean), got = ((uint16_t*)o.t.data)[d];
+        CHECK(got == expected, "bf16 ties: out[%d] = 0x%04x, expected 0x%04x (mean %.9g)", d, got,
+              expected, mean);
+    }
+    free(q.alloc);
+    free(k.alloc);
+    free(v.alloc);
+    free(o.alloc);
+    mfa_context_destroy(ctx);
+}
+
 int main(int argc, char** argv) {
     const mfa_gpu_family A7 = MFA_GPU_FAMILY_APPLE7, A8 = MFA_GPU_FAMILY_APPLE8,
                          A9 = MFA_GPU_FAMILY_APPLE9;
@@ -370,6 +409,11 @@ int main(int argc, char** argv) {
         run_case(&cases[i]);
         printf("%-28s %s\n", cases[i].name, failures == before ? "ok" : "FAILED");
         fflush(stdout);
+    }
+    if (argc <= 1) {
+        const int before = failures;
+        test_bf16_ties();
+        printf("%-28s %s\n", "bf16_store_ties", failures == before ? "ok" : "FAILED");
     }
     if (failures) {
         fprintf(stderr, "metal-sim attention: %d check(s) failed\n", failures);
