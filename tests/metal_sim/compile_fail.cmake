@@ -1,5 +1,5 @@
 # Runs every kernel in KERNELS through the simulator's compilation steps (preprocess, codegen,
-# compile, IR check) and checks the outcome each file announces on its first line:
+# compile, IR check, address-space check) and checks the outcome each file announces on its first line:
 #   // expect-success          it must compile
 #   // expect: <regex>         it must fail, with diagnostics matching <regex>
 # Invoked by ctest (tests/metal_sim/CMakeLists.txt) with the build's own compiler and flags.
@@ -32,6 +32,27 @@ foreach(kernel IN LISTS kernels)
     execute_process(
       COMMAND ${PYTHON} ${CHECK_IR} ${WORK_DIR}/${stem}.ll --source ${kernel}
               --stamp ${WORK_DIR}/${stem}.checked
+      RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err)
+    string(APPEND output "${out}${err}")
+  endif()
+  # The address-space type check.
+  if(status EQUAL 0)
+    execute_process(
+      COMMAND ${COMPILER} ${PREPROCESS_FLAGS} -DMFA_SIM_ADDRESS_SPACE_CHECK=1 ${kernel}
+              -o ${WORK_DIR}/${stem}.typed.ii
+      RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err)
+    string(APPEND output "${out}${err}")
+  endif()
+  if(status EQUAL 0)
+    execute_process(
+      COMMAND ${PYTHON} ${CODEGEN} ${WORK_DIR}/${stem}.typed.ii -o ${WORK_DIR}/${stem}.typed.cpp
+              --source ${kernel} --address-spaces
+      RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err)
+    string(APPEND output "${out}${err}")
+  endif()
+  if(status EQUAL 0)
+    execute_process(
+      COMMAND ${COMPILER} -std=c++17 -fsyntax-only ${COMPILE_OPTIONS} ${WORK_DIR}/${stem}.typed.cpp
       RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err)
     string(APPEND output "${out}${err}")
   endif()

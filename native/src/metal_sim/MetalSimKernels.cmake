@@ -1,4 +1,5 @@
-# mfa_sim_add_kernels(<target> SOURCES <file.metal>... [INCLUDE_DIRECTORIES <dir>...])
+# mfa_sim_add_kernels(<target> SOURCES <file.metal>... [INCLUDE_DIRECTORIES <dir>...]
+#                     [NO_ADDRESS_SPACE_CHECK])
 #
 # Compiles .metal files for the simulator and adds them to <target>. Each file goes through
 #   1. the C++ preprocessor, with the compatibility headers (include/metal_stdlib, ...) and no
@@ -7,7 +8,13 @@
 #      per-dispatch, and appends the argument-binding glue generated from each kernel signature;
 #   3. the C++ compiler, with -fno-exceptions -fno-rtti, as a source of <target>;
 #   4. metal_sim_check_ir.py over the unit's unoptimised LLVM IR, which rejects recursion and
-#      calls through function pointers (Metal allows neither; C++ cannot tell).
+#      calls through function pointers (Metal allows neither; C++ cannot tell);
+#   5. an address-space type check: the same steps with device, constant and threadgroup
+#      pointers given clang address spaces, compiled -fsyntax-only, so a threadgroup pointer
+#      passed where a device (or thread) pointer is expected fails the build as on Metal. It
+#      cannot follow class objects into named address spaces (C++ lacks MSL's generic `this`),
+#      so copying a whole struct out of a device pointer fails it although MSL allows it: read
+#      the fields, bind the struct by reference, or pass NO_ADDRESS_SPACE_CHECK.
 # The kernels register themselves by host name when <target> is loaded; mfa::sim::dispatch finds
 # them there. <target> must contain the executor: it is libmfa, or links mfa_sim_test_runtime.
 include_guard(GLOBAL)
@@ -34,7 +41,7 @@ set(MFA_SIM_KERNEL_COMPILE_OPTIONS -fno-exceptions -fno-rtti -Wno-unused-paramet
     -Wno-pass-failed CACHE INTERNAL "metal-sim kernel compile options")
 
 function(mfa_sim_add_kernels target)
-  cmake_parse_arguments(ARG "" "" "SOURCES;INCLUDE_DIRECTORIES" ${ARGN})
+  cmake_parse_arguments(ARG "NO_ADDRESS_SPACE_CHECK" "" "SOURCES;INCLUDE_DIRECTORIES" ${ARGN})
   file(GLOB compat_headers ${MFA_SIM_COMPAT_INCLUDE_DIR}/*)
   set(include_flags)
   foreach(dir IN LISTS ARG_INCLUDE_DIRECTORIES)
@@ -68,12 +75,29 @@ function(mfa_sim_add_kernels target)
       DEPENDS ${generated} ${MFA_SIM_CHECK_IR}
       COMMENT "metal-sim: checking ${stem}.metal for recursion and function pointers"
       VERBATIM)
+    list(APPEND all_generated ${checked})
+    if(NOT ARG_NO_ADDRESS_SPACE_CHECK)
+      set(typed ${out_dir}/${stem}.address_spaces)
+      add_custom_command(
+        OUTPUT ${typed}
+        COMMAND ${CMAKE_CXX_COMPILER} ${MFA_SIM_PREPROCESS_FLAGS} -DMFA_SIM_ADDRESS_SPACE_CHECK=1
+                ${include_flags} ${source} -o ${typed}.ii
+        COMMAND Python3::Interpreter ${MFA_SIM_CODEGEN} ${typed}.ii -o ${typed}.cpp
+                --source ${source} --address-spaces
+        COMMAND ${CMAKE_CXX_COMPILER} -std=c++17 -fsyntax-only ${MFA_SIM_KERNEL_COMPILE_OPTIONS}
+                ${typed}.cpp
+        COMMAND ${CMAKE_COMMAND} -E touch ${typed}
+        DEPENDS ${generated}
+        COMMENT "metal-sim: checking address spaces in ${stem}.metal"
+        VERBATIM)
+      list(APPEND all_generated ${typed})
+    endif()
     target_sources(${target} PRIVATE ${generated})
     # Source properties are per directory: set them where <target> lives, which may not be here.
     set_source_files_properties(${generated} TARGET_DIRECTORY ${target} PROPERTIES
       GENERATED TRUE
       COMPILE_OPTIONS "${MFA_SIM_KERNEL_COMPILE_OPTIONS}")
-    list(APPEND all_generated ${generated} ${checked})
+    list(APPEND all_generated ${generated})
   endforeach()
   # A custom command's rule only reaches targets of its own directory; this target carries it
   # to <target> wherever that is defined.

@@ -23,6 +23,14 @@ import argparse
 import re
 import sys
 
+# clang address spaces for the type-checking pass (--address-spaces); `thread` is the generic
+# (default) one, as in MSL where an unqualified pointer points to thread memory.
+ADDRESS_SPACES = {
+    "__mfa_sim_device__": 1,
+    "__mfa_sim_constant__": 2,
+    "__mfa_sim_threadgroup__": 3,
+}
+
 MARKERS = {
     "__mfa_sim_device__": "device",
     "__mfa_sim_constant__": "constant",
@@ -142,9 +150,10 @@ class KernelFunction:
 
 
 class Codegen:
-    def __init__(self, text, source):
+    def __init__(self, text, source, address_spaces):
         self.text = text
         self.source = source
+        self.address_spaces = address_spaces
         self.tokens = tokenize(text)
         self.edits = []  # (start, end, replacement)
         self.attribute_lists = {}  # first token index -> AttributeList
@@ -158,6 +167,31 @@ class Codegen:
 
     def error(self, token, message):
         raise CodegenError(f"{token.where()}: error: {message}")
+
+    def space_attribute(self, marker):
+        return f"__attribute__((address_space({ADDRESS_SPACES[marker]})))"
+
+    def rewrite_marker(self, i):
+        """Removes a marker; in the type-checking pass, an address-space marker that qualifies
+        a pointer becomes clang's address_space attribute. References, objects and pointers to
+        bfloat stay in the generic space: C++ has no generic `this`, so a class object in a named
+        address space can be neither copied nor converted, unlike in MSL, and bfloat is a class
+        here."""
+        marker = self.tokens[i].text
+        if self.address_spaces and marker in ADDRESS_SPACES and self.qualifies_pointer(i):
+            self.replace(i, i, self.space_attribute(marker))
+        else:
+            self.blank(i, i)
+
+    def qualifies_pointer(self, i):
+        for t in self.tokens[i + 1:]:
+            if t.text == "*":
+                return True
+            if t.text.startswith("bfloat"):
+                return False
+            if t.text in (";", ",", ")", "=", "(", "[", "{", "&", "&&", ">"):
+                return False
+        return False
 
     def blank(self, first, last):
         """Replaces tokens first..last (inclusive) by spaces, keeping newlines."""
@@ -248,7 +282,7 @@ class Codegen:
                     i = self.on_threadgroup_variable(i)
                     statement_start = i
                     continue
-                self.blank(i, i)
+                self.rewrite_marker(i)
                 if tok.text == "__mfa_sim_kernel__":
                     self.on_kernel(i, i + 1, statement_start, scopes)
                 i += 1
@@ -308,9 +342,10 @@ class Codegen:
         number = self.threadgroup_variables
         self.threadgroup_variables += 1
         alias = f"__mfa_sim_threadgroup_type_{number}"
+        space = self.space_attribute("__mfa_sim_threadgroup__") + " " if self.address_spaces else ""
         self.replace(i, end,
-                     f"using {alias} = {type_text} {dims}; "
-                     f"{alias}& {name} = *reinterpret_cast<{alias}*>("
+                     f"using {alias} = {space}{type_text} {dims}; "
+                     f"{alias}& {name} = *({alias}*)("
                      f"::mfa_sim_threadgroup_variable({number}, sizeof({alias}), "
                      f"alignof({alias})));")
         return end + 1
@@ -359,7 +394,7 @@ class Codegen:
                                       f"__mfa_sim_fc_defined_{name_token.text} = true; "
                                       f"return nullptr;")
                 return end + 1
-        self.blank(i, i)
+        self.rewrite_marker(i)
         return i + 1
 
     def declare_constant(self, first, last, namespace, name, type_text, setter_body):
@@ -594,11 +629,14 @@ def main():
     parser.add_argument("preprocessed")
     parser.add_argument("-o", "--output", required=True)
     parser.add_argument("--source", required=True, help="the .metal file, for messages")
+    parser.add_argument("--address-spaces", action="store_true",
+                        help="emit clang address spaces on pointers, for a type-checking pass "
+                             "(preprocess with -DMFA_SIM_ADDRESS_SPACE_CHECK=1)")
     args = parser.parse_args()
     with open(args.preprocessed, encoding="utf-8") as f:
         text = f.read()
     try:
-        result = Codegen(text, args.source).output()
+        result = Codegen(text, args.source, args.address_spaces).output()
     except CodegenError as e:
         print(e, file=sys.stderr)
         return 1

@@ -42,8 +42,11 @@
 //
 // Rejected at build time, as Metal rejects them: size_t and ptrdiff_t kernel arguments, double,
 // exceptions, RTTI, virtual functions, dynamic allocation, the C++ standard library, recursion
-// and calls through function pointers. Address-space mismatches (a threadgroup pointer where a
-// device pointer is expected) are NOT caught: include/mfa_sim_metal.h explains why.
+// and calls through function pointers. Address-space mismatches of pointers (a threadgroup
+// pointer where a device or thread pointer is expected) fail the build through a type-checking
+// pass; it leaves references, objects and bfloat pointers unchecked, and rejects copying a whole
+// struct out of a device/constant/threadgroup pointer (MSL allows it; read the fields or bind
+// the struct by reference). See MetalSimKernels.cmake and include/mfa_sim_metal.h.
 //
 // Differences from Apple's compiler to keep in mind (details in include/mfa_sim_metal.h):
 //   - float2(a, b)-style constructors are macros over metal::make_vec; `(float4)int4_value` is a

@@ -4,13 +4,16 @@
 //
 // Design choices, each forced by C++:
 // - Address spaces. `device`, `constant`, `threadgroup`, `thread` and `kernel` expand to marker
-//   identifiers that metal_sim_codegen.py removes after preprocessing, and the attributes that
+//   identifiers that metal_sim_codegen.py rewrites after preprocessing, and the attributes that
 //   carry Metal meaning ([[buffer(i)]], [[threadgroup(i)]], built-ins, function constants,
-//   host_name) are read and stripped by it too. clang's address_space attribute was tried and
-//   rejected: in C++ (unlike OpenCL C++) there is no generic address space, so a struct in
-//   device or constant memory can be neither copied nor converted (`Params p = params;` and
-//   `float x = bfloat_ptr[i];` fail to compile) and AddressSanitizer does not instrument
-//   accesses through non-zero address spaces. So address-space mismatches are not diagnosed.
+//   host_name) are read and stripped by it too. The executable build erases address spaces:
+//   with clang's address_space attribute a struct in device or constant memory could be neither
+//   copied nor converted (C++, unlike OpenCL C++, has no generic address space for `this`), and
+//   AddressSanitizer does not instrument accesses through non-zero address spaces. A second,
+//   syntax-only pass (MFA_SIM_ADDRESS_SPACE_CHECK) gives every device/constant/threadgroup
+//   pointer its clang address space, so mixing them up, or passing one where a thread pointer
+//   is expected, fails the build as it does on Metal. References, objects and bfloat pointers
+//   stay generic in that pass.
 // - Vector constructors. clang's ext_vector_type gives Metal's layout, arithmetic and swizzles,
 //   but C++ has no multi-argument functional cast for them, so `float4(a, b)`, `half2(x)` and
 //   friends are function-like macros over metal::make_vec. `(float4)int4_value` is clang's
@@ -901,48 +904,70 @@ inline void require_uniform_transfer(Record* const* lanes, uint count, const cha
             mfa_sim_fail(what);
     }
 }
-}  // namespace sim_detail
 
 template <class T, int Cols, int Rows>
-inline void simdgroup_load(thread simdgroup_matrix<T, Cols, Rows>& d, const T* source,
-                           ulong elements_per_row = Cols, ulong2 matrix_origin = ulong2(0),
-                           bool transpose_matrix = false, MFA_SIM_SITE_PARAMETERS) {
-    typedef sim_detail::TransferRecord<T, const T*> Record;
+inline void load_matrix(simdgroup_matrix<T, Cols, Rows>& d, const T* source, ulong elements_per_row,
+                        ulong2 matrix_origin, bool transpose_matrix, const char* file, uint line) {
+    typedef TransferRecord<T, const T*> Record;
     Record mine{&d, source, elements_per_row, matrix_origin, transpose_matrix};
-    sim_detail::simd_rendezvous("simdgroup_load", mfa_sim_file, mfa_sim_line, mine,
-                                [](Record* const* lanes, uint count) {
-        sim_detail::require_uniform_transfer(lanes, count,
-                                             "simdgroup_load: the lanes pass different arguments");
+    simd_rendezvous("simdgroup_load", file, line, mine, [](Record* const* lanes, uint count) {
+        require_uniform_transfer(lanes, count, "simdgroup_load: the lanes pass different arguments");
         for (uint lane = 0; lane < count; ++lane) {
             const Record& r = *lanes[lane];
-            const uint row = sim_detail::fragment_row(lane), column = sim_detail::fragment_column(lane);
+            const uint row = fragment_row(lane), column = fragment_column(lane);
             for (uint j = 0; j < 2; ++j)
-                r.matrix->elements[j] = r.memory[sim_detail::element_offset(
-                    r.elements_per_row, r.origin, r.transpose, row, column + j)];
+                r.matrix->elements[j] = r.memory[element_offset(r.elements_per_row, r.origin,
+                                                                r.transpose, row, column + j)];
         }
     });
 }
 
 template <class T, int Cols, int Rows>
-inline void simdgroup_store(thread const simdgroup_matrix<T, Cols, Rows>& a, T* destination,
-                            ulong elements_per_row = Cols, ulong2 matrix_origin = ulong2(0),
-                            bool transpose_matrix = false, MFA_SIM_SITE_PARAMETERS) {
-    typedef sim_detail::TransferRecord<T, T*> Record;
+inline void store_matrix(const simdgroup_matrix<T, Cols, Rows>& a, T* destination,
+                         ulong elements_per_row, ulong2 matrix_origin, bool transpose_matrix,
+                         const char* file, uint line) {
+    typedef TransferRecord<T, T*> Record;
     Record mine{const_cast<simdgroup_matrix<T, Cols, Rows>*>(&a), destination, elements_per_row,
                 matrix_origin, transpose_matrix};
-    sim_detail::simd_rendezvous("simdgroup_store", mfa_sim_file, mfa_sim_line, mine,
-                                [](Record* const* lanes, uint count) {
-        sim_detail::require_uniform_transfer(lanes, count,
-                                             "simdgroup_store: the lanes pass different arguments");
+    simd_rendezvous("simdgroup_store", file, line, mine, [](Record* const* lanes, uint count) {
+        require_uniform_transfer(lanes, count, "simdgroup_store: the lanes pass different arguments");
         for (uint lane = 0; lane < count; ++lane) {
             const Record& r = *lanes[lane];
-            const uint row = sim_detail::fragment_row(lane), column = sim_detail::fragment_column(lane);
+            const uint row = fragment_row(lane), column = fragment_column(lane);
             for (uint j = 0; j < 2; ++j)
-                r.memory[sim_detail::element_offset(r.elements_per_row, r.origin, r.transpose, row,
-                                                    column + j)] = r.matrix->elements[j];
+                r.memory[element_offset(r.elements_per_row, r.origin, r.transpose, row,
+                                        column + j)] = r.matrix->elements[j];
         }
     });
 }
+}  // namespace sim_detail
+
+// MSL loads and stores matrices from device and threadgroup memory only. The address-space
+// type-checking pass (MFA_SIM_ADDRESS_SPACE_CHECK) declares exactly those two overloads; the
+// executable build, where address spaces are erased, one.
+#define MFA_SIM_MATRIX_LOAD_STORE(space)                                                        \
+    template <class T, int Cols, int Rows>                                                      \
+    inline void simdgroup_load(thread simdgroup_matrix<T, Cols, Rows>& d, const space T* source, \
+                               ulong elements_per_row = Cols, ulong2 matrix_origin = ulong2(0),  \
+                               bool transpose_matrix = false, MFA_SIM_SITE_PARAMETERS) {         \
+        sim_detail::load_matrix(d, (const T*)source, elements_per_row, matrix_origin,            \
+                                transpose_matrix, mfa_sim_file, mfa_sim_line);                  \
+    }                                                                                           \
+    template <class T, int Cols, int Rows>                                                      \
+    inline void simdgroup_store(thread const simdgroup_matrix<T, Cols, Rows>& a,                 \
+                                space T* destination, ulong elements_per_row = Cols,            \
+                                ulong2 matrix_origin = ulong2(0), bool transpose_matrix = false, \
+                                MFA_SIM_SITE_PARAMETERS) {                                      \
+        sim_detail::store_matrix(a, (T*)destination, elements_per_row, matrix_origin,            \
+                                 transpose_matrix, mfa_sim_file, mfa_sim_line);                 \
+    }
+#if MFA_SIM_ADDRESS_SPACE_CHECK
+MFA_SIM_MATRIX_LOAD_STORE(device)
+MFA_SIM_MATRIX_LOAD_STORE(threadgroup)
+#else
+MFA_SIM_MATRIX_LOAD_STORE()
+#endif
+#undef MFA_SIM_MATRIX_LOAD_STORE
 
 namespace sim_detail {
 template <class TD, class TA, class TB, class TC>
@@ -1031,10 +1056,11 @@ constexpr unsigned long alignment_of() {
 struct BufferPointer {
     char* data;
     const char* misaligned;
+    // P may carry an address space in the type-checking pass; a C-style cast may add it.
     template <class P>
     operator P*() const {
         if (reinterpret_cast<uintptr_t>(data) % alignment_of<P>() != 0) mfa_sim_fail(misaligned);
-        return reinterpret_cast<P*>(data);
+        return (P*)data;
     }
 };
 
