@@ -31,13 +31,8 @@ ADDRESS_SPACES = {
     "__mfa_sim_threadgroup__": 3,
 }
 
-MARKERS = {
-    "__mfa_sim_device__": "device",
-    "__mfa_sim_constant__": "constant",
-    "__mfa_sim_threadgroup__": "threadgroup",
-    "__mfa_sim_thread__": "thread",
-    "__mfa_sim_kernel__": "kernel",
-}
+MARKERS = {"__mfa_sim_device__", "__mfa_sim_constant__", "__mfa_sim_threadgroup__",
+           "__mfa_sim_thread__", "__mfa_sim_kernel__"}
 
 # Built-in attribute -> the ThreadInfo field that holds it.
 BUILTINS = {
