@@ -72,6 +72,9 @@ typedef struct mfa_kernel_params {
 #define MFA_FC_CACHE_PARALLEL (MFA_FC_ATTENTION + 7)   /* bool: keep the 1st parallel operand (Q or K) in registers */
 #define MFA_FC_CACHE_PARALLEL2 (MFA_FC_ATTENTION + 8)  /* bool: keep the 2nd (dO or V) in registers */
 #define MFA_FC_HAS_LSE (MFA_FC_ATTENTION + 9)          /* bool: forward writes L */
+#define MFA_FC_PACK_GROUP (MFA_FC_ATTENTION + 10)      /* bool: forward rows are (query head of a
+                                                          GQA group, query) pairs; grid y counts
+                                                          key/value heads */
 
 /* Values of MFA_FC_DTYPE; equal to mfa_dtype's. */
 #define MFA_KERNEL_DTYPE_F32 0

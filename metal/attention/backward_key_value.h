@@ -27,8 +27,10 @@ inline void attention_backward_key_value(device const uchar* q, device const uch
     const uint kv_head = group.y, batch = group.z;
     const int key = key0 + int(simd_index) * 8 + int(fragment_row(lane));
 
-    const staged_operand keys = {k, slice_of(p.k, batch, kv_head), key0, p.seq_k, fc_head_dim};
-    const staged_operand values = {v, slice_of(p.v, batch, kv_head), key0, p.seq_k, fc_head_dim_v};
+    const staged_operand keys =
+        single_head_rows(k, slice_of(p.k, batch, kv_head), key0, p.seq_k, fc_head_dim);
+    const staged_operand values =
+        single_head_rows(v, slice_of(p.v, batch, kv_head), key0, p.seq_k, fc_head_dim_v);
     const column_range dk_cols = output_columns(out_block, fc_head_dim);
     const column_range dv_cols = output_columns(out_block, fc_head_dim_v);
 
@@ -44,8 +46,10 @@ inline void attention_backward_key_value(device const uchar* q, device const uch
 
     const block_range blocks = query_blocks_for_keys(p, key0, key_last, int(fc_block_traversal));
     for (uint head = kv_head * uint(p.group); head < (kv_head + 1) * uint(p.group); ++head) {
-        staged_operand queries = {q, slice_of(p.q, batch, head), 0, p.seq_q, fc_head_dim};
-        staged_operand grads = {dout, slice_of(p.dout, batch, head), 0, p.seq_q, fc_head_dim_v};
+        staged_operand queries =
+            single_head_rows(q, slice_of(p.q, batch, head), 0, p.seq_q, fc_head_dim);
+        staged_operand grads =
+            single_head_rows(dout, slice_of(p.dout, batch, head), 0, p.seq_q, fc_head_dim_v);
         const operand_slice l_slice = slice_of(p.l, batch, head);
         const operand_slice d_slice = slice_of(p.d, batch, head);
 

@@ -34,10 +34,14 @@ inline void attention_backward_query(device const uchar* q, device const uchar* 
     const uint head = group.y, batch = group.z, kv_head = head / uint(p.group);
     const int row = row0 + int(simd_index) * 8 + int(fragment_row(lane));
 
-    const staged_operand queries = {q, slice_of(p.q, batch, head), row0, p.seq_q, fc_head_dim};
-    const staged_operand grads = {dout, slice_of(p.dout, batch, head), row0, p.seq_q, fc_head_dim_v};
-    staged_operand keys = {k, slice_of(p.k, batch, kv_head), 0, p.seq_k, fc_head_dim};
-    staged_operand values = {v, slice_of(p.v, batch, kv_head), 0, p.seq_k, fc_head_dim_v};
+    const staged_operand queries =
+        single_head_rows(q, slice_of(p.q, batch, head), row0, p.seq_q, fc_head_dim);
+    const staged_operand grads =
+        single_head_rows(dout, slice_of(p.dout, batch, head), row0, p.seq_q, fc_head_dim_v);
+    staged_operand keys =
+        single_head_rows(k, slice_of(p.k, batch, kv_head), 0, p.seq_k, fc_head_dim);
+    staged_operand values =
+        single_head_rows(v, slice_of(p.v, batch, kv_head), 0, p.seq_k, fc_head_dim_v);
     const column_range out_cols = output_columns(out_block, fc_head_dim);
 
     const float delta = output_gradient_dot(o, slice_of(p.o, batch, head), dout, grads.slice, row,

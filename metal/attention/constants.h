@@ -18,6 +18,7 @@ constant uint fc_block_out [[function_constant(MFA_FC_BLOCK_OUT)]];
 constant bool fc_cache_parallel [[function_constant(MFA_FC_CACHE_PARALLEL)]];
 constant bool fc_cache_parallel2 [[function_constant(MFA_FC_CACHE_PARALLEL2)]];
 constant bool fc_has_lse [[function_constant(MFA_FC_HAS_LSE)]];
+constant bool fc_pack_group [[function_constant(MFA_FC_PACK_GROUP)]];
 
 // One simdgroup per 8 rows of the parallel block.
 constant uint fc_threads = fc_block_parallel / 8 * 32;

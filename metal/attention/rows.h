@@ -10,21 +10,6 @@
 #include "staging.h"
 #include "tiles.h"
 
-// Rows [row0, row0 + block) of one (batch, head) slice of an operand of `width` features.
-struct staged_operand {
-    device const uchar* data;
-    operand_slice slice;
-    int row0;
-    int row_count;  // sequence length: rows at or past it stage as zero
-    uint width;
-};
-
-inline void stage_chunk(threadgroup float* tile, staged_operand operand, uint rows, uint col0,
-                        uint col_end, ushort thread_index) {
-    stage_tile(tile, operand.data, operand.slice, operand.row0, operand.row_count, rows, col0,
-               col_end, fc_block_head, thread_index);
-}
-
 // Loads this simdgroup's rows of `operand` (block_parallel rows from row0) into registers.
 inline void cache_slab(thread simd_fragment* cache, threadgroup float* parallel_tile,
                        staged_operand operand, ushort thread_index, ushort simd_index) {
@@ -34,7 +19,7 @@ inline void cache_slab(thread simd_fragment* cache, threadgroup float* parallel_
     for (uint c = 0; c < MFA_CACHED_FRAGMENTS; c += fc_head_fragments) {
         const uint d0 = c * 8;
         if (d0 >= operand.width) break;  // uniform across the threadgroup
-        stage_chunk(parallel_tile, operand, fc_block_parallel, d0, operand.width, thread_index);
+        stage_tile(parallel_tile, operand, fc_block_parallel, d0, operand.width, thread_index);
         threadgroup_barrier(mem_flags::mem_threadgroup);
         load_slab(cache + c, parallel_tile, simd_index, fragments_in(operand.width - d0));
         threadgroup_barrier(mem_flags::mem_threadgroup);
@@ -47,8 +32,8 @@ inline void accumulate_score_chunk(thread simd_fragment* scores, const thread si
                                    staged_operand slab, threadgroup float* traversal_tile,
                                    staged_operand traversed, uint d0, ushort thread_index,
                                    ushort simd_index) {
-    if (!cached) stage_chunk(parallel_tile, slab, fc_block_parallel, d0, slab.width, thread_index);
-    stage_chunk(traversal_tile, traversed, fc_block_traversal, d0, traversed.width, thread_index);
+    if (!cached) stage_tile(parallel_tile, slab, fc_block_parallel, d0, slab.width, thread_index);
+    stage_tile(traversal_tile, traversed, fc_block_traversal, d0, traversed.width, thread_index);
     threadgroup_barrier(mem_flags::mem_threadgroup);
     const uint fragments = fragments_in(slab.width - d0);
     simd_fragment chunk[MFA_HEAD_FRAGMENTS];
@@ -87,7 +72,7 @@ inline void accumulate_product(thread simd_fragment* out, const thread simd_frag
     for (uint offset = 0; offset < fc_block_out; offset += fc_block_head) {
         const uint d0 = out_begin + offset;
         if (d0 >= out_end) break;  // uniform across the threadgroup
-        stage_chunk(traversal_tile, traversed, fc_block_traversal, d0, out_end, thread_index);
+        stage_tile(traversal_tile, traversed, fc_block_traversal, d0, out_end, thread_index);
         threadgroup_barrier(mem_flags::mem_threadgroup);
         accumulate_output(out + offset / 8, weights, traversal_tile, fragments_in(out_end - d0));
         threadgroup_barrier(mem_flags::mem_threadgroup);

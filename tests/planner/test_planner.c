@@ -154,6 +154,13 @@ static void check_pass(const mfa_problem* p, const mfa_pass_plan* pass, uint32_t
         CHECK(c->type == MFA_CONSTANT_TYPE_UINT || c->type == MFA_CONSTANT_TYPE_BOOL, "type");
         if (c->type == MFA_CONSTANT_TYPE_BOOL) CHECK(c->value <= 1, "bool %u", c->value);
     }
+    const uint32_t packed = constant_value(pass, MFA_FC_PACK_GROUP, &found);
+    if (pass->kind == MFA_PASS_FORWARD) {
+        CHECK(found == 1, "pack_group in forward");
+        CHECK(packed == (p->group > 1 && p->seq_q < (int64_t)pass->block_parallel),
+              "pack_group %u for group %lld, Nq %lld, P %u", packed, (long long)p->group,
+              (long long)p->seq_q, pass->block_parallel);
+    }
     uint32_t has_lse = constant_value(pass, MFA_FC_HAS_LSE, &found);
     if (pass->kind == MFA_PASS_FORWARD) {
         CHECK(found == 1 && has_lse == (p->lse.data != NULL), "has_lse");
@@ -201,18 +208,27 @@ static void check_pass(const mfa_problem* p, const mfa_pass_plan* pass, uint32_t
     CHECK(seen_ops == want, "bound operands 0x%x, expected 0x%x", seen_ops, want);
 }
 
-/* Grid coverage: decode every threadgroup as the kernels do and count each output element. */
+/* Grid coverage: decode every threadgroup as the kernels do and count each output element.
+ * A forward that packs a GQA group's heads into its rows covers (query head, query) pairs of
+ * one key/value head per grid row. */
 static void check_coverage(const mfa_problem* p, const mfa_pass_plan* pass) {
     const int kv = pass->kind == MFA_PASS_BACKWARD_KEY_VALUE;
-    const int64_t rows = kv ? p->seq_k : p->seq_q;
-    const int64_t heads = kv ? p->heads_kv : p->heads_q;
+    int found;
+    const int packed = pass->kind == MFA_PASS_FORWARD &&
+                       constant_value(pass, MFA_FC_PACK_GROUP, &found) != 0;
+    CHECK(pass->kind != MFA_PASS_FORWARD || found == 1, "pack_group constant in forward");
+    CHECK(pass->kind == MFA_PASS_FORWARD || found == 0, "pack_group only in forward");
+    const int64_t seq = kv ? p->seq_k : p->seq_q;      /* rows per output head */
+    const int64_t heads = kv ? p->heads_kv : p->heads_q; /* output heads */
+    const int64_t grid_heads = kv || packed ? p->heads_kv : p->heads_q;
+    const int64_t grid_rows = packed ? p->group * seq : seq;
     const int64_t width = pass->kind == MFA_PASS_FORWARD ? p->head_dim_v
                           : pass->kind == MFA_PASS_BACKWARD_QUERY
                               ? p->head_dim
                               : (p->head_dim > p->head_dim_v ? p->head_dim : p->head_dim_v);
-    const int64_t total = p->batch * heads * rows * width;
+    const int64_t total = p->batch * heads * seq * width;
     unsigned char* count = calloc((size_t)(total ? total : 1), 1);
-    CHECK(pass->threadgroups[1] == (uint64_t)heads, "grid y %llu",
+    CHECK(pass->threadgroups[1] == (uint64_t)grid_heads, "grid y %llu",
           (unsigned long long)pass->threadgroups[1]);
     CHECK(pass->threadgroups[2] == (uint64_t)p->batch, "grid z");
     const uint32_t out_blocks = (uint32_t)pass->params.out_blocks;
@@ -224,10 +240,13 @@ static void check_coverage(const mfa_problem* p, const mfa_pass_plan* pass) {
                 const int64_t out_block = (int64_t)(x % out_blocks);
                 int64_t any_row = 0;
                 for (int64_t r = row_block * pass->block_parallel;
-                     r < (row_block + 1) * pass->block_parallel && r < rows; ++r, ++any_row)
+                     r < (row_block + 1) * pass->block_parallel && r < grid_rows; ++r, ++any_row) {
+                    const int64_t head = packed ? (int64_t)y * p->group + r / seq : (int64_t)y;
+                    const int64_t s = packed ? r % seq : r;
                     for (int64_t c = out_block * pass->block_out;
                          c < (out_block + 1) * pass->block_out && c < width; ++c)
-                        ++count[((z * heads + y) * rows + r) * width + c];
+                        ++count[(((int64_t)z * heads + head) * seq + s) * width + c];
+                }
                 CHECK(any_row > 0, "threadgroup x=%llu has no rows", (unsigned long long)x);
             }
     int64_t wrong = 0;
@@ -295,6 +314,8 @@ static void test_coverage(void) {
         /* b, hq, hkv, nq, nk, d, dv */
         {1, 1, 1, 1, 1, 1, 1},     {2, 4, 2, 33, 17, 64, 64}, {3, 6, 1, 100, 129, 40, 24},
         {1, 2, 2, 31, 64, 300, 520}, {2, 3, 3, 17, 5, 129, 8},
+        {2, 8, 2, 1, 40, 64, 64},  /* decode with GQA: packed forward */
+        {1, 6, 1, 5, 9, 16, 200},  /* packed rows spanning heads, split output columns */
     };
     for (size_t f = 0; f < 3; ++f)
         for (size_t t = 0; t < 3; ++t)

@@ -3,7 +3,8 @@
  * written here. Cases are chosen to reach every kernel path rather than to be large: sequence
  * lengths that are not multiples of any block, D % 8 != 0, head dimensions that force the
  * uncached slab and split output columns, causal masks in both alignments (including rows that
- * see no key), sliding windows, GQA and MQA, Dv != D, strided and reversed views, f32/f16/bf16,
+ * see no key), sliding windows, GQA and MQA (including decode shapes, where the forward packs a
+ * group's query heads into one threadgroup), Dv != D, strided and reversed views, f32/f16/bf16,
  * and every simulated family's tables.
  *
  * Tolerance model: the kernels compute in f32 from the dtype-rounded inputs (which the
@@ -397,6 +398,9 @@ int main(int argc, char** argv) {
         {"no_lse_f16", A9, F16, 2, 1, 1, 9, 130, 33, 65, 0, BR, -1, -1, 0, BHSD, BHSD, 0, 0, 0},
         {"wide_d300_f32", A9, F32, 1, 1, 1, 20, 21, 300, 300, 0, BR, -1, -1, 0, BHSD, BHSD, 1, 1, 0},
         {"wide_d260_dv136_bf16", A7, BF16, 1, 2, 1, 17, 12, 260, 136, 1, TL, -1, -1, 0, BSHD, BHSD, 1, 1, 0},
+        {"decode_gqa_f16", A9, F16, 2, 8, 2, 1, 77, 64, 64, 1, BR, -1, -1, 0, BSHD, BSHD, 1, 1, 13},
+        {"packed_window_split_bf16", A7, BF16, 1, 6, 1, 5, 40, 40, 200, 0, TL, 3, 0, 0, BHSD, BSHD, 1, 1, 0},
+        {"packed_empty_rows_f32", A9, F32, 1, 4, 2, 9, 3, 16, 16, 1, BR, -1, -1, 0, REVERSED, BHSD, 1, 1, 0},
         {"tiny_d1_dv3_f16", A9, F16, 1, 1, 1, 1, 1, 1, 3, 0, BR, -1, -1, 0, BHSD, BHSD, 1, 1, 0},
         {"d2_causal_f32", A8, F32, 3, 2, 2, 5, 3, 2, 2, 1, BR, -1, -1, 2.5f, BSHD, BSHD, 1, 1, 9},
         {"d512_f16", A9, F16, 1, 1, 1, 9, 10, 512, 512, 0, BR, -1, -1, 0, BHSD, BHSD, 1, 1, 0},

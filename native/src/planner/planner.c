@@ -239,12 +239,21 @@ static mfa_status plan_pass(const mfa_problem* problem, mfa_gpu_family family,
     pass->kernel_name = kernel_names[kind];
     mfa_status status = choose_blocks(problem, family, kind, max_threads, pass);
     if (status != MFA_OK) return status;
-    if (kind == MFA_PASS_FORWARD)
+    /* Decoding with GQA: when a head's queries cannot fill a threadgroup, the forward packs
+     * the queries of all heads that share a key/value head into its rows (see forward.h). */
+    const int pack_group = kind == MFA_PASS_FORWARD && problem->group > 1 &&
+                           problem->group <= INT32_MAX / MFA_MAX_BLOCK_PARALLEL &&
+                           problem->seq_q < (int64_t)pass->block_parallel;
+    if (kind == MFA_PASS_FORWARD) {
         add_constant(pass, MFA_FC_HAS_LSE, MFA_CONSTANT_TYPE_BOOL, problem->lse.data != NULL);
+        add_constant(pass, MFA_FC_PACK_GROUP, MFA_CONSTANT_TYPE_BOOL, (uint32_t)pack_group);
+    }
 
     mfa_kernel_params* params = &pass->params;
     fill_params(problem, params);
-    const int64_t rows = kind == MFA_PASS_BACKWARD_KEY_VALUE ? problem->seq_k : problem->seq_q;
+    const int64_t rows = kind == MFA_PASS_BACKWARD_KEY_VALUE ? problem->seq_k
+                         : pack_group ? problem->group * problem->seq_q
+                                      : problem->seq_q;
     const int64_t out_width = kind == MFA_PASS_FORWARD ? problem->head_dim_v
                               : kind == MFA_PASS_BACKWARD_QUERY
                                   ? problem->head_dim
@@ -254,8 +263,9 @@ static mfa_status plan_pass(const mfa_problem* problem, mfa_gpu_family family,
     const int64_t row_blocks = (rows + pass->block_parallel - 1) / pass->block_parallel;
     params->out_blocks = (int32_t)out_blocks;
     pass->threadgroups[0] = (uint64_t)(row_blocks * out_blocks);
-    pass->threadgroups[1] =
-        (uint64_t)(kind == MFA_PASS_BACKWARD_KEY_VALUE ? problem->heads_kv : problem->heads_q);
+    pass->threadgroups[1] = (uint64_t)(kind == MFA_PASS_BACKWARD_KEY_VALUE || pack_group
+                                           ? problem->heads_kv
+                                           : problem->heads_q);
     pass->threadgroups[2] = (uint64_t)problem->batch;
     if (pass->threadgroups[0] > UINT32_MAX)
         return mfa_set_error(MFA_ERROR_UNSUPPORTED,
