@@ -6,32 +6,39 @@
 
 #include "fragment.h"
 
-// Any masked score; exp2(kMaskedScore - m) is 0 for every reachable m.
+// Any masked score (set on edge blocks only). Also the running maximum of a row that has seen
+// nothing but masked scores, so every finite score, however negative, still counts.
 constant float kMaskedScore = -FLT_MAX;
-// Floor of the running maximum. Keeping m finite and far above kMaskedScore makes a row that
-// has seen only masked scores accumulate exactly zero instead of exp2(0) = 1 per element.
-constant float kEmptyRowMax = -1.0e30f;
-// Log-sum-exp (log2 units) given to rows that saw no key, so exp2(s - L) is 0 in the backward.
-constant float kEmptyRowLogSumExp2 = 1.0e30f;
+// A finite stand-in for the -inf log-sum-exp of a row that saw no key. All of such a row's
+// scores are masked, so it only has to keep the arithmetic finite.
+constant float kEmptyRowLogSumExp2 = 0.0f;
 constant float kLog2E = 1.4426950408889634f;
 constant float kLn2 = 0.6931471805599453f;
 
 // Running statistics of one row, held identically by the four lanes that share it.
 struct softmax_row {
-    float max_score;  // log2 units, >= kEmptyRowMax
+    float max_score;  // log2 units; kMaskedScore until the row sees a key
     float sum;        // sum of exp2(score - max_score) so far
 };
 
 inline softmax_row softmax_row_start() {
     softmax_row r;
-    r.max_score = kEmptyRowMax;
+    r.max_score = kMaskedScore;
     r.sum = 0.0f;
     return r;
 }
 
+// exp2(score - reference), but exactly 0 for a masked score on an edge block: when a row has
+// seen only masked scores its reference is kMaskedScore too, and exp2(0) would count them.
+inline float exp2_unless_masked(float score, float reference, bool edge) {
+    const float p = exp2(score - reference);
+    return edge && score == kMaskedScore ? 0.0f : p;
+}
+
 // Replaces the scores of one 8 x (8 * count) slab by exp2(score - new max) and returns the
 // factor exp2(old max - new max) by which earlier partial results must be rescaled.
-inline float softmax_row_update(thread softmax_row& row, thread simd_fragment* scores, uint count) {
+inline float softmax_row_update(thread softmax_row& row, thread simd_fragment* scores, uint count,
+                                bool edge) {
     float block_max = kMaskedScore;
     #pragma unroll
     for (uint t = 0; t < count; ++t) {
@@ -41,13 +48,15 @@ inline float softmax_row_update(thread softmax_row& row, thread simd_fragment* s
     const float new_max = max(row.max_score, row_max(block_max));
     float block_sum = 0.0f;
     #pragma unroll
-    for (uint t = 0; t < count; ++t) {
-        const float2 p = exp2(float2(scores[t].thread_elements()) - new_max);
-        scores[t].thread_elements()[0] = p.x;
-        scores[t].thread_elements()[1] = p.y;
-        block_sum += p.x + p.y;
-    }
-    const float correction = exp2(row.max_score - new_max);
+    for (uint t = 0; t < count; ++t)
+        for (ushort e = 0; e < 2; ++e) {
+            const float p = exp2_unless_masked(scores[t].thread_elements()[e], new_max, edge);
+            scores[t].thread_elements()[e] = p;
+            block_sum += p;
+        }
+    // A row that has seen nothing has nothing to rescale (and its old maximum is the sentinel).
+    const float correction =
+        row.max_score == kMaskedScore ? 0.0f : exp2(row.max_score - new_max);
     row.sum = row.sum * correction + row_sum(block_sum);
     row.max_score = new_max;
     return correction;
@@ -59,7 +68,7 @@ inline float softmax_row_log_sum_exp(softmax_row row) {
 }
 
 // Log2-unit log-sum-exp for the backward from the stored natural-log value; -inf (a row that
-// saw nothing) becomes a large finite value, tested on the bits because fast math may fold
+// saw nothing) becomes kEmptyRowLogSumExp2, tested on the bits because fast math may fold
 // comparisons with infinity.
 inline float log_sum_exp2_from_stored(float stored) {
     return as_type<uint>(stored) == 0xff800000u ? kEmptyRowLogSumExp2 : stored * kLog2E;

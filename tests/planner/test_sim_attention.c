@@ -379,6 +379,45 @@ static void test_bf16_ties(void) {
     mfa_context_destroy(ctx);
 }
 
+/* A row whose scores are all finite but far below any "nothing seen yet" floor still sees its
+ * keys: scores -1e30, -3e30, -2e30 (q = 1, k as given, scale 1) give out = v[0] and
+ * lse = -1e30 exactly (the other terms are exp(-1e30) = 0). */
+static void test_very_negative_scores(void) {
+    mfa_context* ctx = NULL;
+    if (mfa_context_create(MFA_BACKEND_METAL_SIM, NULL, &ctx) != MFA_OK) {
+        CHECK(0, "very negative scores: context: %s", mfa_last_error());
+        return;
+    }
+    tensor q = make_tensor(MFA_DTYPE_F32, 1, 1, 1, 1, BHSD);
+    tensor k = make_tensor(MFA_DTYPE_F32, 1, 1, 3, 1, BHSD);
+    tensor v = make_tensor(MFA_DTYPE_F32, 1, 1, 3, 2, BHSD);
+    tensor o = make_tensor(MFA_DTYPE_F32, 1, 1, 1, 2, BHSD);
+    tensor lse = make_tensor(MFA_DTYPE_F32, 1, 1, 1, 1, BHSD);
+    static const float keys[3] = {-1e30f, -3e30f, -2e30f};
+    static const float values[6] = {0.25f, -0.5f, 7.0f, 8.0f, 9.0f, 10.0f};
+    ((float*)q.t.data)[0] = 1.0f;
+    memcpy(k.t.data, keys, sizeof keys);
+    memcpy(v.t.data, values, sizeof values);
+    mfa_attention_params params;
+    mfa_attention_params_init(&params);
+    params.scale = 1.0f;
+    mfa_status status = mfa_attention_forward(ctx, &params, &q.t, &k.t, &v.t, &o.t, &lse.t);
+    CHECK(status == MFA_OK, "very negative scores: forward: %s", mfa_last_error());
+    if (status == MFA_OK) {
+        const float* out = o.t.data;
+        const float l = *(const float*)lse.t.data;
+        CHECK(out[0] == values[0] && out[1] == values[1], "out = (%g, %g), expected (%g, %g)",
+              out[0], out[1], values[0], values[1]);
+        CHECK(fabs(l - -1e30) <= 1e-6 * 1e30, "lse = %g, expected -1e30", l);
+    }
+    free(q.alloc);
+    free(k.alloc);
+    free(v.alloc);
+    free(o.alloc);
+    free(lse.alloc);
+    mfa_context_destroy(ctx);
+}
+
 int main(int argc, char** argv) {
     const mfa_gpu_family A7 = MFA_GPU_FAMILY_APPLE7, A8 = MFA_GPU_FAMILY_APPLE8,
                          A9 = MFA_GPU_FAMILY_APPLE9;
@@ -418,6 +457,9 @@ int main(int argc, char** argv) {
         const int before = failures;
         test_bf16_ties();
         printf("%-28s %s\n", "bf16_store_ties", failures == before ? "ok" : "FAILED");
+        const int before2 = failures;
+        test_very_negative_scores();
+        printf("%-28s %s\n", "very_negative_scores", failures == before2 ? "ok" : "FAILED");
     }
     if (failures) {
         fprintf(stderr, "metal-sim attention: %d check(s) failed\n", failures);
