@@ -142,6 +142,20 @@ void test_struct_argument() {
     if (sim_test::run(d)) {
         for (uint32_t i = 0; i < 16; ++i) CHECK(out[i] == (i < 10 ? 0.5f * i : -1.0f));
     }
+    // The kernel sees base + offset.
+    std::vector<float> shifted(18, -1.0f);
+    d.buffers[1] = bind(shifted);
+    d.buffers[1].offset = 2 * sizeof(float);
+    if (sim_test::run(d)) {
+        for (uint32_t i = 0; i < 18; ++i)
+            CHECK(shifted[i] == (i >= 2 && i < 12 ? 0.5f * (i - 2) : -1.0f));
+    }
+    // An offset that breaks the element alignment is an error.
+    d.buffers[1].offset = 2;
+    CHECK(mfa::sim::dispatch(d) == MFA_ERROR_DEVICE);
+    CHECK_MSG(sim_test::contains(mfa_last_error(), "buffer(1) is not aligned for its type"), "%s",
+              mfa_last_error());
+    d.buffers[1] = bind(out);
     // A binding too small for the struct the kernel reads is an error, not a wild read.
     d.buffers[0].length = sizeof(uint32_t);
     CHECK(mfa::sim::dispatch(d) == MFA_ERROR_DEVICE);
