@@ -216,7 +216,10 @@ struct Worker {
     size_t runnable_mask = 0;
     size_t runnable_head = 0;
     size_t runnable_size = 0;
-    uint64_t rng = 0;
+    static constexpr unsigned kNoThread = ~0u;
+    unsigned start_next = kNoThread;  // popped by a yielding thread for the scheduler to start
+    uint64_t rng = 0;                 // the current threadgroup's schedule
+    uint64_t garbage = 0;             // the current threadgroup's garbage stream
     unsigned barrier_arrived = 0;
     unsigned group_position[3] = {};
     bool group_failed = false;
@@ -271,11 +274,6 @@ struct Worker {
         }
         fiber_switch(&thread->context, &scheduler);
     }
-
-    static constexpr unsigned kNoThread = ~0u;
-    unsigned start_next = kNoThread;  // popped by a yielding thread for the scheduler to start
-
-    uint64_t garbage = 0;  // state of the current threadgroup's garbage stream
 
     void fill_with_garbage(std::vector<unsigned char>* memory) {
         for (size_t i = 0; i < memory->size(); i += 8) {
