@@ -206,7 +206,9 @@ static mfa_view view_of(const mfa_tensor* t) {
     memset(&view, 0, sizeof view);
     if (t != NULL) {
         view.data = (char*)t->data;
-        for (int d = 0; d < 4; ++d) view.stride[d] = t->strides[d];
+        /* A size-1 dimension is never stepped; stride 0 keeps backends' index arithmetic
+         * within the bounds checked above whatever stride the caller gave it. */
+        for (int d = 0; d < 4; ++d) view.stride[d] = t->shape[d] == 1 ? 0 : t->strides[d];
     }
     return view;
 }
