@@ -11,8 +11,10 @@
  *   - Every register operand here is f32 (16-bit inputs are widened when staged), while MFA's
  *     mixed-precision rows hold 16-bit Q/K/V in registers. A cached operand therefore costs
  *     twice MFA's registers, so the 16-bit tables cache only up to D = 96 (MFA: up to 224).
- * The tables have not been measured on hardware for these kernels yet; the threadgroup-memory
- * bound holds for every row (tests/planner).
+ * The tables have not been measured on hardware for these kernels yet. To retune on a Mac: edit
+ * rows here, run planner_unit (every row must fit 32 KB of threadgroup memory and the kernels'
+ * register arrays; the planner also refuses a row outside them at run time), then compare
+ * `python -m mfa_native bench --backend metal` before and after.
  */
 #include "planner/tables.h"
 
