@@ -483,7 +483,7 @@ static void print_stats(void) {
 }
 
 
-static mfa_context* contexts[4];
+static mfa_context* contexts[4]; /* cpu with 1 and 2 threads, then metal-sim ones if built */
 static int context_count;
 /* No fuzzed call passes a NULL context, so this message can only be left over. */
 static const char stale_message_marker[] = "ctx is NULL";
@@ -785,7 +785,12 @@ static void initialize(void) {
     if (mfa_context_create(MFA_BACKEND_CPU, &options, &contexts[context_count++]) != MFA_OK)
         fail("cpu context: %s", mfa_last_error());
     if (mfa_backend_available(MFA_BACKEND_METAL_SIM)) {
+        /* The default family, and Apple7's block sizes with simulated threads shuffled. */
         options.num_threads = 1;
+        if (mfa_context_create(MFA_BACKEND_METAL_SIM, &options, &contexts[context_count++]) != MFA_OK)
+            fail("metal-sim context: %s", mfa_last_error());
+        options.gpu_family = MFA_GPU_FAMILY_APPLE7;
+        options.sim_schedule_seed = 0x5EED;
         if (mfa_context_create(MFA_BACKEND_METAL_SIM, &options, &contexts[context_count++]) != MFA_OK)
             fail("metal-sim context: %s", mfa_last_error());
     }

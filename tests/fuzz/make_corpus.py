@@ -83,6 +83,13 @@ def seeds():
     yield "bwd-f16-mqa", attention(BACKWARD, dtype=1, heads_kv=1, group=3, seq_q=9, seq_k=30)
     yield "bwd-bf16-causal-window", attention(BACKWARD, dtype=2, causal=1, window=(17, -1),
                                               layouts={"dq": (5, 0xFF, 0b1000)})
+    # Context 2 and 3 are metal-sim (two GPU families) where it is built, else cpu again.
+    yield "sim-fwd-f16-window", attention(FORWARD, context=2, dtype=1, window=(3, 1), seq_q=33,
+                                          seq_k=40, head_dim=16, head_dim_v=24)
+    yield "sim-bwd-bf16-gqa", attention(BACKWARD, context=3, dtype=2, heads_kv=2, group=2,
+                                        causal=1, alignment=1)
+    yield "sim-bwd-f32-strided", attention(BACKWARD, context=2,
+                                           layouts={role: (11, 0xAA, 0b0110) for role in ROLES})
     yield "bad-dtype", attention(FORWARD, dtype=7)
     yield "bad-params-struct-size", attention(FORWARD, struct_size="sizeof+8")
     yield "bad-params-scale-nan", attention(FORWARD, scale="nan")
@@ -121,7 +128,8 @@ def seeds():
     yield "misaligned-lse", attention(FORWARD, mutations=[mutation("misalign", "lse")])
     yield "alias-out-q", attention(FORWARD, mutations=[mutation("alias", "out", other="q")])
     yield "alias-dk-dv", attention(BACKWARD, mutations=[mutation("alias", "dv", other="dk")])
-    yield "alias-k-q", attention(FORWARD, mutations=[mutation("alias", "k", other="q")])
+    yield "alias-k-q", attention(FORWARD, seq_q=7, seq_k=5,
+                                 mutations=[mutation("alias", "k", other="q")])
     yield "alias-dout-out", attention(BACKWARD, mutations=[mutation("alias", "dout", other="out")])
     yield "wild-pointer-top", attention(FORWARD, mutations=[mutation("wild_pointer", "v", 3)])
     yield "context-cpu", context()
@@ -136,10 +144,11 @@ def seeds():
 
 
 def main():
+    corpus = dict(seeds())  # all of them first: a bad seed leaves the old corpus in place
     CORPUS.mkdir(exist_ok=True)
     for old in CORPUS.iterdir():
         old.unlink()
-    for name, data in seeds():
+    for name, data in corpus.items():
         (CORPUS / name).write_bytes(data)
     print(f"wrote {len(list(CORPUS.iterdir()))} seeds to {CORPUS}")
 
