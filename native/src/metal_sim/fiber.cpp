@@ -113,8 +113,7 @@ FiberStack::~FiberStack() {
     if (mapping_) munmap(mapping_, mapping_bytes_);
 }
 
-void fiber_prepare(FiberContext* fiber, const FiberStack& stack, void (*entry)(void*),
-                   void* argument) {
+void fiber_prepare(FiberContext* fiber, FiberStack& stack, void (*entry)(void*), void* argument) {
 #if MFA_SIM_ASAN
     // A previous fiber on this stack may have been abandoned mid-call, leaving its frames'
     // redzones poisoned.
@@ -141,25 +140,25 @@ void fiber_prepare(FiberContext* fiber, const FiberStack& stack, void (*entry)(v
     frame[11] = reinterpret_cast<void*>(&mfa_sim_fiber_trampoline);  // x30
 #endif
     fiber->stack_pointer = frame;
-    fiber->fake_stack = nullptr;
+    fiber->fake_stack = &stack.sanitizer_fake_stack;
     fiber->stack_bottom = stack.bottom();
     fiber->stack_size = stack.size();
 }
 
 void fiber_switch(FiberContext* from, FiberContext* to) {
 #if MFA_SIM_ASAN
-    __sanitizer_start_switch_fiber(&from->fake_stack, to->stack_bottom, to->stack_size);
+    __sanitizer_start_switch_fiber(from->fake_stack, to->stack_bottom, to->stack_size);
 #endif
     mfa_sim_switch_raw(&from->stack_pointer, to->stack_pointer);
 #if MFA_SIM_ASAN
-    __sanitizer_finish_switch_fiber(from->fake_stack, nullptr, nullptr);
+    __sanitizer_finish_switch_fiber(*from->fake_stack, nullptr, nullptr);
 #endif
 }
 
 void fiber_exit_to(FiberContext* from, FiberContext* to) {
 #if MFA_SIM_ASAN
-    // A null save slot tells the sanitizer this stack is done with.
-    __sanitizer_start_switch_fiber(nullptr, to->stack_bottom, to->stack_size);
+    // Keep the fake stack for the next fiber on this stack (a null slot would destroy it).
+    __sanitizer_start_switch_fiber(from->fake_stack, to->stack_bottom, to->stack_size);
 #endif
     mfa_sim_switch_raw(&from->stack_pointer, to->stack_pointer);
     __builtin_unreachable();
@@ -167,7 +166,7 @@ void fiber_exit_to(FiberContext* from, FiberContext* to) {
 
 void fiber_started(FiberContext* self, FiberContext* from) {
 #if MFA_SIM_ASAN
-    __sanitizer_finish_switch_fiber(self->fake_stack, &from->stack_bottom, &from->stack_size);
+    __sanitizer_finish_switch_fiber(*self->fake_stack, &from->stack_bottom, &from->stack_size);
 #else
     (void)self;
     (void)from;

@@ -24,6 +24,11 @@ public:
     char* bottom() const { return usable_; }  // lowest usable address
     size_t size() const { return usable_bytes_; }
 
+    // AddressSanitizer's fake stack (for use-after-return detection) of the fibers that run
+    // here. It lives as long as the stack, so fibers reuse it instead of having the sanitizer
+    // map and unmap one per fiber.
+    void* sanitizer_fake_stack = nullptr;
+
 private:
     void* mapping_ = nullptr;
     size_t mapping_bytes_ = 0;
@@ -34,21 +39,23 @@ private:
 // Where a suspended context's registers are saved: its stack pointer.
 struct FiberContext {
     void* stack_pointer = nullptr;
-    // AddressSanitizer bookkeeping (unused without it).
-    void* fake_stack = nullptr;
+    // AddressSanitizer bookkeeping (unused without it): the fake stack's home (the fiber's
+    // FiberStack, or own_fake_stack for an OS thread's own stack) and the stack's bounds.
+    void* own_fake_stack = nullptr;
+    void** fake_stack = &own_fake_stack;
     const void* stack_bottom = nullptr;
     size_t stack_size = 0;
 };
 
 // Prepares `fiber` to run entry(argument) on `stack` the first time it is switched to. entry
 // must never return: it ends by switching away with fiber_exit_to.
-void fiber_prepare(FiberContext* fiber, const FiberStack& stack, void (*entry)(void*),
-                   void* argument);
+void fiber_prepare(FiberContext* fiber, FiberStack& stack, void (*entry)(void*), void* argument);
 
 // Suspends `from` and resumes `to`. Returns when something switches back to `from`.
 void fiber_switch(FiberContext* from, FiberContext* to);
 
-// Leaves the current fiber for good (it finished or was abandoned) and resumes `to`.
+// Leaves the current fiber for good (it finished or was abandoned) and resumes `to`; its stack
+// may be prepared for another fiber.
 [[noreturn]] void fiber_exit_to(FiberContext* from, FiberContext* to);
 
 // Must be the first call in a fiber's entry function (completes the sanitizer's switch).
