@@ -104,19 +104,7 @@ def test_forward_at_the_largest_advertised_head_dim(backend):
     check_forward(case, out, lse, q, k, v)
 
 
-def known_metal_kernel_failure(reason):
-    """backend_only_params() with a strict xfail where the Metal kernels run (metal, metal-sim):
-    a known kernel bug stays visible, and the test fails (XPASS) once it is fixed so that the
-    mark gets removed."""
-    return [pytest.param(*param.values, id=param.id,
-                         marks=[pytest.mark.xfail(strict=True, reason=reason)]
-                         if param.values[0].name in ("metal", "metal-sim") else [])
-            for param in backend_only_params()]
-
-
-@pytest.mark.parametrize("backend", known_metal_kernel_failure(
-    "metal/attention/softmax.h floors the running maximum at -1e30 (log2 units), so rows whose "
-    "scores are all below it come out empty: out 0, lse -inf"))
+@pytest.mark.parametrize("backend", backend_only_params())
 def test_rows_whose_scores_all_lie_below_minus_1e30_still_see_their_keys(backend):
     # Finite float32 scores of -1e30 .. -3e30 (q = 1, scale 1). Gaps of 1e30 dwarf float32
     # rounding (~1e23), so the softmax is exactly one-hot on key 0 and out must be its value.
