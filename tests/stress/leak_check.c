@@ -4,8 +4,10 @@
  * After a few warm-up rounds (first-use allocations: thread-local error buffers, kernel
  * selection) the bytes the allocator has handed out and not got back are measured; ROUNDS
  * further rounds may not add more than a few small allocations' worth. Under AddressSanitizer
- * the count comes from the sanitizer's allocator and LeakSanitizer also checks at exit that
- * nothing became unreachable; otherwise it comes from glibc's mallinfo2. */
+ * the count comes from the sanitizer's allocator, covering every thread, and LeakSanitizer
+ * also checks at exit that nothing became unreachable: that is the authoritative run
+ * (scripts/hardening). Otherwise the count is glibc's mallinfo2, which sees the main arena
+ * only: allocations made by the calling thread, not by worker threads. */
 #include <malloc.h>
 
 #include "test_util.h"
