@@ -246,20 +246,33 @@ mfa_status cpu_backward(void* opaque, const mfa_problem* problem)
     mfa_cpu_plan plan = make_plan(state, problem);
     mfa_cpu_kv_pack kv_layout;
     mfa_cpu_q_pack q_layout;
+    mfa_cpu_kv_grads grads_layout;
     mfa_cpu_backward_tiles tile_layout;
     plan.kv_pack_floats = mfa_cpu_kv_pack_carve(&plan, 1, nullptr, &kv_layout);
     plan.q_pack_floats = mfa_cpu_q_pack_carve(&plan, nullptr, &q_layout);
+    plan.kv_grads_floats = mfa_cpu_kv_grads_carve(&plan, nullptr, &grads_layout);
     /* The query-side pack task borrows its slot for one row of O and one of dO. */
     plan.workspace_slot_floats =
         std::max(mfa_cpu_backward_tiles_carve(&plan, nullptr, &tile_layout),
                  2 * mfa_cpu_round_up(problem->head_dim_v, 16));
-    const int64_t chunk =
-        chunk_kv_heads(problem, state->threads, problem->group * plan.q_blocks + plan.k_blocks,
-                       plan.kv_pack_floats + problem->group * plan.q_pack_floats);
-    float_buffer kv_packs, q_packs, workspace;
+
+    const int64_t group = problem->group;
+    int64_t chunk = 1, members = group;
+    if (plan.kv_pack_floats + group * plan.q_pack_floats <= kPackBudgetFloats) {
+        chunk = chunk_kv_heads(problem, state->threads, group * plan.q_blocks + plan.k_blocks,
+                               plan.kv_pack_floats + group * plan.q_pack_floats);
+    } else {
+        /* One key/value head at a time, its query heads in as many passes as the budget needs
+         * (large groups, MQA above all, would otherwise pack every query head at once). */
+        members = (kPackBudgetFloats - plan.kv_pack_floats) / plan.q_pack_floats;
+        members = std::min(std::max(members, int64_t(1)), group);
+    }
+    float_buffer kv_packs, q_packs, kv_grads, workspace;
     status = kv_packs.allocate(plan.kv_pack_floats, chunk, "packed K and V");
     if (status == MFA_OK)
-        status = q_packs.allocate(plan.q_pack_floats, chunk * problem->group, "packed Q and dO");
+        status = q_packs.allocate(plan.q_pack_floats, chunk * members, "packed Q and dO");
+    if (status == MFA_OK && members < group)
+        status = kv_grads.allocate(plan.kv_grads_floats, chunk, "dK and dV between passes");
     if (status == MFA_OK)
         status = workspace.allocate(plan.workspace_slot_floats, state->pool.threads(),
                                     "backward tiles");
@@ -267,13 +280,18 @@ mfa_status cpu_backward(void* opaque, const mfa_problem* problem)
         return status;
     plan.kv_packs = kv_packs.data();
     plan.q_packs = q_packs.data();
+    plan.kv_grads = kv_grads.data();
     plan.workspace = workspace.data();
 
     const int64_t kv_heads = problem->batch * problem->heads_kv;
     for (plan.first_kv_head = 0; plan.first_kv_head < kv_heads; plan.first_kv_head += chunk) {
         plan.chunk_kv_heads = std::min(chunk, kv_heads - plan.first_kv_head);
-        run_pass(state, &plan, state->kernels->backward_pack, mfa_cpu_backward_pack_tasks(&plan));
-        run_pass(state, &plan, state->kernels->backward, mfa_cpu_backward_tasks(&plan));
+        for (plan.first_member = 0; plan.first_member < group; plan.first_member += members) {
+            plan.members = std::min(members, group - plan.first_member);
+            run_pass(state, &plan, state->kernels->backward_pack,
+                     mfa_cpu_backward_pack_tasks(&plan));
+            run_pass(state, &plan, state->kernels->backward, mfa_cpu_backward_tasks(&plan));
+        }
     }
     return MFA_OK;
 }

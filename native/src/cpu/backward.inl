@@ -2,8 +2,9 @@
  * Backward pass (MFA's scheme). The pack pass converts the chunk's K and V, and Q and dO of their
  * query heads, into panels, along with lse in base 2 and row_dot = rowsum(dO * O) per query row.
  * Then blocks of query rows accumulate dQ and, independently, blocks of key rows accumulate dK
- * and dV over every query head of their group. Each output element has one owner: no atomics,
- * no N x N buffer.
+ * and dV over every query head of their group (over several passes, carrying f32 sums, when the
+ * group's packs exceed the budget). Each output element has one owner: no atomics, no N x N
+ * buffer.
  *
  * With scores in base 2 (s = q.k * scale * log2 e): P = 2^(s - lse * log2 e),
  * dS = P * (dO.v - row_dot), dQ = scale * dS K, dK = scale * dS^T Q, dV = P^T dO.
@@ -41,8 +42,9 @@ static void pack_query_side(const mfa_cpu_plan* plan, int64_t task, float* slot)
     const int64_t es = plan->elem_size;
     const int64_t blocks = mfa_cpu_pack_blocks(plan, p->seq_q);
     const int64_t q_local = task / blocks;
-    const kv_head_ref kv = chunk_kv_head(plan, q_local / p->group);
-    const int64_t b = kv.batch, h = kv.head * p->group + q_local % p->group;
+    const kv_head_ref kv = chunk_kv_head(plan, q_local / plan->members);
+    const int64_t b = kv.batch;
+    const int64_t h = kv.head * p->group + plan->first_member + q_local % plan->members;
     const int64_t i0 = task % blocks * plan->pack_rows;
     const int64_t count = min64(plan->pack_rows, p->seq_q - i0);
     const int64_t d = p->head_dim, dv = p->head_dim_v;
@@ -77,8 +79,7 @@ static void pack_query_side(const mfa_cpu_plan* plan, int64_t task, float* slot)
 template <class Storage>
 static void backward_pack_task(const mfa_cpu_plan* plan, int64_t task, float* slot)
 {
-    const int64_t key_tasks =
-        plan->chunk_kv_heads * mfa_cpu_pack_blocks(plan, plan->problem->seq_k);
+    const int64_t key_tasks = mfa_cpu_backward_key_pack_tasks(plan);
     if (task < key_tasks)
         pack_key_side<Storage>(plan, task);
     else
@@ -112,9 +113,10 @@ static void query_grad_task(const mfa_cpu_plan* plan, int64_t task, float* slot)
     const mfa_problem* p = plan->problem;
     const int64_t es = plan->elem_size;
     const int64_t q_local = task / plan->q_blocks;
-    const int64_t g_local = q_local / p->group;
+    const int64_t g_local = q_local / plan->members;
     const kv_head_ref kv = chunk_kv_head(plan, g_local);
-    const int64_t b = kv.batch, h = kv.head * p->group + q_local % p->group;
+    const int64_t b = kv.batch;
+    const int64_t h = kv.head * p->group + plan->first_member + q_local % plan->members;
     const int64_t qb = plan->q_blocks - 1 - task % plan->q_blocks; /* longest first (causal) */
     const int64_t i0 = qb * plan->block_q;
     const int64_t rows = min64(plan->block_q, p->seq_q - i0);
@@ -168,15 +170,23 @@ static void key_value_grad_task(const mfa_cpu_plan* plan, int64_t task, float* s
     mfa_cpu_backward_tiles_carve(plan, slot, &t);
     pack_rows<Storage>(rows_of(p->k, es, b, kv.head, j0), rows, d, 1.0f, t.rows, d);
     pack_rows<Storage>(rows_of(p->v, es, b, kv.head, j0), rows, dv, 1.0f, t.rows_out_grad, dv);
+    mfa_cpu_kv_grads carried = {0, 0};
+    if (plan->kv_grads) {
+        mfa_cpu_kv_grads_carve(plan, plan->kv_grads + g_local * plan->kv_grads_floats, &carried);
+        carried.dk += j0 * d_pad;
+        carried.dv += j0 * dv_pad;
+    }
+    const bool continues = plan->first_member > 0;
     for (int64_t i = 0; i < rows * d_pad; ++i)
-        t.acc[i] = 0.0f;
+        t.acc[i] = continues ? carried.dk[i] : 0.0f;
     for (int64_t i = 0; i < rows * dv_pad; ++i)
-        t.acc_v[i] = 0.0f;
+        t.acc_v[i] = continues ? carried.dv[i] : 0.0f;
 
     const int64_t query_hi = mfa_cpu_query_end(plan, j0 + rows - 1);
-    for (int64_t member = 0; member < p->group; ++member) {
+    for (int64_t member = 0; member < plan->members; ++member) {
         mfa_cpu_q_pack q_pack;
-        mfa_cpu_q_pack_carve(plan, chunk_q_pack(plan, g_local * p->group + member), &q_pack);
+        mfa_cpu_q_pack_carve(plan, chunk_q_pack(plan, g_local * plan->members + member),
+                             &q_pack);
         for (int64_t i0 = panel_floor(mfa_cpu_query_begin(plan, j0)); i0 < query_hi;
              i0 += plan->block_q) {
             const int64_t n = min64(plan->block_q, query_hi - i0);
@@ -195,6 +205,11 @@ static void key_value_grad_task(const mfa_cpu_plan* plan, int64_t task, float* s
             gemm_packed(rows, d, n, t.s, n_pad, q_pack.q + i0 * NR, plan->seq_q_padded * NR,
                         t.acc, d_pad, true);
         }
+    }
+    if (plan->first_member + plan->members < p->group) {
+        memcpy(carried.dk, t.acc, sizeof(float) * rows * d_pad);
+        memcpy(carried.dv, t.acc_v, sizeof(float) * rows * dv_pad);
+        return;
     }
     store_rows<Storage>(rows_of(p->dk, es, b, kv.head, j0), rows, d, t.acc, d_pad, p->scale);
     store_rows<Storage>(rows_of(p->dv, es, b, kv.head, j0), rows, dv, t.acc_v, dv_pad, 1.0f);

@@ -243,6 +243,10 @@ static const Case cases[] = {
     {"bf16 top-left causal, MQA", MFA_DTYPE_BF16, 1, 4, 1, 270, 140, 64, 64, -1, 0, false, 0,
      false},
     {"bf16 D = 512", MFA_DTYPE_BF16, 1, 1, 1, 65, 65, 512, 512, -1, -1, true, 0, false},
+    /* 8 query heads' packs of 260 x 1024 rows exceed the 32 MiB pack budget: the backward
+     * takes the group in two passes and carries dK and dV between them. */
+    {"MQA group over several backward passes", MFA_DTYPE_F32, 1, 8, 1, 260, 8, 1024, 1024, 100,
+     -1, false, 0, false},
 };
 
 /* Relative error bound of a result element, scaled by (1 + |reference|). f32: accumulation over

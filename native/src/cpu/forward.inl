@@ -88,7 +88,9 @@ static void forward_task(const mfa_cpu_plan* plan, int64_t task, float* slot)
             float* s = t.s + r * n_pad;
             const float old_max = t.row_max[r];
             const float block_max = row_max(s, n_pad);
-            const float new_max = block_max > old_max ? block_max : old_max;
+            /* NaN wins, so that it reaches O and lse instead of being skipped. */
+            const float new_max =
+                block_max > old_max || block_max != block_max ? block_max : old_max;
             if (new_max == -__builtin_inff()) {
                 /* Nothing visible to this row yet: its P is 0, not 2^(-inf - -inf). */
                 for (int64_t c = 0; c < n_pad; ++c)

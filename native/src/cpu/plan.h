@@ -49,8 +49,16 @@ typedef struct mfa_cpu_plan {
     int64_t chunk_kv_heads;
     float* kv_packs; /* kv_pack_floats per key/value head of the chunk */
     int64_t kv_pack_floats;
-    float* q_packs; /* q_pack_floats per query head of the chunk (backward only) */
+    /* Backward: the query heads of each key/value head this pass handles, as members
+     * [first_member, first_member + members) of its group. A group too large for the pack
+     * budget takes several passes, and then kv_grads carries each key/value head's f32 dK and
+     * dV (mfa_cpu_kv_grads) from pass to pass; NULL when one pass covers the group. */
+    int64_t first_member;
+    int64_t members;
+    float* q_packs; /* q_pack_floats per query head of the pass (backward only) */
     int64_t q_pack_floats;
+    float* kv_grads;
+    int64_t kv_grads_floats;
     float* workspace;
     int64_t workspace_slot_floats;
 } mfa_cpu_plan;
@@ -157,6 +165,24 @@ static inline int64_t mfa_cpu_q_pack_carve(const mfa_cpu_plan* plan, float* base
     pack->dout = mfa_cpu_carve(&c, mfa_cpu_round_up(p->head_dim_v, nr) * n);
     pack->lse2 = mfa_cpu_carve(&c, n);
     pack->row_dot = mfa_cpu_carve(&c, n);
+    return c.used;
+}
+
+/* The dK and dV accumulators of one key/value head between passes: seq_k_padded rows of padded
+ * D, then seq_k_padded rows of padded Dv. */
+typedef struct mfa_cpu_kv_grads {
+    float* dk;
+    float* dv;
+} mfa_cpu_kv_grads;
+
+static inline int64_t mfa_cpu_kv_grads_carve(const mfa_cpu_plan* plan, float* base,
+                                             mfa_cpu_kv_grads* grads)
+{
+    const mfa_problem* p = plan->problem;
+    const int64_t nr = plan->panel_width, n = plan->seq_k_padded;
+    mfa_cpu_carver c = {base, 0};
+    grads->dk = mfa_cpu_carve(&c, mfa_cpu_round_up(p->head_dim, nr) * n);
+    grads->dv = mfa_cpu_carve(&c, mfa_cpu_round_up(p->head_dim_v, nr) * n);
     return c.used;
 }
 

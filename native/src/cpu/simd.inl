@@ -44,11 +44,14 @@ static inline float hsum(vf x)
     return s;
 }
 
-/* 2^x for x <= 127, relative error below 2e-7; exactly 0 below -126 (so -inf gives 0).
+/* 2^x for x <= 127, relative error below 2e-7; exactly 0 below -126 (so -inf gives 0); NaN
+ * stays NaN, so a non-finite input is never turned into a finite probability.
  * x = n + f with n = round(x), |f| <= 1/2: 2^f from its degree-7 Taylor series in f*ln2
  * (truncation error (ln2/2)^8/8! < 1e-8), 2^n assembled in the exponent field. */
 static inline vf vexp2(vf x)
 {
+    const vi nan = x != x;
+    const vf input = x;
     const vi underflow = x < vsplat(-126.0f);
     x = vmin(vmax(x, vsplat(-126.0f)), vsplat(127.0f));
     const vf round_shift = vsplat(12582912.0f); /* 1.5 * 2^23: adding it rounds to integer */
@@ -64,14 +67,22 @@ static inline vf vexp2(vf x)
     p = p * f + 1.0f;
     const vi exponent = (__builtin_convertvector(n, vi) + 127) << 23;
     const vf result = p * (vf)exponent;
-    return (vf)((vi)result & ~underflow);
+    return vselect(nan, input, (vf)((vi)result & ~underflow));
 }
 
+/* The largest of x[0 .. n), or NaN if any is NaN (a plain max would skip it). */
 static inline float row_max(const float* x, int64_t n)
 {
     vf m = vsplat(-__builtin_inff());
-    for (int64_t i = 0; i < n; i += W)
-        m = vmax(m, vload(x + i));
+    vi nan = vi{};
+    for (int64_t i = 0; i < n; i += W) {
+        const vf v = vload(x + i);
+        m = vmax(m, v);
+        nan |= v != v;
+    }
+    for (int i = 0; i < W; ++i)
+        if (nan[i])
+            return __builtin_nanf("");
     return hmax(m);
 }
 
