@@ -154,7 +154,7 @@ struct Tensor {
         } else if (layout == 1) {
             s[3] = 1, s[1] = d, s[2] = h * d, s[0] = n * h * d;
         } else {
-            s[3] = 2, s[2] = 2 * d + 3, s[1] = (2 * d + 3) * n + 5, s[0] = ((2 * d + 3) * n + 5) * h;
+            s[3] = 2, s[2] = 2 * d + 3, s[1] = s[2] * n + 5, s[0] = s[1] * h;
         }
         int64_t span = 1;
         for (int i = 0; i < 4; ++i)

@@ -1,8 +1,9 @@
 /*
  * Vector type and element-wise math for one ISA build (see isa_select.cpp for why GCC/Clang
  * vector extensions). Included inside the build's private namespace; expects
- * MFA_CPU_VECTOR_BYTES. Loads and stores are unaligned: packed tiles are 64-byte aligned, but
- * the price of an aligned-only contract is not worth it on any target we build for.
+ * MFA_CPU_VECTOR_BYTES. Loads and stores accept any alignment: tiles start 64-byte aligned but
+ * row offsets into them need not be, and unaligned moves of aligned data cost nothing extra on
+ * the targets we build for.
  */
 
 typedef float vf __attribute__((vector_size(MFA_CPU_VECTOR_BYTES)));
