@@ -454,13 +454,18 @@ def _plot(rows, path):
                 (config["seq"], result["gflops"]))
     if not series:
         return False
+    # Colour says which peer, line style which head dimension, marker whether causal.
+    colours = {"mfa": "tab:blue", "torch": "tab:orange", "numpy": "tab:green"}
+    dims = sorted({key[1] for lines in series.values() for key in lines})
+    styles = ["-", "--", ":", "-."]
     panels = sorted(series)
     figure, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
     for axis, panel in zip(axes[0], panels):
         for (peer, dim, causal), points in sorted(series[panel].items()):
             points.sort()
-            axis.plot([p[0] for p in points], [p[1] for p in points], marker="o",
-                      linestyle="-" if peer == "mfa" else "--",
+            axis.plot([p[0] for p in points], [p[1] for p in points],
+                      color=colours.get(peer), marker="x" if causal else "o",
+                      linestyle=styles[dims.index(dim) % len(styles)],
                       label=f"{peer} D={dim}{' causal' if causal else ''}")
         axis.set_xscale("log", base=2)
         axis.set_xlabel("N")
