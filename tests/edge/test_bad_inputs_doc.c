@@ -67,6 +67,34 @@ static void family_unknown(mfa_context_options* o) { o->gpu_family = (mfa_gpu_fa
 static void family_set(mfa_context_options* o) { o->gpu_family = MFA_GPU_FAMILY_APPLE8; }
 static void seed_set(mfa_context_options* o) { o->sim_schedule_seed = 42; }
 
+/* Gives x a fresh storage of n elements (poisoned like any output), keeping its view. */
+static void widen(test_tensor* x, size_t n) {
+    free(x->storage);
+    x->bytes = n * mfa_dtype_size(x->t.dtype);
+    x->storage = calloc(n, mfa_dtype_size(x->t.dtype));
+    x->t.data = x->storage;
+}
+
+/* out laid out in B and H with strides 150 and 60 (blocks of 30 = N x Dv elements): block
+ * starts 60h + 150b are distinct for h < 4, b < 2, so no two elements share an address, but
+ * 150 does not exceed the 209 elements the smaller strides span. */
+static void out_distinct_but_not_nested(fixture* f) {
+    widen(&f->out, 150 + 3 * 60 + 30);
+    f->out.t.strides[0] = 150;
+    f->out.t.strides[1] = 60;
+}
+
+/* q and out share one buffer of 16-element rows: q uses elements 0..7 of each row, out 8..13.
+ * No byte is shared, but each one's extent contains the other's. */
+static void out_interleaved_with_q(fixture* f) {
+    widen(&f->q, (size_t)B * HQ * NQ * 16);
+    const int64_t strides[4] = {HQ * NQ * 16, NQ * 16, 16, 1};
+    memcpy(f->q.t.strides, strides, sizeof strides);
+    test_fill_random(&f->q);
+    f->out.t.data = (float*)f->q.storage + 8;
+    memcpy(f->out.t.strides, strides, sizeof strides);
+}
+
 /* X(id, kind, statements breaking fixture f): the rows of docs/bad-inputs.md. */
 #define BAD_INPUTS(X)                                                                          \
     X("ctx-null", FORWARD, f->ctx = NULL)                                                      \
@@ -109,6 +137,8 @@ static void seed_set(mfa_context_options* o) { o->sim_schedule_seed = 42; }
     X("output-self-overlap", FORWARD, f->out.t.strides[2] = 2)                                 \
     X("output-aliases-input", FORWARD, f->out.t.data = f->v.t.data)                            \
     X("outputs-alias", FORWARD, f->lse.t.data = f->out.t.data)                                 \
+    X("output-strides-not-nested", FORWARD, out_distinct_but_not_nested(f))                    \
+    X("output-extent-interleaves", FORWARD, out_interleaved_with_q(f))                         \
     X("params-size", FORWARD, f->params.struct_size = sizeof f->params - 8)                    \
     X("scale-nan", FORWARD, f->params.scale = NAN)                                             \
     X("scale-inf", FORWARD, f->params.scale = -INFINITY)                                       \
@@ -183,6 +213,12 @@ static void check_row(const char* id, const char* want_status, const char* want_
     fixture f = fixture_make();
     plant_stale_message();
     break_fixture(index, &f);
+    test_tensor* inputs[] = {&f.q, &f.k, &f.v, &f.dout};
+    unsigned char* before[4];
+    for (int i = 0; i < 4; ++i) {
+        before[i] = (unsigned char*)malloc(inputs[i]->bytes);
+        memcpy(before[i], inputs[i]->storage, inputs[i]->bytes);
+    }
     mfa_status status = f.status;
     if (kinds[index] == FORWARD) {
         poison(&f.out);
@@ -198,6 +234,10 @@ static void check_row(const char* id, const char* want_status, const char* want_
         status = mfa_attention_backward(f.ctx, &f.params, &f.q.t, &f.k.t, &f.v.t, &f.out.t, &f.dout.t,
                                         f.pass_lse ? &f.lse.t : NULL, &f.dq.t, &f.dk.t, &f.dv.t);
         CHECK(untouched(&f.dq) && untouched(&f.dk) && untouched(&f.dv), "%s: a gradient was written", id);
+    }
+    for (int i = 0; i < 4; ++i) {
+        CHECK(memcmp(before[i], inputs[i]->storage, inputs[i]->bytes) == 0, "%s: an input was written", id);
+        free(before[i]);
     }
     mfa_free(f.pointer);
     if (created) {
