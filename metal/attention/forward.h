@@ -78,8 +78,8 @@ inline void attention_forward(device const uchar* q, device const uchar* k, devi
     }
 
     if (row >= row_count) return;
-    const float normalizer = stats.sum > 0.0f ? 1.0f / stats.sum : 0.0f;
-    store_rows(o, slice_of(p.o, batch, head), out, out_cols, query, normalizer, lane);
+    store_rows(o, slice_of(p.o, batch, head), out, out_cols, query, softmax_row_normalizer(stats),
+               lane);
     if (fc_has_lse && out_block == 0 && fragment_row_quarter(lane) == 0)
         l[slice_of(p.l, batch, head).at(query, 0)] = softmax_row_log_sum_exp(stats);
 }

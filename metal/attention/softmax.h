@@ -35,6 +35,13 @@ inline float exp2_unless_masked(float score, float reference, bool edge) {
     return edge && score == kMaskedScore ? 0.0f : p;
 }
 
+// Whether a row's weights sum to exactly +0: it saw no key (every weight was a masked 0, or
+// the exp2 of a -inf score). Tested on the bits: under fast math `sum > 0` may say anything for
+// a NaN sum, and a row a NaN reached is not empty.
+inline bool softmax_row_is_empty(softmax_row row) {
+    return as_type<uint>(row.sum) == 0u;
+}
+
 // Replaces the scores of one 8 x (8 * count) slab by exp2(score - new max) and returns the
 // factor exp2(old max - new max) by which earlier partial results must be rescaled.
 inline float softmax_row_update(thread softmax_row& row, thread simd_fragment* scores, uint count,
@@ -62,9 +69,15 @@ inline float softmax_row_update(thread softmax_row& row, thread simd_fragment* s
     return correction;
 }
 
-// Natural-log log-sum-exp of the row, or -inf when it saw no key.
+// Natural-log log-sum-exp of the row, -inf when it saw no key, NaN when a NaN reached it.
 inline float softmax_row_log_sum_exp(softmax_row row) {
-    return row.sum > 0.0f ? (row.max_score + log2(row.sum)) * kLn2 : as_type<float>(0xff800000u);
+    return softmax_row_is_empty(row) ? as_type<float>(0xff800000u)
+                                     : (row.max_score + log2(row.sum)) * kLn2;
+}
+
+// 1 / sum, or 0 for a row that saw no key, whose output accumulator is exactly 0.
+inline float softmax_row_normalizer(softmax_row row) {
+    return softmax_row_is_empty(row) ? 0.0f : 1.0f / row.sum;
 }
 
 // Log2-unit log-sum-exp for the backward from the stored natural-log value; -inf (a row that
