@@ -82,8 +82,8 @@ inline void attention_backward_key_value(device const uchar* q, device const uch
             for (uint t = 0; t < fc_traversal_fragments; ++t)
                 for (ushort e = 0; e < 2; ++e)
                     probs[t].thread_elements()[e] =
-                        exp2_unless_masked(probs[t].thread_elements()[e],
-                                           query_lse2[t * 8 + col + e], edge);
+                        probability_from_lse2(probs[t].thread_elements()[e],
+                                              query_lse2[t * 8 + col + e]);
 
             // dP^T = V dO^T
             simd_fragment dprobs[MFA_TRAVERSAL_FRAGMENTS];

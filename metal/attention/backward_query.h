@@ -81,8 +81,7 @@ inline void attention_backward_query(device const uchar* q, device const uchar* 
         #pragma unroll
         for (uint t = 0; t < fc_traversal_fragments; ++t)
             for (ushort e = 0; e < 2; ++e) {
-                const float prob =
-                    exp2_unless_masked(probs[t].thread_elements()[e], lse2, edge);
+                const float prob = probability_from_lse2(probs[t].thread_elements()[e], lse2);
                 dprobs[t].thread_elements()[e] = prob * (dprobs[t].thread_elements()[e] - delta);
             }
         accumulate_product(dq_acc, dprobs, traversal_tile, keys, out_cols.begin, out_cols.end,

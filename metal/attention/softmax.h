@@ -10,7 +10,7 @@
 // nothing but masked scores, so every finite score, however negative, still counts.
 constant float kMaskedScore = -FLT_MAX;
 // A finite stand-in for the -inf log-sum-exp of a row that saw no key. All of such a row's
-// scores are masked, so it only has to keep the arithmetic finite.
+// scores are masked, and exp2(kMaskedScore - it) must be exactly 0 for them.
 constant float kEmptyRowLogSumExp2 = 0.0f;
 constant float kLog2E = 1.4426950408889634f;
 constant float kLn2 = 0.6931471805599453f;
@@ -85,6 +85,15 @@ inline float softmax_row_normalizer(softmax_row row) {
 // comparisons with infinity.
 inline float log_sum_exp2_from_stored(float stored) {
     return as_type<uint>(stored) == 0xff800000u ? kEmptyRowLogSumExp2 : stored * kLog2E;
+}
+
+// The backward's P = exp2(score - lse2). Masked scores need no test: the lse2 of a row that saw
+// a key is at least its largest score, and every float above kMaskedScore is at least 2^104
+// above it, so exp2 gives exactly 0, as it does for kEmptyRowLogSumExp2. A NaN lse2 (a NaN
+// reached the row in the forward) makes all of the row's probabilities NaN, masked ones too,
+// as exp(-inf - NaN) does in the reference.
+inline float probability_from_lse2(float score, float lse2) {
+    return exp2(score - lse2);
 }
 
 #endif
