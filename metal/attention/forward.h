@@ -69,7 +69,7 @@ inline void attention_forward(device const uchar* q, device const uchar* k, devi
         const bool edge = !block_fully_visible(p, query_first, query_last, key0,
                                                key0 + int(fc_block_traversal) - 1);
         to_log2_scores(scores, p, edge, score_orientation::query_rows, query, key0, lane);
-        const float correction = softmax_row_update(stats, scores, fc_traversal_fragments, edge);
+        const float correction = softmax_row_update(stats, scores, fc_traversal_fragments);
 
         // O = O * exp2(m_old - m_new) + P V
         scale_fragments(out, fc_out_fragments, correction);

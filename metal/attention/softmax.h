@@ -28,11 +28,13 @@ inline softmax_row softmax_row_start() {
     return r;
 }
 
-// exp2(score - reference), but exactly 0 for a masked score on an edge block: when a row has
-// seen only masked scores its reference is kMaskedScore too, and exp2(0) would count them.
-inline float exp2_unless_masked(float score, float reference, bool edge) {
-    const float p = exp2(score - reference);
-    return edge && score == kMaskedScore ? 0.0f : p;
+// What a row's exponentials are taken relative to: its running maximum, except while that is
+// still kMaskedScore (the row has seen only masked, -inf or NaN scores), where
+// exp2(kMaskedScore - kMaskedScore) = 1 would count masked scores. Any finite value far above
+// kMaskedScore makes them exactly 0 and keeps NaN scores NaN, so masking costs one test per row
+// and block instead of one per element.
+inline float softmax_reference(float max_score) {
+    return max_score == kMaskedScore ? 0.0f : max_score;
 }
 
 // Whether a row's weights sum to exactly +0: it saw no key (every weight was a masked 0, or
@@ -44,8 +46,7 @@ inline bool softmax_row_is_empty(softmax_row row) {
 
 // Replaces the scores of one 8 x (8 * count) slab by exp2(score - new max) and returns the
 // factor exp2(old max - new max) by which earlier partial results must be rescaled.
-inline float softmax_row_update(thread softmax_row& row, thread simd_fragment* scores, uint count,
-                                bool edge) {
+inline float softmax_row_update(thread softmax_row& row, thread simd_fragment* scores, uint count) {
     float block_max = kMaskedScore;
     #pragma unroll
     for (uint t = 0; t < count; ++t) {
@@ -53,17 +54,18 @@ inline float softmax_row_update(thread softmax_row& row, thread simd_fragment* s
         block_max = max(block_max, max(s.x, s.y));
     }
     const float new_max = max(row.max_score, row_max(block_max));
+    const float reference = softmax_reference(new_max);
     float block_sum = 0.0f;
     #pragma unroll
     for (uint t = 0; t < count; ++t)
         for (ushort e = 0; e < 2; ++e) {
-            const float p = exp2_unless_masked(scores[t].thread_elements()[e], new_max, edge);
+            const float p = exp2(scores[t].thread_elements()[e] - reference);
             scores[t].thread_elements()[e] = p;
             block_sum += p;
         }
-    // A row that has seen nothing has nothing to rescale (and its old maximum is the sentinel).
-    const float correction =
-        row.max_score == kMaskedScore ? 0.0f : exp2(row.max_score - new_max);
+    // No test for a row that has seen no key: what it holds (zeros, NaNs) needs no rescaling,
+    // and exp2(kMaskedScore - new_max) is 1 or exactly 0 (see softmax_reference).
+    const float correction = exp2(row.max_score - new_max);
     row.sum = row.sum * correction + row_sum(block_sum);
     row.max_score = new_max;
     return correction;
