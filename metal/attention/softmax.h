@@ -1,6 +1,29 @@
 // Online softmax in the exp2 domain. Scores are kept in log2 units, s * scale * log2(e), so
 // every exponential is one exp2. Masked scores are a finite sentinel, not -inf: Metal compiles
 // with fast math, which may assume no infinities.
+//
+// Non-finite inputs. A NaN score must reach its row's sum, output and log-sum-exp, and a NaN
+// log-sum-exp every probability the backward recomputes from it (masked ones too: the float64
+// reference's exp(-inf - NaN) is NaN). Fast math lets the compiler assume no NaN and no
+// infinity: it may fold isnan() to false, answer a comparison with a NaN operand either way,
+// and max() may return the non-NaN operand. So no comparison, max() or select here decides
+// whether a NaN survives:
+//   - masking picks kMaskedScore on integer indices (scores.h), and a masked score becomes
+//     exactly 0 through exp2 alone, so no per-element test of a score is needed;
+//   - a NaN reaches sums and outputs by arithmetic only: exp2(NaN - m) is NaN whatever max()
+//     made of m, and adds, multiplies and simdgroup multiply-accumulates carry it from there;
+//   - "the row saw no key" is read from the bits of its sum (integer compares, which fast math
+//     leaves alone), not from `sum > 0`, which a NaN sum may answer either way;
+//   - a factor that may be 0 is computed, never selected: fast math may fold x * (c ? 0 : y)
+//     into c ? 0 : x * y, dropping a NaN x;
+//   - the one float compare left (softmax_reference) keeps a NaN whichever way it goes.
+// On Metal this is a construction, not a language guarantee: under fast math the result of NaN
+// arithmetic is formally unspecified, and only compiling without it (MTLCompileOptions, a host
+// decision) would make it one. It relies on the GPU's exp2, add, multiply and fma returning NaN
+// for a NaN operand, and on exp2 of -inf or of a hugely negative argument being 0, as it must
+// be for ordinary scores far below the row maximum. The simulator compiles the same source with
+// IEEE semantics and no fast-math folding: it checks the data flow (tests/edge/
+// test_edge_numerics.c, section nonfinite), not what Apple's compiler may fold.
 #ifndef MFA_ATTENTION_SOFTMAX_H
 #define MFA_ATTENTION_SOFTMAX_H
 
