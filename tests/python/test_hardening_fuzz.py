@@ -3,8 +3,9 @@
 - valid calls, drawn over shapes, dtypes, layouts, strided and negative-stride views, rank 3 and
   4, masks, windows, scales and GQA, on every available backend, match a float64 reference
   written here, forward and backward, and write only the outputs they return;
-- invalid calls, a valid call with one thing broken, raise TypeError, ValueError or
-  mfa_native.MFAError with a message naming the culprit, and leave a given ``out`` untouched.
+- invalid calls, a valid call with one thing broken (forward and backward), raise TypeError,
+  ValueError or mfa_native.MFAError with a message naming the culprit, and leave the given
+  outputs and the inputs untouched.
 
 Skipped when hypothesis is not installed. Examples per test: 40, or MFA_HYPOTHESIS_EXAMPLES
 for long runs (docs/fuzzing.md). The search is derandomized, so a CI failure reproduces.
@@ -22,7 +23,9 @@ import ml_dtypes  # noqa: E402
 import mfa_native  # noqa: E402
 
 EXAMPLES = int(os.environ.get("MFA_HYPOTHESIS_EXAMPLES", "40"))
-SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
+# Derandomized and without an example database: the same examples on every run, and no
+# .hypothesis directory left in the checkout.
+SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 DTYPES = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16),
           "bf16": np.dtype(ml_dtypes.bfloat16)}
@@ -68,16 +71,20 @@ def reference(q, k, v, dout, *, causal, alignment, window, scale):
     delta = (dout * out).sum(axis=-1, keepdims=True)
     ds = p * (dp - delta)
     # The same sums over absolute values: what fp32 rounding inside each result is relative to.
-    ds_abs = p * (np.abs(dout) @ np.abs(vr).swapaxes(-1, -2) + np.abs(dout * out).sum(axis=-1, keepdims=True))
-    fold = lambda x: x.reshape(x.shape[0], k.shape[1], group, *x.shape[2:]).sum(axis=2)  # noqa: E731
-    results = {
+    dp_abs = np.abs(dout) @ np.abs(vr).swapaxes(-1, -2)
+    ds_abs = p * (dp_abs + np.abs(dout * out).sum(axis=-1, keepdims=True))
+    p_t, ds_t, ds_abs_t = (x.swapaxes(-1, -2) for x in (p, ds, ds_abs))
+
+    def fold(x):
+        return x.reshape(x.shape[0], k.shape[1], group, *x.shape[2:]).sum(axis=2)
+
+    return {
         "out": (out, p @ np.abs(vr)),
         "lse": (lse, 1 + np.abs(np.where(empty[..., 0], 0, lse))),
         "dq": (scale * ds @ kr, abs(scale) * ds_abs @ np.abs(kr)),
-        "dk": (fold(scale * ds.swapaxes(-1, -2) @ q), fold(abs(scale) * ds_abs.swapaxes(-1, -2) @ np.abs(q))),
-        "dv": (fold(p.swapaxes(-1, -2) @ dout), fold(p.swapaxes(-1, -2) @ np.abs(dout))),
+        "dk": (fold(scale * ds_t @ q), fold(abs(scale) * ds_abs_t @ np.abs(q))),
+        "dv": (fold(p_t @ dout), fold(p_t @ np.abs(dout))),
     }
-    return results
 
 
 def assert_close(name, got, want, dtype, magnitude, terms):
@@ -89,8 +96,8 @@ def assert_close(name, got, want, dtype, magnitude, terms):
     finite = np.isfinite(want)
     assert np.array_equal(got[~finite], want[~finite]), f"{name}: non-finite entries differ"
     largest = np.max(np.abs(want[finite]), initial=0.0)
-    allowed = (4 * UNIT_ROUNDOFF[dtype] * largest
-               + (16 * UNIT_ROUNDOFF["f32"] * np.sqrt(terms) + 2 * UNIT_ROUNDOFF[dtype]) * magnitude)
+    per_magnitude = 16 * UNIT_ROUNDOFF["f32"] * np.sqrt(terms) + 2 * UNIT_ROUNDOFF[dtype]
+    allowed = 4 * UNIT_ROUNDOFF[dtype] * largest + per_magnitude * magnitude
     excess = np.where(finite, np.abs(got - np.where(finite, want, 0)) - allowed, -np.inf)
     worst = np.unravel_index(np.argmax(excess), excess.shape)
     assert excess[worst] <= 0, (f"{name}{worst}: got {got[worst]!r}, reference {want[worst]!r}, "
@@ -251,3 +258,42 @@ def test_out_overlapping_an_input_is_refused(problem, victim):
         mfa_native.attention(arrays["q"], arrays["k"], arrays["v"], out=out, **options(problem))
     assert "overlap" in str(raised.value), str(raised.value)
     assert np.array_equal(buffer.view(np.uint8), snapshot.view(np.uint8)), "memory was written"
+
+
+def backward_breakages(problem, dout, lse, dq, dk, dv, v):
+    """(description, keyword changes to attention_backward(), exception types, named text)."""
+    other = {"f32": np.float16, "f16": np.float32, "bf16": np.float32}[problem["dtype"]]
+    read_only = dk.copy()
+    read_only.flags.writeable = False
+    return [
+        ("lse in float64", {"lse": lse.astype(np.float64)}, (TypeError,), "lse"),
+        ("lse one row short", {"lse": lse[..., :-1]}, (ValueError,), "lse"),
+        ("dout of another dtype", {"dout": dout.astype(other)}, (TypeError,), "dout"),
+        ("dq shaped like dk", {"dq": np.zeros_like(dk)} if dk.shape != dq.shape else
+         {"dq": np.zeros(dq.shape[:-1] + (dq.shape[-1] + 1,), dq.dtype)}, (ValueError,), "dq"),
+        ("dk read-only", {"dk": read_only}, (ValueError,), "dk"),
+        ("dv is v", {"dv": v}, (ValueError, mfa_native.MFAError), "overlap"),
+    ]
+
+
+@pytest.mark.skipif(not BACKENDS, reason="no backend available")
+@SETTINGS
+@given(problems(), st.data())
+def test_invalid_backward_calls_raise_and_write_nothing(problem, data):
+    (_, q), (_, k), (_, v), (_, dout) = inputs(problem)
+    out, lse = mfa_native.attention(q, k, v, return_lse=True, **options(problem))
+    dq, dk, dv = (np.full_like(x, 7) for x in (q, k, v))
+    v_before = v.copy()
+    description, change, errors, names = data.draw(
+        st.sampled_from(backward_breakages(problem, dout, lse, dq, dk, dv, v)))
+    arguments = {"dout": dout, "q": q, "k": k, "v": v, "out": out, "lse": lse, "dq": dq,
+                 "dk": dk, "dv": dv, **options(problem)}
+    arguments.update(change)
+    positional = [arguments.pop(name) for name in ("dout", "q", "k", "v", "out", "lse")]
+    with pytest.raises(errors) as raised:
+        mfa_native.attention_backward(*positional, **arguments)
+    message = str(raised.value)
+    assert names in message, f"{description}: message {message!r} does not name {names!r}"
+    for name, given_array in (("dq", dq), ("dk", dk), ("dv", dv)):
+        assert np.all(given_array == 7), f"{description}: {name} was written"
+    assert np.array_equal(v.view(np.uint8), v_before.view(np.uint8)), f"{description}: v changed"
