@@ -262,7 +262,9 @@ static void apply_claim(call* c, const mutation* m) {
         case M_NULL_TENSOR: c->tensors[m->role].present = false; break;
         case M_DTYPE: t->dtype = (mfa_dtype)(int)m->value; break;
         case M_SHAPE: t->shape[m->dim] = m->value; break;
-        case M_SHAPE_NUDGE: t->shape[m->dim] += m->value; break;
+        case M_SHAPE_NUDGE: /* wraps: INT64_MAX + 1 is one more hostile value, INT64_MIN */
+            t->shape[m->dim] = (int64_t)((uint64_t)t->shape[m->dim] + (uint64_t)m->value);
+            break;
         case M_STRIDE: t->strides[m->dim] = m->value; break;
         default: break;
     }
