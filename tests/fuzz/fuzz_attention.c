@@ -108,27 +108,33 @@ typedef struct fuzz_tensor {
     int lives_in;          /* role whose allocation holds it, or -1 */
 } fuzz_tensor;
 
-/* Offsets and counts in 128 bits, so the oracle never overflows where the library must not. */
-static void measure(fuzz_tensor* f) {
-    __int128 count = 1, lo = 0, hi = 0;
-    f->overflow = false;
-    for (int d = 0; d < 4; ++d) {
-        const __int128 shape = f->t.shape[d];
-        if (shape < 1) { f->lo = f->hi = 0; return; }
-        const __int128 term = (shape - 1) * (__int128)f->t.strides[d];
-        count *= shape;
-        if (count > INT64_MAX) f->overflow = true;
-        if (term < 0) lo += term; else hi += term;
-    }
-    if (lo < INT64_MIN || hi > INT64_MAX) f->overflow = true;
-    f->lo = f->overflow ? 0 : (int64_t)lo;
-    f->hi = f->overflow ? 0 : (int64_t)hi;
-}
-
 static bool shapes_positive(const mfa_tensor* t) {
     for (int d = 0; d < 4; ++d)
         if (t->shape[d] < 1) return false;
     return true;
+}
+
+/* The element count and the offsets spanned, flagging any that leaves int64. Computed in 128
+ * bits and stopped at the first overflow: every product and sum then starts from values
+ * inside int64, so the harness itself never overflows. A dimension below 1 is the shape
+ * rule's business, not an overflow. */
+static void measure(fuzz_tensor* f) {
+    f->overflow = false;
+    f->lo = f->hi = 0;
+    if (!shapes_positive(&f->t)) return;
+    __int128 count = 1, lo = 0, hi = 0;
+    for (int d = 0; d < 4; ++d) {
+        const __int128 shape = f->t.shape[d];
+        const __int128 term = (shape - 1) * (__int128)f->t.strides[d];
+        count *= shape;
+        if (term < 0) lo += term; else hi += term;
+        if (count > INT64_MAX || lo < INT64_MIN || hi > INT64_MAX) {
+            f->overflow = true;
+            return;
+        }
+    }
+    f->lo = (int64_t)lo;
+    f->hi = (int64_t)hi;
 }
 
 static int64_t element_size(int dtype) {
