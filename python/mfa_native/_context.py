@@ -234,6 +234,27 @@ class Context:
             "num_threads": int(caps.num_threads),
         }
 
+    def last_gpu_time(self):
+        """Seconds the GPU spent on this context's most recently completed attention call.
+
+        For benchmarks: the command buffer's GPU end time minus its start time, so planning,
+        pipeline compilation, staging copies and the wait are left out; a backward call counts
+        all its passes. Under concurrent use of the context, whichever call finished last.
+
+        Returns
+        -------
+        float
+
+        Raises
+        ------
+        MFAError
+            ``UNSUPPORTED`` on backends that do not record GPU time (cpu, metal-sim);
+            ``INVALID_ARGUMENT`` when no attention call has completed on the context yet.
+        """
+        seconds = ffi.new("double*")
+        self._call(lib.mfa_context_last_gpu_time, seconds)
+        return float(seconds[0])
+
     def __repr__(self):
         if self._closed:
             return f"<mfa_native.Context {self._requested!r} (closed)>"
