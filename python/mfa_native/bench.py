@@ -1,35 +1,84 @@
 """Benchmark mfa's attention against its peers, side by side in one process.
 
-    python -m mfa_native bench                 # the default grid (a few minutes on 2 cores)
-    python -m mfa_native bench --quick         # a smaller grid, fewer repeats
+    python -m mfa_native bench                      # cpu: the default grid (minutes on 2 cores)
+    python -m mfa_native bench --quick              # a smaller grid, fewer repeats
+    python -m mfa_native bench --backend metal      # on a Mac: N up to 16384, D up to 256
+    python -m mfa_native bench --backend metal-sim  # anywhere: a smoke test at small sizes
     python -m mfa_native bench --json out.json --plot speed.png
 
-Peers, each run on the same inputs in the same process:
+Every option left out takes the default of the backend (``--help`` lists them):
+
+========= ========================== ========== ============== ======= ========== ==============
+backend   N                          D          dtypes         repeats dispatches peers
+========= ========================== ========== ============== ======= ========== ==============
+cpu       1024 2048 4096             64 128     f32 bf16       5       1          torch numpy
+metal     1024 2048 4096 8192 16384  64 128 256 f16 bf16       5       5          mlx torch numpy
+metal-sim 64 256                     16 64      f32            1       1          numpy
+========= ========================== ========== ============== ======= ========== ==============
+
+Each shape runs without a mask, causal, and with a sliding window (256,0; 32,0 on metal-sim).
+``auto`` takes the defaults of the backend it resolves to. ``--quick`` keeps the first two
+lengths, the first head dimension and at most 3 repeats. The float32 GEMM ceiling and the
+memory targets are measured on cpu only unless asked for; metal-sim simulates every GPU thread
+on the CPU, so its times say nothing about a GPU: it runs to check that the metal kernels'
+results agree with the other peers.
+
+Peers, each run on the same inputs in the same process; every peer but mfa is optional and
+imported only when asked for:
 
 mfa
-    this package, on the backend chosen with ``--backend`` (default cpu).
+    this package, on the backend chosen with ``--backend``. Its inputs are copied once into
+    page-aligned memory (``mfa_native.empty``) so that the metal backend wraps them without a
+    copy.
 torch
-    PyTorch's ``scaled_dot_product_attention`` on the CPU (its flash-attention kernel for
-    float32 and bfloat16), when torch is importable. Never required. Sliding windows have no
-    torch equivalent short of an N x N mask, so those rows show none.
+    PyTorch's ``scaled_dot_product_attention``: on the CPU for cpu and metal-sim (its
+    flash-attention kernel for float32 and bfloat16), on the GPU ("mps") for metal, with
+    ``torch.mps.synchronize()`` ending each timed call. The backward is autograd (on "mps":
+    through the N x N attention matrix). On "mps", configurations whose float32 N x N scores
+    (B * H * N^2 * 4 bytes) reach 4 GiB are skipped: MPS aborts the process on NDArrays of
+    2^32 bytes or more. Sliding windows have no torch equivalent short of an N x N mask, so
+    those rows show none.
+mlx
+    MLX's ``mlx.core.fast.scaled_dot_product_attention`` on MLX's default device (the GPU on a
+    Mac), forward, and backward through ``mlx.core.vjp`` (MLX has no fused backward on Metal:
+    it differentiates the unfused composition); ``mlx.core.eval`` ends each timed call, since
+    MLX computes lazily. No sliding window.
 numpy
     naive attention that materializes the N x N scores, in float32, up to ``--naive-max-seq``.
+
+A peer that raises (a GPU out of memory, say) is reported with its error and the run goes on;
+an error of mfa's stops the run.
 
 Metrics, per configuration and pass ("fwd" = forward, "fwd+bwd" = forward then backward):
 
 ms
-    median wall time of ``--repeats`` runs after one warm-up run.
-GFLOP/s
+    wall time of one call: each of ``--repeats`` trials makes ``--dispatches`` calls in a row
+    and takes their mean; the median over the trials is reported. One untimed call first warms
+    up (first-touch page faults, pipeline compilation, lazy setup).
+GPU ms
+    metal only: the GPU's own time for one call, from ``Context.last_gpu_time()`` (the command
+    buffer's GPU end minus start time: no planning, staging or waiting; forward + backward adds
+    the forward's and the backward's). This follows MFA's methodology (its reference document,
+    section 5.2): several dispatches per trial, several trials, and the best trial kept (MFA
+    keeps the largest GINSTRS). MFA encodes its dispatches into one command buffer; mfa's C API
+    is synchronous, so here each dispatch is a call with its own command buffer, and the gaps
+    between them count in "ms" but not in "GPU ms".
+GFLOP/s (TFLOPS on metal)
     4 * B * H * pairs * D per forward, 2.5 times that more for the backward, where pairs is
     the exact number of visible (query, key) pairs: N^2 without a mask, about N^2 / 2 causal.
 GINSTRS
-    MFA's measure (one FMA = one instruction): (2D + 5) * pairs forward and (9D + 15) * pairs
-    forward + backward, per head, per second, in billions. It counts the work of MFA's
-    7-product backward, which mfa's CPU backend also does.
+    MFA's measure (one FMA = one instruction), per head, in billions per second: (2D + 5) *
+    pairs for the forward; the backward adds (3D + 5) * pairs for dQ and (4D + 5) * pairs for
+    dK and dV, so (9D + 15) * pairs forward + backward. It counts the work of MFA's 7-product
+    backward, which mfa's kernels also do; a peer doing less work looks slower by this measure
+    at equal time, so compare times.
+    Where GPU time is recorded the table computes both rates from it (headers "GPU TFLOPS",
+    "GPU GINSTRS"), as MFA does; the JSON has the rates from wall and from GPU time.
 x peer
-    the peer's time divided by mfa's (above 1: mfa is faster). A "!" after a peer's time marks
-    a result that differs from mfa's by more than the dtype's tolerance (a sanity check of the
-    run, not a test: the tests compare against float64).
+    the peer's wall time divided by mfa's (above 1: mfa is faster). A "!" after a peer's time
+    marks a result that differs from mfa's by more than the dtype's tolerance (a sanity check
+    of the run, not a test: the tests compare against float64); "err" marks a peer that
+    raised, "n/a" one that does not run the configuration.
 % GEMM
     mfa's GFLOP/s as a fraction of this machine's float32 GEMM ceiling, measured in the same
     run as the best of three numpy float32 matmuls of 4096 x 4096 x 4096.
@@ -38,17 +87,18 @@ peak extra MiB
     results that run returned (Linux only: the kernel's VmHWM, reset before the run). glibc's
     adaptive mmap threshold is pinned first so that freed blocks leave the resident set.
 
-``--memory-check`` (on by default) also runs mfa alone at the issue's memory targets:
+``--memory-check`` (on by default for cpu) also runs mfa alone at the issue's memory targets:
 float32, B=1, H=8, N=16384, D=64, forward (< 64 MB extra) and forward + backward (< 128 MB).
 
-Results go to a table on stdout, to JSON with ``--json`` and to a PNG of speed against N with
-``--plot`` when matplotlib is installed. Timing numbers on shared machines are noisy: compare
-peers within one run.
+Results go to a table on stdout, to JSON with ``--json`` and to a PNG of speed (from wall
+time) against N with ``--plot`` when matplotlib is installed. Timing numbers on shared
+machines are noisy: compare peers within one run.
 """
 
 import argparse
 import ctypes
 import gc
+import importlib
 import json
 import math
 import os
@@ -66,10 +116,26 @@ __all__ = ["main"]
 _MIB = 2**20
 _DTYPES = ("f32", "bf16", "f16")
 _PASSES = ("fwd", "fwd+bwd")
+_PEERS = ("mfa", "torch", "mlx", "numpy")
 # Relative error (to the largest magnitude of the peer's result) beyond which a row is flagged:
 # the float32 bound leaves room for float32 reductions over N, bf16 / f16 for one rounding of
 # the output (2^-8, 2^-11) plus the inputs' own rounding seen through different accumulations.
 _AGREEMENT = {"f32": 1e-4, "bf16": 3e-2, "f16": 5e-3}
+# What each option left out defaults to, per backend (the table in the module docstring).
+# metal-sim simulates every GPU thread on the CPU: small shapes, one repeat, and a window
+# narrower than N so that its block skipping runs.
+_DEFAULTS = {
+    "cpu": dict(seq=[1024, 2048, 4096], head_dims=[64, 128], dtypes=["f32", "bf16"],
+                window=[(256, 0)], repeats=5, dispatches=1, peers=["mfa", "torch", "numpy"],
+                naive_max_seq=2048, gemm=True, memory_check=True),
+    "metal": dict(seq=[1024, 2048, 4096, 8192, 16384], head_dims=[64, 128, 256],
+                  dtypes=["f16", "bf16"], window=[(256, 0)], repeats=5, dispatches=5,
+                  peers=["mfa", "mlx", "torch", "numpy"], naive_max_seq=1024, gemm=False,
+                  memory_check=False),
+    "metal-sim": dict(seq=[64, 256], head_dims=[16, 64], dtypes=["f32"], window=[(32, 0)],
+                      repeats=1, dispatches=1, peers=["mfa", "numpy"], naive_max_seq=2048,
+                      gemm=False, memory_check=False),
+}
 
 
 @dataclass(frozen=True)
@@ -111,7 +177,9 @@ class Config:
         return forward if which == "fwd" else 3.5 * forward
 
     def instructions(self, which):
-        per_pair = 2 * self.dim + 5 if which == "fwd" else 9 * self.dim + 15
+        """MFA's instruction count: forward (2D+5), dQ (3D+5), dK and dV (4D+5) per pair."""
+        d = self.dim
+        per_pair = 2 * d + 5 if which == "fwd" else (2 * d + 5) + (3 * d + 5) + (4 * d + 5)
         return self.batch * self.heads * self.visible_pairs() * per_pair
 
 
@@ -135,57 +203,133 @@ def _inputs(config, seed=0):
     return tuple(rng.standard_normal(shape, dtype=np.float32).astype(dtype) for _ in range(4))
 
 
+def _page_aligned(array):
+    aligned = mfa_native.empty(array.shape, array.dtype)
+    aligned[...] = array
+    return aligned
+
+
 # ---- Peers ----------------------------------------------------------------------------------
 
-class MfaPeer:
+class Peer:
+    """One implementation the benchmark times.
+
+    ``prepare(config, q, k, v, dout)`` returns ``{"fwd": f, "fwd+bwd": g}``: calls without
+    arguments that return only once their results are complete (a GPU peer waits for its
+    device inside them), ``f`` returning the output and ``g`` the gradients dq, dk, dv.
+    """
+
+    name = None
+
+    @property
+    def label(self):
+        """The peer, its version and its device, for the report's header."""
+        return self.name
+
+    def skip_reason(self, config):
+        """Why the peer does not run config, or None when it does."""
+        return None
+
+    def gpu_seconds(self):
+        """GPU seconds the peer's calls have taken so far, or None where none are recorded."""
+        return None
+
+    def as_float64(self, result):
+        """The arrays of a result (one array, or dq, dk, dv) as a list of float64 arrays."""
+        arrays = result if isinstance(result, (tuple, list)) else [result]
+        return [self._float64(array) for array in arrays]
+
+    def _float64(self, array):
+        return np.asarray(array, np.float64)
+
+
+class MfaPeer(Peer):
     name = "mfa"
 
     def __init__(self, backend, threads):
         self.context = mfa_native.Context(backend, num_threads=threads)
+        self.backend = self.context.backend
+        # The GPU time of every call so far, on the backend that records it.
+        self._gpu_total = 0.0 if self.backend == "metal" else None
 
-    def skip_reason(self, config):
-        return None
+    @property
+    def label(self):
+        return f"mfa {mfa_native.__version__} ({self.backend})"
+
+    def gpu_seconds(self):
+        return self._gpu_total
+
+    def _add_gpu_time(self):
+        if self._gpu_total is not None:
+            self._gpu_total += self.context.last_gpu_time()
 
     def prepare(self, config, q, k, v, dout):
+        # Page-aligned, so that the metal backend wraps the inputs instead of copying them.
+        q, k, v, dout = (_page_aligned(array) for array in (q, k, v, dout))
         options = dict(causal=config.causal, causal_alignment="top_left", window=config.window,
                        backend=self.context)
 
         def forward():
-            return mfa_native.attention(q, k, v, **options)
+            out = mfa_native.attention(q, k, v, **options)
+            self._add_gpu_time()
+            return out
 
         def forward_backward():
             out, lse = mfa_native.attention(q, k, v, return_lse=True, **options)
-            return mfa_native.attention_backward(dout, q, k, v, out, lse, **options)
+            self._add_gpu_time()
+            gradients = mfa_native.attention_backward(dout, q, k, v, out, lse, **options)
+            self._add_gpu_time()
+            return gradients
 
         return {"fwd": forward, "fwd+bwd": forward_backward}
 
 
-class TorchPeer:
+class TorchPeer(Peer):
+    """``torch.nn.functional.scaled_dot_product_attention`` on device "cpu" or "mps"."""
+
     name = "torch"
 
-    def __init__(self, torch, threads):
+    def __init__(self, torch, device, threads):
         self.torch = torch
+        self.device = device
         torch.set_num_threads(threads)
-        self.functional = torch.nn.functional
+        # torch.cpu.synchronize is a no-op that exists for device-agnostic code like this.
+        self.synchronize = getattr(torch, device).synchronize
+
+    @property
+    def label(self):
+        return f"torch {self.torch.__version__} ({self.device})"
 
     def skip_reason(self, config):
         if config.window is not None:
             return "no sliding window"
+        # MPS materializes float32 scores and aborts the process (no exception to catch) on an
+        # NDArray of 2^32 bytes or more (pytorch issue 149261).
+        if self.device == "mps" and config.batch * config.heads * config.seq**2 * 4 >= 2**32:
+            return "MPS: N x N scores of 4 GiB or more"
         return None
 
     def _tensor(self, array):
         if array.dtype == np.float32 or array.dtype == np.float16:
-            return self.torch.from_numpy(array)
-        return self.torch.from_numpy(array.view(np.int16)).view(self.torch.bfloat16)
+            tensor = self.torch.from_numpy(array)
+        else:
+            tensor = self.torch.from_numpy(array.view(np.int16)).view(self.torch.bfloat16)
+        return tensor.to(self.device)
+
+    def _float64(self, tensor):
+        # To the CPU first: MPS has no float64.
+        return tensor.detach().cpu().to(self.torch.float64).numpy()
 
     def prepare(self, config, q, k, v, dout):
         tq, tk, tv, tdout = (self._tensor(a) for a in (q, k, v, dout))
-        attend = self.functional.scaled_dot_product_attention
+        attend = self.torch.nn.functional.scaled_dot_product_attention
         torch = self.torch
 
         def forward():
             with torch.no_grad():
-                return attend(tq, tk, tv, is_causal=config.causal)
+                out = attend(tq, tk, tv, is_causal=config.causal)
+            self.synchronize()
+            return out
 
         leaves = [t.detach().clone().requires_grad_(True) for t in (tq, tk, tv)]
 
@@ -193,12 +337,61 @@ class TorchPeer:
             for leaf in leaves:
                 leaf.grad = None
             attend(*leaves, is_causal=config.causal).backward(tdout)
+            self.synchronize()
             return tuple(leaf.grad for leaf in leaves)
+
+        self.synchronize()  # the copies to the device are not part of any timed call
+        return {"fwd": forward, "fwd+bwd": forward_backward}
+
+
+class MlxPeer(Peer):
+    """``mlx.core.fast.scaled_dot_product_attention`` on MLX's default device."""
+
+    name = "mlx"
+
+    def __init__(self, mx):
+        self.mx = mx
+        self.dtypes = {"f32": mx.float32, "f16": mx.float16, "bf16": mx.bfloat16}
+
+    @property
+    def label(self):
+        return f"mlx {self.mx.__version__} ({self.mx.default_device()})"
+
+    def skip_reason(self, config):
+        if config.window is not None:
+            return "no sliding window"
+        return None
+
+    def _float64(self, array):
+        return np.asarray(array.astype(self.mx.float32), np.float64)
+
+    def prepare(self, config, q, k, v, dout):
+        mx = self.mx
+        # Through float32, which holds every bf16 and f16 value exactly: mx.array takes no
+        # ml_dtypes arrays.
+        q, k, v, dout = (mx.array(a.astype(np.float32)).astype(self.dtypes[config.dtype])
+                         for a in (q, k, v, dout))
+        mx.eval(q, k, v, dout)  # MLX is lazy: the conversions must not land in a timed call
+        # MLX's "causal" aligns the last query with the last key; for N x N it is top-left too.
+        options = dict(scale=1 / math.sqrt(config.dim), mask="causal" if config.causal else None)
+
+        def attend(q, k, v):
+            return mx.fast.scaled_dot_product_attention(q, k, v, **options)
+
+        def forward():
+            out = attend(q, k, v)
+            mx.eval(out)
+            return out
+
+        def forward_backward():
+            _, gradients = mx.vjp(attend, [q, k, v], [dout])
+            mx.eval(gradients)
+            return gradients
 
         return {"fwd": forward, "fwd+bwd": forward_backward}
 
 
-class NumpyPeer:
+class NumpyPeer(Peer):
     """Naive attention in float32 numpy: the N x N scores and probabilities are materialized."""
 
     name = "numpy"
@@ -248,20 +441,36 @@ class NumpyPeer:
         return {"fwd": forward, "fwd+bwd": forward_backward}
 
 
-def _make_peers(arguments):
+def _optional_module(name):
+    """The module, or None (said on stderr) when it cannot be imported."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as error:
+        print(f"bench: {name} is not available ({error}); running without it", file=sys.stderr)
+        return None
+
+
+def _other_peers(names, backend, threads, naive_max_seq):
+    """The peers named besides mfa, set up to run beside mfa on backend: torch on the GPU
+    ("mps") beside metal, on the CPU otherwise. Those not installed are left out."""
     peers = []
-    wanted = arguments.peers
-    if "mfa" in wanted:
-        peers.append(MfaPeer(arguments.backend, arguments.threads))
-    if "torch" in wanted:
-        try:
-            import torch
-        except ImportError:
-            print("bench: torch is not installed; running without it", file=sys.stderr)
-        else:
-            peers.append(TorchPeer(torch, arguments.threads or _cpu_count()))
-    if "numpy" in wanted:
-        peers.append(NumpyPeer(arguments.naive_max_seq))
+    for name in names:
+        if name == "torch":
+            torch = _optional_module("torch")
+            if torch is None:
+                continue
+            device = "mps" if backend == "metal" else "cpu"
+            if device == "mps" and not torch.backends.mps.is_available():
+                print("bench: this torch cannot use the GPU (mps); running without it",
+                      file=sys.stderr)
+                continue
+            peers.append(TorchPeer(torch, device, threads or _cpu_count()))
+        elif name == "mlx":
+            mx = _optional_module("mlx.core")
+            if mx is not None:
+                peers.append(MlxPeer(mx))
+        elif name == "numpy":
+            peers.append(NumpyPeer(naive_max_seq))
     return peers
 
 
@@ -274,14 +483,32 @@ def _cpu_count():
         return os.cpu_count() or 1
 
 
-def _median_seconds(function, repeats):
-    """Median wall time of repeats calls (the caller has made a warm-up call already)."""
-    times = []
+def _timed_trials(peer, function, repeats, dispatches):
+    """Seconds per call: (median over the trials of the wall time, best trial of the peer's GPU
+    time or None), each trial being dispatches calls in a row. The caller has warmed up."""
+    walls, gpus = [], []
     for _ in range(repeats):
+        gpu_start = peer.gpu_seconds()
         start = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
+        for _ in range(dispatches):
+            function()
+        walls.append((time.perf_counter() - start) / dispatches)
+        if gpu_start is not None:
+            gpus.append((peer.gpu_seconds() - gpu_start) / dispatches)
+    return float(np.median(walls)), (min(gpus) if gpus else None)
+
+
+def _measure(peer, function, config, which, arguments):
+    """(the output of the warm-up call, the result entry) of one peer on one pass."""
+    output = function()
+    wall, gpu = _timed_trials(peer, function, arguments.repeats, arguments.dispatches)
+    result = {"ms": wall * 1e3, "gpu_ms": None if gpu is None else gpu * 1e3}
+    for prefix, seconds in (("", wall), ("gpu_", gpu)):
+        result[prefix + "gflops"] = None if seconds is None else config.flops(which) / seconds / 1e9
+        result[prefix + "ginstrs"] = (None if seconds is None
+                                      else config.instructions(which) / seconds / 1e9)
+    result["peak_extra_bytes"] = _peak_extra_bytes(function) if arguments.memory else None
+    return output, result
 
 
 def _pin_mmap_threshold():
@@ -346,18 +573,9 @@ def _gemm_ceiling(size=4096):
 
 
 def _max_relative_difference(got, expected):
-    """max |got - expected| / max |expected| over every array of the results, in float64."""
-    if isinstance(got, (tuple, list)):
-        return max(_max_relative_difference(g, e) for g, e in zip(got, expected))
-    got, expected = _as_float64(got), _as_float64(expected)
-    scale = float(np.max(np.abs(expected))) or 1.0
-    return float(np.max(np.abs(got - expected))) / scale
-
-
-def _as_float64(array):
-    if hasattr(array, "detach"):  # torch tensor
-        return array.detach().float().numpy().astype(np.float64)
-    return np.asarray(array).astype(np.float64)
+    """max |got - expected| / max |expected| over lists of float64 arrays."""
+    return max(float(np.max(np.abs(g - e))) / (float(np.max(np.abs(e))) or 1.0)
+               for g, e in zip(got, expected))
 
 
 # ---- Progress and reports -------------------------------------------------------------------
@@ -395,30 +613,49 @@ def _format(value, spec, missing="-"):
     return missing if value is None else format(value, spec)
 
 
-def _table(rows, peers, ceiling):
+def _number(value, missing="-"):
+    """Three significant digits below 100, no decimals above: ms and rates span 1e-3 to 1e5."""
+    if value is None:
+        return missing
+    return format(value, ".0f" if abs(value) >= 100 else ".3g")
+
+
+def _table(rows, peers, ceiling, tera):
+    """The report as aligned text; mfa's rates in TFLOPS when tera, else GFLOP/s. Columns that
+    no row fills (GPU time, memory) are left out."""
     others = [peer for peer in peers if peer != "mfa"]
-    header = ["config", "pass", "mfa ms", "GFLOP/s", "GINSTRS"]
-    if ceiling:
-        header.append("% GEMM")
-    header.append("MiB extra")
+    results = [result for row in rows for result in row["results"].values()]
+    gpu = any(row["results"].get("mfa", {}).get("gpu_ms") is not None for row in rows)
+    memory = any(result.get("peak_extra_bytes") is not None for result in results)
+    clock = "gpu_" if gpu else ""
+    prefix = "GPU " if gpu else ""
+    header = ["config", "pass", "mfa ms"] + (["GPU ms"] if gpu else [])
+    header += [prefix + ("TFLOPS" if tera else "GFLOP/s"), prefix + "GINSTRS"]
+    header += (["% GEMM"] if ceiling else []) + (["MiB extra"] if memory else [])
     for peer in others:
-        header += [f"{peer} ms", f"x {peer}", f"{peer} MiB"]
+        header += [f"{peer} ms", f"x {peer}"] + ([f"{peer} MiB"] if memory else [])
     lines = [header]
     for row in rows:
         mfa = row["results"].get("mfa", {})
-        line = [row["config_label"], row["pass"], _format(mfa.get("ms"), ".1f"),
-                _format(mfa.get("gflops"), ".0f"), _format(mfa.get("ginstrs"), ".0f")]
+        gflops = mfa.get(clock + "gflops")
+        line = [row["config_label"], row["pass"], _number(mfa.get("ms"))]
+        if gpu:
+            line.append(_number(mfa.get("gpu_ms")))
+        line += [_number(None if gflops is None else gflops / 1e3 if tera else gflops),
+                 _number(mfa.get(clock + "ginstrs"))]
         if ceiling:
-            gflops = mfa.get("gflops")
             line.append(_format(None if gflops is None else 100 * gflops / ceiling, ".0f"))
-        line.append(_format(_mib(mfa.get("peak_extra_bytes")), ".1f"))
+        if memory:
+            line.append(_format(_mib(mfa.get("peak_extra_bytes")), ".1f"))
         for peer in others:
             result = row["results"].get(peer, {})
-            line += [_format(result.get("ms"), ".1f", result.get("skipped") and "n/a" or "-"),
-                     _format(result.get("speedup_of_mfa"), ".2f"),
-                     _format(_mib(result.get("peak_extra_bytes")), ".1f")]
+            missing = "n/a" if "skipped" in result else "err" if "error" in result else "-"
+            time_cell = _number(result.get("ms"), missing)
             if result.get("disagrees"):
-                line[-3] += " !"
+                time_cell += " !"
+            line += [time_cell, _format(result.get("speedup_of_mfa"), ".2f")]
+            if memory:
+                line.append(_format(_mib(result.get("peak_extra_bytes")), ".1f"))
         lines.append(line)
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
     return "\n".join(
@@ -455,7 +692,7 @@ def _plot(rows, path):
     if not series:
         return False
     # Colour says which peer, line style which head dimension, marker whether causal.
-    colours = {"mfa": "tab:blue", "torch": "tab:orange", "numpy": "tab:green"}
+    colours = {"mfa": "tab:blue", "torch": "tab:orange", "mlx": "tab:red", "numpy": "tab:green"}
     dims = sorted({key[1] for lines in series.values() for key in lines})
     styles = ["-", "--", ":", "-."]
     panels = sorted(series)
@@ -469,7 +706,7 @@ def _plot(rows, path):
                       label=f"{peer} D={dim}{' causal' if causal else ''}")
         axis.set_xscale("log", base=2)
         axis.set_xlabel("N")
-        axis.set_ylabel("GFLOP/s")
+        axis.set_ylabel("GFLOP/s (wall time)")
         axis.set_title(f"{panel[1]} {panel[0]}")
         axis.grid(True, alpha=0.3)
         axis.legend(fontsize=7)
@@ -496,37 +733,49 @@ def _grid(arguments):
     return configs
 
 
+def _failure(peer, error):
+    """The result entry of a peer that raised: a peer's failure (a GPU out of memory, say) is
+    one of the results, while mfa's own is re-raised to stop the run."""
+    if isinstance(peer, MfaPeer):
+        raise error
+    return {"error": f"{type(error).__name__}: {error}"}
+
+
 def _benchmark(configs, peers, arguments, progress):
+    """One row per configuration and pass. The first peer (mfa) is the reference: the others'
+    results are compared with its results, and their times divided by its time."""
     rows = []
     for config in configs:
         inputs = _inputs(config)
+        # Per peer: its functions, or the entry of a peer that skips or fails the config.
         prepared = {}
         for peer in peers:
             reason = peer.skip_reason(config)
-            prepared[peer.name] = reason if reason else peer.prepare(config, *inputs)
+            if reason:
+                prepared[peer.name] = {"skipped": reason}
+                continue
+            try:
+                prepared[peer.name] = peer.prepare(config, *inputs)
+            except Exception as error:
+                prepared[peer.name] = _failure(peer, error)
         for which in arguments.passes:
             results = {}
             reference = None
             for peer in peers:
                 progress.step(f"{config.label()} {which} {peer.name}")
                 runner = prepared[peer.name]
-                if isinstance(runner, str):
-                    results[peer.name] = {"skipped": runner}
+                if which not in runner:
+                    results[peer.name] = dict(runner)
                     continue
-                function = runner[which]
-                # The first call doubles as the warm-up (first-touch page faults, lazy setup).
-                output = function()
-                seconds = _median_seconds(function, arguments.repeats)
-                result = {
-                    "ms": seconds * 1e3,
-                    "gflops": config.flops(which) / seconds / 1e9,
-                    "ginstrs": config.instructions(which) / seconds / 1e9,
-                    "peak_extra_bytes": _peak_extra_bytes(function) if arguments.memory else None,
-                }
+                try:
+                    output, result = _measure(peer, runner[which], config, which, arguments)
+                except Exception as error:
+                    results[peer.name] = _failure(peer, error)
+                    continue
                 if reference is None:
-                    reference = output  # mfa's, when mfa runs: peers are checked against it
+                    reference = peer.as_float64(output)
                 else:
-                    difference = _max_relative_difference(output, reference)
+                    difference = _max_relative_difference(peer.as_float64(output), reference)
                     result["max_relative_difference_to_mfa"] = difference
                     result["disagrees"] = difference > _AGREEMENT[config.dtype]
                 del output
@@ -540,11 +789,10 @@ def _benchmark(configs, peers, arguments, progress):
     return rows
 
 
-def _memory_targets(arguments):
+def _memory_targets(mfa):
     """mfa alone at the issue's memory targets (float32, B=1, H=8, N=16384, D=64)."""
     config = Config(1, 8, 16384, 64, "f32", False)
-    peer = MfaPeer(arguments.backend, arguments.threads)
-    functions = peer.prepare(config, *_inputs(config))
+    functions = mfa.prepare(config, *_inputs(config))
     limits = {"fwd": 64e6, "fwd+bwd": 128e6}
     report = []
     for which in _PASSES:
@@ -566,56 +814,84 @@ def _parse_window(text):
 def _parser():
     parser = argparse.ArgumentParser(
         prog="python -m mfa_native bench",
-        description="Time mfa against PyTorch CPU SDPA and naive numpy attention.")
+        description="Time mfa against PyTorch SDPA, MLX SDPA and naive numpy attention. "
+                    "Options shown without a default take the backend's (see the module "
+                    "docstring of mfa_native.bench).")
     parser.add_argument("--quick", action="store_true",
-                        help="N 1024 2048, D 64, repeats 3, no memory check")
+                        help="the backend's first two N, first D, at most 3 repeats, "
+                             "no memory check")
     parser.add_argument("--backend", default="cpu", choices=["cpu", "auto", "metal", "metal-sim"])
     parser.add_argument("--threads", type=int, default=0,
                         help="threads for mfa and torch (default: every usable core)")
-    parser.add_argument("--peers", nargs="+", default=["mfa", "torch", "numpy"],
-                        choices=["mfa", "torch", "numpy"])
-    parser.add_argument("--dtypes", nargs="+", default=["f32", "bf16"], choices=_DTYPES)
-    parser.add_argument("--seq", nargs="+", type=int, default=[1024, 2048, 4096])
-    parser.add_argument("--head-dims", nargs="+", type=int, default=[64, 128])
+    parser.add_argument("--peers", nargs="+", choices=_PEERS,
+                        help="cpu: mfa torch numpy; metal: mfa mlx torch numpy; metal-sim: mfa "
+                             "numpy")
+    parser.add_argument("--dtypes", nargs="+", choices=_DTYPES)
+    parser.add_argument("--seq", nargs="+", type=int)
+    parser.add_argument("--head-dims", nargs="+", type=int)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--causal", default="both", choices=["both", "yes", "no"])
-    parser.add_argument("--window", nargs="*", type=_parse_window, default=[(256, 0)],
-                        help="sliding windows LEFT,RIGHT to add per shape (default 256,0)")
+    parser.add_argument("--window", nargs="*", type=_parse_window,
+                        help="sliding windows LEFT,RIGHT to add per shape (cpu and metal: "
+                             "256,0; metal-sim: 32,0; none given: no window)")
     parser.add_argument("--passes", nargs="+", default=list(_PASSES), choices=_PASSES)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--naive-max-seq", type=int, default=2048,
-                        help="largest N the naive numpy peer runs (it stores N x N scores)")
+    parser.add_argument("--repeats", type=int, help="timed trials (cpu, metal: 5; metal-sim: 1)")
+    parser.add_argument("--dispatches", type=int,
+                        help="calls per trial (metal: 5, as MFA's benchmark; otherwise 1)")
+    parser.add_argument("--naive-max-seq", type=int,
+                        help="largest N the naive numpy peer runs (it stores N x N scores; "
+                             "metal: 1024, otherwise 2048)")
     parser.add_argument("--no-memory", dest="memory", action="store_false",
                         help="skip the peak-extra-memory measurement of every row")
-    parser.add_argument("--no-memory-check", dest="memory_check", action="store_false",
-                        help="skip mfa's run at the memory targets (N=16384)")
-    parser.add_argument("--no-gemm", dest="gemm", action="store_false",
-                        help="skip measuring the float32 GEMM ceiling")
+    parser.add_argument("--memory-check", action=argparse.BooleanOptionalAction,
+                        help="run mfa alone at the memory targets, N=16384 (default: cpu only)")
+    parser.add_argument("--gemm", action=argparse.BooleanOptionalAction,
+                        help="measure the float32 GEMM ceiling (default: cpu only)")
     parser.add_argument("--json", metavar="PATH", help="write every result as JSON")
     parser.add_argument("--plot", metavar="PATH", help="write a PNG of GFLOP/s against N")
     return parser
 
 
-def main(argv=None):
-    """Run the benchmark; returns the process exit status (0, or 2 for bad arguments)."""
-    arguments = _parser().parse_args(argv)
+def _apply_defaults(arguments, backend):
+    """Fill every option left out (None) with the backend's default, trimmed by --quick."""
+    defaults = dict(_DEFAULTS[backend])
     if arguments.quick:
-        arguments.seq, arguments.head_dims, arguments.repeats = [1024, 2048], [64], 3
-        arguments.memory_check = False
-    if arguments.repeats < 1 or arguments.threads < 0 or min(arguments.seq) < 1:
-        print("bench: --repeats and --seq must be >= 1, --threads >= 0", file=sys.stderr)
+        defaults.update(seq=defaults["seq"][:2], head_dims=defaults["head_dims"][:1],
+                        repeats=min(defaults["repeats"], 3), memory_check=False)
+    for name, value in defaults.items():
+        if getattr(arguments, name) is None:
+            setattr(arguments, name, value)
+
+
+def main(argv=None):
+    """Run the benchmark; returns the process exit status (0, or 2 for bad arguments or a
+    backend that cannot run here)."""
+    arguments = _parser().parse_args(argv)
+    if arguments.threads < 0:
+        print("bench: --threads must be >= 0", file=sys.stderr)
         return 2
-    _pin_mmap_threshold()
-    peers = _make_peers(arguments)
-    if not any(peer.name == "mfa" for peer in peers):
+    try:
+        mfa = MfaPeer(arguments.backend, arguments.threads)
+    except mfa_native.MFAError as error:
+        print(f"bench: backend {arguments.backend} cannot run here: {error.message} (available: "
+              f"{', '.join(mfa_native.available_backends())})", file=sys.stderr)
+        return 2
+    _apply_defaults(arguments, mfa.backend)
+    if min(arguments.repeats, arguments.dispatches, *arguments.seq) < 1:
+        print("bench: --repeats, --dispatches and --seq must be >= 1", file=sys.stderr)
+        return 2
+    if "mfa" not in arguments.peers:
         print("bench: mfa must be among --peers", file=sys.stderr)
         return 2
-    mfa = peers[0]
+    _pin_mmap_threshold()
+    others = [name for name in dict.fromkeys(arguments.peers) if name != "mfa"]
+    peers = [mfa] + _other_peers(others, mfa.backend, arguments.threads,
+                                 arguments.naive_max_seq)
     configs = _grid(arguments)
-    print(f"mfa_native {mfa_native.__version__} on {mfa.context.device_name}; "
-          f"{platform.machine()}, {_cpu_count()} usable cores; "
-          f"peers: {', '.join(peer.name for peer in peers)}")
+    print(f"{mfa.label} on {mfa.context.device_name}; {platform.machine()}, {_cpu_count()} "
+          f"usable cores; peers: {', '.join(peer.label for peer in peers[1:]) or 'none'}; "
+          f"{arguments.repeats} trials of {arguments.dispatches} calls")
 
     ceiling = _gemm_ceiling() if arguments.gemm else None
     if ceiling:
@@ -623,9 +899,13 @@ def main(argv=None):
     progress = _Progress(len(configs) * len(arguments.passes) * len(peers))
     rows = _benchmark(configs, peers, arguments, progress)
     progress.close()
-    print(_table(rows, [peer.name for peer in peers], ceiling))
+    print(_table(rows, [peer.name for peer in peers], ceiling, tera=mfa.backend == "metal"))
+    for row in rows:
+        for name, result in row["results"].items():
+            if "error" in result:
+                print(f"{name} failed on {row['config_label']} {row['pass']}: {result['error']}")
 
-    memory = _memory_targets(arguments) if arguments.memory_check else []
+    memory = _memory_targets(mfa) if arguments.memory_check else []
     for check in memory:
         extra = check["peak_extra_bytes"]
         verdict = "n/a" if extra is None else ("met" if check["met"] else "NOT met")
@@ -636,12 +916,14 @@ def main(argv=None):
     if arguments.json:
         document = {
             "mfa_version": mfa_native.__version__,
+            "backend": mfa.backend,
             "device": mfa.context.device_name,
             "machine": platform.machine(),
             "usable_cores": _cpu_count(),
             "threads": arguments.threads or _cpu_count(),
-            "peers": [peer.name for peer in peers],
+            "peers": {peer.name: peer.label for peer in peers},
             "repeats": arguments.repeats,
+            "dispatches": arguments.dispatches,
             "gemm_ceiling_gflops": ceiling,
             "rows": rows,
             "memory_targets": memory,
