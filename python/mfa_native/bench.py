@@ -264,7 +264,8 @@ class MfaPeer(Peer):
             self._gpu_total += self.context.last_gpu_time()
 
     def prepare(self, config, q, k, v, dout):
-        # Page-aligned, so that the metal backend wraps the inputs instead of copying them.
+        # In mfa_native.empty's page-aligned memory, which the metal backend always wraps
+        # without a copy (its documented zero-copy path), as a Mac user would pass them.
         q, k, v, dout = (_page_aligned(array) for array in (q, k, v, dout))
         options = dict(causal=config.causal, causal_alignment="top_left", window=config.window,
                        backend=self.context)
@@ -811,43 +812,58 @@ def _parse_window(text):
     return (left, right)
 
 
+def _show(value):
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, list):
+        return " ".join(_show(item) for item in value) or "none"
+    if isinstance(value, tuple):
+        return ",".join(str(item) for item in value)
+    return str(value)
+
+
+def _by_backend(name, text=""):
+    """Help text ending with the per-backend defaults of an option, read from _DEFAULTS."""
+    defaults = "; ".join(f"{backend}: {_show(values[name])}"
+                         for backend, values in _DEFAULTS.items())
+    return f"{text} (default {defaults})" if text else f"default {defaults}"
+
+
 def _parser():
     parser = argparse.ArgumentParser(
         prog="python -m mfa_native bench",
         description="Time mfa against PyTorch SDPA, MLX SDPA and naive numpy attention. "
-                    "Options shown without a default take the backend's (see the module "
-                    "docstring of mfa_native.bench).")
+                    "Several defaults depend on the backend (auto: the one it resolves to).")
     parser.add_argument("--quick", action="store_true",
                         help="the backend's first two N, first D, at most 3 repeats, "
                              "no memory check")
     parser.add_argument("--backend", default="cpu", choices=["cpu", "auto", "metal", "metal-sim"])
     parser.add_argument("--threads", type=int, default=0,
                         help="threads for mfa and torch (default: every usable core)")
-    parser.add_argument("--peers", nargs="+", choices=_PEERS,
-                        help="cpu: mfa torch numpy; metal: mfa mlx torch numpy; metal-sim: mfa "
-                             "numpy")
-    parser.add_argument("--dtypes", nargs="+", choices=_DTYPES)
-    parser.add_argument("--seq", nargs="+", type=int)
-    parser.add_argument("--head-dims", nargs="+", type=int)
+    parser.add_argument("--peers", nargs="+", choices=_PEERS, help=_by_backend("peers"))
+    parser.add_argument("--dtypes", nargs="+", choices=_DTYPES, help=_by_backend("dtypes"))
+    parser.add_argument("--seq", nargs="+", type=int, help=_by_backend("seq"))
+    parser.add_argument("--head-dims", nargs="+", type=int, help=_by_backend("head_dims"))
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--causal", default="both", choices=["both", "yes", "no"])
     parser.add_argument("--window", nargs="*", type=_parse_window,
-                        help="sliding windows LEFT,RIGHT to add per shape (cpu and metal: "
-                             "256,0; metal-sim: 32,0; none given: no window)")
+                        help=_by_backend("window", "sliding windows LEFT,RIGHT to add per shape; "
+                                                   "--window alone adds none"))
     parser.add_argument("--passes", nargs="+", default=list(_PASSES), choices=_PASSES)
-    parser.add_argument("--repeats", type=int, help="timed trials (cpu, metal: 5; metal-sim: 1)")
+    parser.add_argument("--repeats", type=int, help=_by_backend("repeats", "timed trials"))
     parser.add_argument("--dispatches", type=int,
-                        help="calls per trial (metal: 5, as MFA's benchmark; otherwise 1)")
+                        help=_by_backend("dispatches", "calls in a row per trial, like MFA's dispatches"))
     parser.add_argument("--naive-max-seq", type=int,
-                        help="largest N the naive numpy peer runs (it stores N x N scores; "
-                             "metal: 1024, otherwise 2048)")
+                        help=_by_backend("naive_max_seq", "largest N the naive numpy peer runs "
+                                                          "(it stores N x N scores)"))
     parser.add_argument("--no-memory", dest="memory", action="store_false",
                         help="skip the peak-extra-memory measurement of every row")
     parser.add_argument("--memory-check", action=argparse.BooleanOptionalAction,
-                        help="run mfa alone at the memory targets, N=16384 (default: cpu only)")
+                        help=_by_backend("memory_check",
+                                         "run mfa alone at the memory targets, N=16384"))
     parser.add_argument("--gemm", action=argparse.BooleanOptionalAction,
-                        help="measure the float32 GEMM ceiling (default: cpu only)")
+                        help=_by_backend("gemm", "measure the float32 GEMM ceiling"))
     parser.add_argument("--json", metavar="PATH", help="write every result as JSON")
     parser.add_argument("--plot", metavar="PATH", help="write a PNG of GFLOP/s against N")
     return parser
