@@ -853,7 +853,7 @@ def _parser():
     parser.add_argument("--passes", nargs="+", default=list(_PASSES), choices=_PASSES)
     parser.add_argument("--repeats", type=int, help=_by_backend("repeats", "timed trials"))
     parser.add_argument("--dispatches", type=int,
-                        help=_by_backend("dispatches", "calls in a row per trial, like MFA's dispatches"))
+                        help=_by_backend("dispatches", "calls in a row per trial"))
     parser.add_argument("--naive-max-seq", type=int,
                         help=_by_backend("naive_max_seq", "largest N the naive numpy peer runs "
                                                           "(it stores N x N scores)"))
