@@ -6,7 +6,7 @@
     python -m mfa_native bench --backend metal-sim  # anywhere: a smoke test at small sizes
     python -m mfa_native bench --json out.json --plot speed.png
 
-Every option left out takes the default of the backend (``--help`` lists them):
+These options default per backend (``--help`` lists them too):
 
 ========= ========================== ========== ============== ======= ========== ==============
 backend   N                          D          dtypes         repeats dispatches peers
@@ -18,7 +18,9 @@ metal-sim 64 256                     16 64      f32            1       1        
 
 Each shape runs without a mask, causal, and with a sliding window (256,0; 32,0 on metal-sim).
 ``auto`` takes the defaults of the backend it resolves to. ``--quick`` keeps the first two
-lengths, the first head dimension and at most 3 repeats. The float32 GEMM ceiling and the
+lengths, the first head dimension and at most 3 repeats: the full metal grid is long, since
+its largest shapes take seconds per call and the peers' unfused backward longer still.
+The float32 GEMM ceiling and the
 memory targets are measured on cpu only unless asked for; metal-sim simulates every GPU thread
 on the CPU, so its times say nothing about a GPU: it runs to check that the metal kernels'
 results agree with the other peers.

@@ -284,3 +284,22 @@ def test_installed_peers_agree_with_mfa(module, make_peer, dtype):
     for row in rows:
         result = row["results"][peer.name]
         assert not result["disagrees"], (row["config_label"], row["pass"], result)
+
+
+def test_the_docstring_table_shows_the_defaults():
+    table = {}
+    for line in bench.__doc__.splitlines():
+        backend = line.split(" ", 1)[0]
+        if backend in bench._DEFAULTS:
+            # Columns: backend, N, D, dtypes, repeats, dispatches, peers (at fixed offsets).
+            cells = [line[start:end].split() for start, end in
+                     ((10, 37), (37, 48), (48, 63), (63, 71), (71, 82), (82, None))]
+            table[backend] = cells
+    assert set(table) == set(bench._DEFAULTS)
+    for backend, defaults in bench._DEFAULTS.items():
+        seq, dims, dtypes, repeats, dispatches, peers = table[backend]
+        assert [int(n) for n in seq] == defaults["seq"]
+        assert [int(d) for d in dims] == defaults["head_dims"]
+        assert dtypes == defaults["dtypes"]
+        assert (int(*repeats), int(*dispatches)) == (defaults["repeats"], defaults["dispatches"])
+        assert ["mfa", *peers] == defaults["peers"]
