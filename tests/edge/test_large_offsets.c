@@ -4,8 +4,9 @@
  * small tensors whose strides are billions of elements, so that every index * stride product
  * the library forms for them passes 2^31 and 2^32 elements. Negative strides start from the
  * top of the mapping. Inputs and outputs both live there; only the few pages the tensors
- * actually use are ever touched. A 32-bit product anywhere would read or write the wrong page
- * (a wrong result, or a fault in the part of the mapping given back as PROT_NONE).
+ * actually use are ever touched. A 32-bit product anywhere would read or write the wrong
+ * address: zeros of an untouched page instead of the inputs (a wrong result), a write the
+ * NaN-filled outputs do not receive (a NaN left over), or a fault outside the mapping.
  *
  * Every available backend runs every case. The cpu backend must compute them; another backend
  * may instead answer MFA_ERROR_UNSUPPORTED with a message and nothing written. */
