@@ -153,7 +153,7 @@ static void test_forward_arguments(void) {
                  f.out.t.shape[3] = 8);
     FORWARD_CASE("out seq", INVALID, "out.shape[2] (seq) must equal q.shape[2] = 5",
                  f.out.t.shape[2] = 7);
-    FORWARD_CASE("lse last dim", INVALID, "lse.shape[3] (head dim) must equal 1",
+    FORWARD_CASE("lse last dim", INVALID, "lse.shape[3] must be 1, got 2",
                  f.lse.t.shape[3] = 2);
     FORWARD_CASE("lse heads", INVALID, "lse.shape[1] (heads) must equal q.shape[1] = 4",
                  f.lse.t.shape[1] = 2);

@@ -16,7 +16,7 @@ static const char* const dim_names[4] = {"batch", "heads", "seq", "head dim"};
 #define ANY_SIZE (-1)
 
 /* What a tensor's shape must be: a size per dimension (or ANY_SIZE) and, for messages, where
- * that size comes from ("q.shape[0]"). */
+ * that size comes from ("q.shape[0]"; NULL for a fixed size). */
 typedef struct expected_shape {
     int64_t size[4];
     const char* from[4];
@@ -48,8 +48,13 @@ static mfa_status overflow_error(const char* name, const mfa_tensor* t) {
  * order of |stride|, each stride exceeds the extent spanned by the smaller ones. The extents
  * cannot overflow: the caller has bounded every (shape - 1) * stride and their sum. */
 static mfa_status check_no_self_overlap(const char* name, const mfa_tensor* t) {
-    int order[4] = {0, 1, 2, 3};
-    for (int i = 1; i < 4; ++i) {
+    /* Only dimensions that are stepped matter; their |stride| fits in int64 because
+     * (shape - 1) * stride was bounded by the caller. */
+    int order[4], stepped = 0;
+    for (int d = 0; d < 4; ++d) {
+        if (t->shape[d] > 1) order[stepped++] = d;
+    }
+    for (int i = 1; i < stepped; ++i) {
         for (int j = i; j > 0 && llabs(t->strides[order[j]]) < llabs(t->strides[order[j - 1]]); --j) {
             int swap = order[j];
             order[j] = order[j - 1];
@@ -57,9 +62,8 @@ static mfa_status check_no_self_overlap(const char* name, const mfa_tensor* t) {
         }
     }
     int64_t extent = 0;
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < stepped; ++i) {
         const int d = order[i];
-        if (t->shape[d] == 1) continue;
         const int64_t stride = llabs(t->strides[d]);
         if (stride <= extent) {
             return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
@@ -98,6 +102,11 @@ static mfa_status check_tensor(const char* name, const mfa_tensor* t, int expect
     }
     for (int d = 0; d < 4; ++d) {
         if (shape->size[d] != ANY_SIZE && t->shape[d] != shape->size[d]) {
+            if (shape->from[d] == NULL) {
+                return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
+                                     "%s.shape[%d] must be %lld, got %lld", name, d,
+                                     (long long)shape->size[d], (long long)t->shape[d]);
+            }
             return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
                                  "%s.shape[%d] (%s) must equal %s = %lld, got %lld", name, d,
                                  dim_names[d], shape->from[d], (long long)shape->size[d],
@@ -268,7 +277,7 @@ mfa_status mfa_build_problem(const mfa_capabilities* caps, const char* backend_n
     const expected_shape out_shape = shape_of(batch, "q.shape[0]", heads_q, "q.shape[1]", seq_q,
                                               "q.shape[2]", head_dim_v, "v.shape[3]");
     const expected_shape lse_shape =
-        shape_of(batch, "q.shape[0]", heads_q, "q.shape[1]", seq_q, "q.shape[2]", 1, "1");
+        shape_of(batch, "q.shape[0]", heads_q, "q.shape[1]", seq_q, "q.shape[2]", 1, NULL);
     if ((status = check_tensor("out", tensors->out, dtype, io_rule, &out_shape, !backward,
                                &checked[n++])))
         return status;
