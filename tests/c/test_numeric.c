@@ -21,10 +21,6 @@ static int visible(const config* c, int64_t i, int64_t j) {
     return 1;
 }
 
-typedef struct tensors {
-    test_tensor q, k, v, out, lse, dout, dq, dk, dv;
-} tensors;
-
 /* Reference gradients and outputs, dense double arrays in [b][h][s][d] order. */
 typedef struct reference {
     double *out, *lse, *dq, *dk, *dv;
@@ -32,7 +28,7 @@ typedef struct reference {
 
 static double* zeros(int64_t n) { return (double*)calloc((size_t)n, sizeof(double)); }
 
-static reference compute_reference(const config* c, const tensors* t) {
+static reference compute_reference(const config* c, const test_attention* t) {
     reference r;
     const double scale = c->scale != 0.0f ? c->scale : 1.0 / sqrt((double)c->d);
     const int64_t group = c->hq / c->hkv;
@@ -155,33 +151,16 @@ static void compare_lse(const char* label, const test_tensor* got, const double*
 static void run(mfa_context* ctx, const char* backend, const config* c) {
     char label[160];
     snprintf(label, sizeof label, "%s/%s", backend, c->name);
-    tensors t;
-    t.q = test_tensor_make(c->dtype, c->b, c->hq, c->nq, c->d, c->bshd);
-    t.k = test_tensor_make(c->dtype, c->b, c->hkv, c->nk, c->d, c->bshd);
-    t.v = test_tensor_make(c->dtype, c->b, c->hkv, c->nk, c->dv, c->bshd);
-    t.out = test_tensor_make(c->dtype, c->b, c->hq, c->nq, c->dv, c->bshd);
-    t.lse = test_tensor_make(MFA_DTYPE_F32, c->b, c->hq, c->nq, 1, 0);
-    t.dout = test_tensor_make(c->dtype, c->b, c->hq, c->nq, c->dv, c->bshd);
-    t.dq = test_tensor_make(c->dtype, c->b, c->hq, c->nq, c->d, c->bshd);
-    t.dk = test_tensor_make(c->dtype, c->b, c->hkv, c->nk, c->d, c->bshd);
-    t.dv = test_tensor_make(c->dtype, c->b, c->hkv, c->nk, c->dv, c->bshd);
-    test_fill_random(&t.q);
-    test_fill_random(&t.k);
-    test_fill_random(&t.v);
-    test_fill_random(&t.dout);
+    test_attention t =
+        test_attention_make(c->dtype, c->b, c->hq, c->hkv, c->nq, c->nk, c->d, c->dv, c->bshd);
     /* NaN-poison the outputs: every element must be written. */
     memset(t.out.storage, 0xff, t.out.bytes);
     memset(t.dq.storage, 0xff, t.dq.bytes);
     memset(t.dk.storage, 0xff, t.dk.bytes);
     memset(t.dv.storage, 0xff, t.dv.bytes);
 
-    mfa_attention_params params;
-    mfa_attention_params_init(&params);
-    params.causal = c->causal;
-    params.alignment = c->alignment;
-    params.window_left = c->left;
-    params.window_right = c->right;
-    params.scale = c->scale;
+    const mfa_attention_params params =
+        test_params(c->causal, c->alignment, c->left, c->right, c->scale);
 
     mfa_status s = mfa_attention_forward(ctx, &params, &t.q.t, &t.k.t, &t.v.t, &t.out.t, &t.lse.t);
     CHECK(s == MFA_OK, "%s: forward failed: %s", label, mfa_last_error());
@@ -202,8 +181,7 @@ static void run(mfa_context* ctx, const char* backend, const config* c) {
         compare(label, "dv", &t.dv, r.dv, 2 * tol);
         free_reference(&r);
     }
-    test_tensor* all[] = {&t.q, &t.k, &t.v, &t.out, &t.lse, &t.dout, &t.dq, &t.dk, &t.dv};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) test_tensor_free(all[i]);
+    test_attention_free(&t);
 }
 
 static const config configs[] = {
@@ -221,11 +199,8 @@ static const config configs[] = {
 };
 
 static void run_all(mfa_backend backend, const mfa_context_options* options, const char* label) {
-    mfa_context* ctx;
-    if (mfa_context_create(backend, options, &ctx) != MFA_OK) {
-        CHECK(0, "cannot create %s context: %s", label, mfa_last_error());
-        return;
-    }
+    mfa_context* ctx = test_context(backend, options, label);
+    if (!ctx) return;
     for (size_t i = 0; i < sizeof configs / sizeof configs[0]; ++i) run(ctx, label, &configs[i]);
     mfa_context_destroy(ctx);
 }

@@ -1,5 +1,6 @@
-/* Small helpers shared by the C tests: checks that count failures, strided test tensors, and
- * f16 / bf16 conversions written independently of the library. */
+/* Small helpers shared by the C tests: checks that count failures, strided test tensors, the
+ * tensors and options of one attention call, and f16 / bf16 conversions written independently
+ * of the library. */
 #ifndef MFA_TEST_UTIL_H
 #define MFA_TEST_UTIL_H
 
@@ -140,5 +141,59 @@ static void test_fill_random(test_tensor* x) {
 }
 
 static void test_tensor_free(test_tensor* x) { free(x->storage); x->storage = NULL; }
+
+/* The nine tensors of one forward + backward call, in one dtype and layout (lse: f32, bhsd),
+ * with q, k, v and dout filled at random in that order and the outputs left uninitialized. */
+typedef struct test_attention {
+    test_tensor q, k, v, out, lse, dout, dq, dk, dv;
+} test_attention;
+
+static test_attention test_attention_make(mfa_dtype dtype, int64_t b, int64_t hq, int64_t hkv,
+                                          int64_t nq, int64_t nk, int64_t d, int64_t dv, int bshd) {
+    test_attention a;
+    a.q = test_tensor_make(dtype, b, hq, nq, d, bshd);
+    a.k = test_tensor_make(dtype, b, hkv, nk, d, bshd);
+    a.v = test_tensor_make(dtype, b, hkv, nk, dv, bshd);
+    a.out = test_tensor_make(dtype, b, hq, nq, dv, bshd);
+    a.lse = test_tensor_make(MFA_DTYPE_F32, b, hq, nq, 1, 0);
+    a.dout = test_tensor_make(dtype, b, hq, nq, dv, bshd);
+    a.dq = test_tensor_make(dtype, b, hq, nq, d, bshd);
+    a.dk = test_tensor_make(dtype, b, hkv, nk, d, bshd);
+    a.dv = test_tensor_make(dtype, b, hkv, nk, dv, bshd);
+    test_fill_random(&a.q);
+    test_fill_random(&a.k);
+    test_fill_random(&a.v);
+    test_fill_random(&a.dout);
+    return a;
+}
+
+static void test_attention_free(test_attention* a) {
+    test_tensor* all[] = {&a->q, &a->k, &a->v, &a->out, &a->lse, &a->dout, &a->dq, &a->dk, &a->dv};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) test_tensor_free(all[i]);
+}
+
+/* Attention options from a test's mask and scale (scale 0: the library's default). */
+static mfa_attention_params test_params(int causal, mfa_alignment alignment, int64_t window_left,
+                                        int64_t window_right, float scale) {
+    mfa_attention_params params;
+    mfa_attention_params_init(&params);
+    params.causal = causal;
+    params.alignment = alignment;
+    params.window_left = window_left;
+    params.window_right = window_right;
+    params.scale = scale;
+    return params;
+}
+
+/* A context of an available backend, or NULL with a failed check naming `label`. */
+static mfa_context* test_context(mfa_backend backend, const mfa_context_options* options,
+                                 const char* label) {
+    mfa_context* ctx = NULL;
+    if (mfa_context_create(backend, options, &ctx) != MFA_OK) {
+        CHECK(0, "cannot create a %s context: %s", label, mfa_last_error());
+        return NULL;
+    }
+    return ctx;
+}
 
 #endif

@@ -9,33 +9,18 @@ enum { B = 2, HQ = 4, HKV = 2, NQ = 5, NK = 7, D = 8, DV = 6 };
 
 /* A valid forward + backward problem; cases break one thing at a time. */
 typedef struct fixture {
-    test_tensor q, k, v, out, lse, dout, dq, dk, dv;
+    test_attention a;
     mfa_attention_params params;
 } fixture;
 
 static fixture fixture_make(void) {
     fixture f;
-    f.q = test_tensor_make(MFA_DTYPE_F32, B, HQ, NQ, D, 0);
-    f.k = test_tensor_make(MFA_DTYPE_F32, B, HKV, NK, D, 0);
-    f.v = test_tensor_make(MFA_DTYPE_F32, B, HKV, NK, DV, 0);
-    f.out = test_tensor_make(MFA_DTYPE_F32, B, HQ, NQ, DV, 0);
-    f.lse = test_tensor_make(MFA_DTYPE_F32, B, HQ, NQ, 1, 0);
-    f.dout = test_tensor_make(MFA_DTYPE_F32, B, HQ, NQ, DV, 0);
-    f.dq = test_tensor_make(MFA_DTYPE_F32, B, HQ, NQ, D, 0);
-    f.dk = test_tensor_make(MFA_DTYPE_F32, B, HKV, NK, D, 0);
-    f.dv = test_tensor_make(MFA_DTYPE_F32, B, HKV, NK, DV, 0);
-    test_fill_random(&f.q);
-    test_fill_random(&f.k);
-    test_fill_random(&f.v);
-    test_fill_random(&f.dout);
+    f.a = test_attention_make(MFA_DTYPE_F32, B, HQ, HKV, NQ, NK, D, DV, 0);
     mfa_attention_params_init(&f.params);
     return f;
 }
 
-static void fixture_free(fixture* f) {
-    test_tensor* all[] = {&f->q, &f->k, &f->v, &f->out, &f->lse, &f->dout, &f->dq, &f->dk, &f->dv};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) test_tensor_free(all[i]);
-}
+static void fixture_free(fixture* f) { test_attention_free(&f->a); }
 
 static void poison(test_tensor* x) { memset(x->storage, SENTINEL, x->bytes); }
 
@@ -61,22 +46,23 @@ static mfa_context* ctx;
 static void run_forward(const char* label, fixture* f, mfa_status expected, const char* substring,
                         const mfa_tensor* q, const mfa_tensor* k, const mfa_tensor* v,
                         const mfa_tensor* out, const mfa_tensor* lse) {
-    poison(&f->out);
-    poison(&f->lse);
+    poison(&f->a.out);
+    poison(&f->a.lse);
     mfa_status s = mfa_attention_forward(ctx, &f->params, q, k, v, out, lse);
     expect_error(label, s, expected, substring);
-    CHECK(untouched(&f->out) && untouched(&f->lse), "%s: an output was written", label);
+    CHECK(untouched(&f->a.out) && untouched(&f->a.lse), "%s: an output was written", label);
 }
 
 static void run_backward(const char* label, fixture* f, mfa_status expected,
                          const char* substring) {
-    poison(&f->dq);
-    poison(&f->dk);
-    poison(&f->dv);
-    mfa_status s = mfa_attention_backward(ctx, &f->params, &f->q.t, &f->k.t, &f->v.t, &f->out.t,
-                                          &f->dout.t, &f->lse.t, &f->dq.t, &f->dk.t, &f->dv.t);
+    poison(&f->a.dq);
+    poison(&f->a.dk);
+    poison(&f->a.dv);
+    mfa_status s = mfa_attention_backward(ctx, &f->params, &f->a.q.t, &f->a.k.t, &f->a.v.t,
+                                          &f->a.out.t, &f->a.dout.t, &f->a.lse.t, &f->a.dq.t,
+                                          &f->a.dk.t, &f->a.dv.t);
     expect_error(label, s, expected, substring);
-    CHECK(untouched(&f->dq) && untouched(&f->dk) && untouched(&f->dv),
+    CHECK(untouched(&f->a.dq) && untouched(&f->a.dk) && untouched(&f->a.dv),
           "%s: a gradient was written", label);
 }
 
@@ -85,8 +71,8 @@ static void run_backward(const char* label, fixture* f, mfa_status expected,
     do {                                                                               \
         fixture f = fixture_make();                                                    \
         __VA_ARGS__;                                                                   \
-        run_forward(label, &f, expected, substring, &f.q.t, &f.k.t, &f.v.t, &f.out.t,  \
-                    &f.lse.t);                                                         \
+        run_forward(label, &f, expected, substring, &f.a.q.t, &f.a.k.t, &f.a.v.t,      \
+                    &f.a.out.t, &f.a.lse.t);                                           \
         fixture_free(&f);                                                              \
     } while (0)
 
@@ -100,12 +86,13 @@ static void run_backward(const char* label, fixture* f, mfa_status expected,
 
 static void test_valid_calls_succeed(void) {
     fixture f = fixture_make();
-    mfa_status s = mfa_attention_forward(ctx, &f.params, &f.q.t, &f.k.t, &f.v.t, &f.out.t, &f.lse.t);
+    mfa_status s = mfa_attention_forward(ctx, &f.params, &f.a.q.t, &f.a.k.t, &f.a.v.t, &f.a.out.t,
+                                         &f.a.lse.t);
     CHECK(s == MFA_OK, "valid forward failed: %s", mfa_last_error());
-    s = mfa_attention_backward(ctx, &f.params, &f.q.t, &f.k.t, &f.v.t, &f.out.t, &f.dout.t,
-                               &f.lse.t, &f.dq.t, &f.dk.t, &f.dv.t);
+    s = mfa_attention_backward(ctx, &f.params, &f.a.q.t, &f.a.k.t, &f.a.v.t, &f.a.out.t, &f.a.dout.t,
+                               &f.a.lse.t, &f.a.dq.t, &f.a.dk.t, &f.a.dv.t);
     CHECK(s == MFA_OK, "valid backward failed: %s", mfa_last_error());
-    s = mfa_attention_forward(ctx, NULL, &f.q.t, &f.k.t, &f.v.t, &f.out.t, NULL);
+    s = mfa_attention_forward(ctx, NULL, &f.a.q.t, &f.a.k.t, &f.a.v.t, &f.a.out.t, NULL);
     CHECK(s == MFA_OK, "forward with default params and no lse failed: %s", mfa_last_error());
     fixture_free(&f);
 }
@@ -114,49 +101,51 @@ static void test_forward_arguments(void) {
     const mfa_status INVALID = MFA_ERROR_INVALID_ARGUMENT;
     {
         fixture f = fixture_make();
-        poison(&f.out);
-        mfa_status s = mfa_attention_forward(NULL, NULL, &f.q.t, &f.k.t, &f.v.t, &f.out.t, NULL);
+        poison(&f.a.out);
+        mfa_status s =
+            mfa_attention_forward(NULL, NULL, &f.a.q.t, &f.a.k.t, &f.a.v.t, &f.a.out.t, NULL);
         expect_error("null context", s, INVALID, "ctx");
-        CHECK(untouched(&f.out), "null context: out written");
+        CHECK(untouched(&f.a.out), "null context: out written");
         fixture_free(&f);
     }
     {
         fixture f = fixture_make();
-        run_forward("null q", &f, INVALID, "q is NULL", NULL, &f.k.t, &f.v.t, &f.out.t, NULL);
-        run_forward("null k", &f, INVALID, "k is NULL", &f.q.t, NULL, &f.v.t, &f.out.t, NULL);
-        run_forward("null v", &f, INVALID, "v is NULL", &f.q.t, &f.k.t, NULL, &f.out.t, NULL);
-        run_forward("null out", &f, INVALID, "out is NULL", &f.q.t, &f.k.t, &f.v.t, NULL, &f.lse.t);
+        run_forward("null q", &f, INVALID, "q is NULL", NULL, &f.a.k.t, &f.a.v.t, &f.a.out.t, NULL);
+        run_forward("null k", &f, INVALID, "k is NULL", &f.a.q.t, NULL, &f.a.v.t, &f.a.out.t, NULL);
+        run_forward("null v", &f, INVALID, "v is NULL", &f.a.q.t, &f.a.k.t, NULL, &f.a.out.t, NULL);
+        run_forward("null out", &f, INVALID, "out is NULL", &f.a.q.t, &f.a.k.t, &f.a.v.t, NULL,
+                    &f.a.lse.t);
         fixture_free(&f);
     }
-    FORWARD_CASE("null data", INVALID, "q.data is NULL", f.q.t.data = NULL);
-    FORWARD_CASE("unknown dtype", INVALID, "not an mfa_dtype", f.q.t.dtype = (mfa_dtype)7);
-    FORWARD_CASE("k dtype differs", INVALID, "k.dtype must be f32", f.k.t.dtype = MFA_DTYPE_F16);
-    FORWARD_CASE("v dtype differs", INVALID, "v.dtype must be f32", f.v.t.dtype = MFA_DTYPE_BF16);
+    FORWARD_CASE("null data", INVALID, "q.data is NULL", f.a.q.t.data = NULL);
+    FORWARD_CASE("unknown dtype", INVALID, "not an mfa_dtype", f.a.q.t.dtype = (mfa_dtype)7);
+    FORWARD_CASE("k dtype differs", INVALID, "k.dtype must be f32", f.a.k.t.dtype = MFA_DTYPE_F16);
+    FORWARD_CASE("v dtype differs", INVALID, "v.dtype must be f32", f.a.v.t.dtype = MFA_DTYPE_BF16);
     FORWARD_CASE("out dtype differs", INVALID, "out.dtype must be f32",
-                 f.out.t.dtype = MFA_DTYPE_F16);
-    FORWARD_CASE("lse not f32", INVALID, "lse.dtype must be f32", f.lse.t.dtype = MFA_DTYPE_F16);
+                 f.a.out.t.dtype = MFA_DTYPE_F16);
+    FORWARD_CASE("lse not f32", INVALID, "lse.dtype must be f32", f.a.lse.t.dtype = MFA_DTYPE_F16);
     FORWARD_CASE("empty sequence", INVALID, "q.shape[2] (seq) must be >= 1, got 0",
-                 f.q.t.shape[2] = 0);
+                 f.a.q.t.shape[2] = 0);
     FORWARD_CASE("negative dim", INVALID, "k.shape[3] (head dim) must be >= 1, got -3",
-                 f.k.t.shape[3] = -3);
+                 f.a.k.t.shape[3] = -3);
     FORWARD_CASE("batch mismatch", INVALID, "k.shape[0] (batch) must equal q.shape[0] = 2, got 1",
-                 f.k.t.shape[0] = 1);
+                 f.a.k.t.shape[0] = 1);
     FORWARD_CASE("head dim mismatch", INVALID, "k.shape[3] (head dim) must equal q.shape[3] = 8",
-                 f.k.t.shape[3] = 4);
+                 f.a.k.t.shape[3] = 4);
     FORWARD_CASE("v heads mismatch", INVALID, "v.shape[1] (heads) must equal k.shape[1] = 2",
-                 f.v.t.shape[1] = 1);
+                 f.a.v.t.shape[1] = 1);
     FORWARD_CASE("v seq mismatch", INVALID, "v.shape[2] (seq) must equal k.shape[2] = 7",
-                 f.v.t.shape[2] = 6);
+                 f.a.v.t.shape[2] = 6);
     FORWARD_CASE("heads not divisible", INVALID, "must be a multiple of k.shape[1]",
-                 f.q.t.shape[1] = 3; f.out.t.shape[1] = 3; f.lse.t.shape[1] = 3);
+                 f.a.q.t.shape[1] = 3; f.a.out.t.shape[1] = 3; f.a.lse.t.shape[1] = 3);
     FORWARD_CASE("out value dim", INVALID, "out.shape[3] (head dim) must equal v.shape[3] = 6",
-                 f.out.t.shape[3] = 8);
+                 f.a.out.t.shape[3] = 8);
     FORWARD_CASE("out seq", INVALID, "out.shape[2] (seq) must equal q.shape[2] = 5",
-                 f.out.t.shape[2] = 7);
+                 f.a.out.t.shape[2] = 7);
     FORWARD_CASE("lse last dim", INVALID, "lse.shape[3] must be 1, got 2",
-                 f.lse.t.shape[3] = 2);
+                 f.a.lse.t.shape[3] = 2);
     FORWARD_CASE("lse heads", INVALID, "lse.shape[1] (heads) must equal q.shape[1] = 4",
-                 f.lse.t.shape[1] = 2);
+                 f.a.lse.t.shape[1] = 2);
     FORWARD_CASE("infinite scale", INVALID, "params.scale must be finite",
                  f.params.scale = INFINITY);
     FORWARD_CASE("nan scale", INVALID, "params.scale must be finite", f.params.scale = NAN);
@@ -170,46 +159,46 @@ static void test_forward_arguments(void) {
     FORWARD_CASE("window right", INVALID, "window_left and window_right",
                  f.params.window_right = -7);
     FORWARD_CASE("output broadcast stride", INVALID, "makes elements overlap",
-                 f.out.t.strides[2] = 0);
+                 f.a.out.t.strides[2] = 0);
     FORWARD_CASE("output self-overlap", INVALID, "makes elements overlap",
-                 f.out.t.strides[1] = 3);
-    FORWARD_CASE("out aliases q", INVALID, "out overlaps q", f.out.t.data = f.q.t.data);
+                 f.a.out.t.strides[1] = 3);
+    FORWARD_CASE("out aliases q", INVALID, "out overlaps q", f.a.out.t.data = f.a.q.t.data);
     FORWARD_CASE("lse aliases out", INVALID, "overlaps",
-                 f.lse.t.data = (char*)f.out.t.data + 4);
+                 f.a.lse.t.data = (char*)f.a.out.t.data + 4);
     FORWARD_CASE("element count overflow", MFA_ERROR_SIZE_OVERFLOW, "overflow 64 bits",
-                 f.q.t.shape[0] = (int64_t)1 << 40; f.q.t.strides[0] = (int64_t)1 << 40);
+                 f.a.q.t.shape[0] = (int64_t)1 << 40; f.a.q.t.strides[0] = (int64_t)1 << 40);
     FORWARD_CASE("byte count overflow", MFA_ERROR_SIZE_OVERFLOW, "address space",
-                 f.k.t.strides[0] = INT64_MAX / 2);
+                 f.a.k.t.strides[0] = INT64_MAX / 2);
     FORWARD_CASE("negative address", MFA_ERROR_SIZE_OVERFLOW, "address space",
-                 f.k.t.strides[0] = -(INT64_MAX / 4));
-    FORWARD_CASE("misaligned data", INVALID, "not aligned", f.v.t.data = (char*)f.v.t.data + 1);
+                 f.a.k.t.strides[0] = -(INT64_MAX / 4));
+    FORWARD_CASE("misaligned data", INVALID, "not aligned", f.a.v.t.data = (char*)f.a.v.t.data + 1);
     FORWARD_CASE("head dim too large", MFA_ERROR_UNSUPPORTED, "exceeds the cpu backend's maximum",
-                 f.q.t.shape[3] = 1 << 20; f.k.t.shape[3] = 1 << 20;
-                 f.q.t.strides[3] = 0; f.k.t.strides[3] = 0);
+                 f.a.q.t.shape[3] = 1 << 20; f.a.k.t.shape[3] = 1 << 20;
+                 f.a.q.t.strides[3] = 0; f.a.k.t.strides[3] = 0);
 }
 
 static void test_backward_arguments(void) {
     const mfa_status INVALID = MFA_ERROR_INVALID_ARGUMENT;
     {
         fixture f = fixture_make();
-        poison(&f.dq);
-        mfa_status s = mfa_attention_backward(ctx, NULL, &f.q.t, &f.k.t, &f.v.t, &f.out.t,
-                                              &f.dout.t, NULL, &f.dq.t, &f.dk.t, &f.dv.t);
+        poison(&f.a.dq);
+        mfa_status s = mfa_attention_backward(ctx, NULL, &f.a.q.t, &f.a.k.t, &f.a.v.t, &f.a.out.t,
+                                              &f.a.dout.t, NULL, &f.a.dq.t, &f.a.dk.t, &f.a.dv.t);
         expect_error("backward without lse", s, INVALID, "lse is NULL");
-        CHECK(untouched(&f.dq), "backward without lse: dq written");
+        CHECK(untouched(&f.a.dq), "backward without lse: dq written");
         fixture_free(&f);
     }
     BACKWARD_CASE("dout shape", INVALID, "dout.shape[3] (head dim) must equal v.shape[3] = 6",
-                  f.dout.t.shape[3] = 5);
+                  f.a.dout.t.shape[3] = 5);
     BACKWARD_CASE("dq shape", INVALID, "dq.shape[2] (seq) must equal q.shape[2] = 5",
-                  f.dq.t.shape[2] = 4);
-    BACKWARD_CASE("dk dtype", INVALID, "dk.dtype must be f32", f.dk.t.dtype = MFA_DTYPE_F16);
+                  f.a.dq.t.shape[2] = 4);
+    BACKWARD_CASE("dk dtype", INVALID, "dk.dtype must be f32", f.a.dk.t.dtype = MFA_DTYPE_F16);
     BACKWARD_CASE("dv heads", INVALID, "dv.shape[1] (heads) must equal v.shape[1] = 2",
-                  f.dv.t.shape[1] = 4);
-    BACKWARD_CASE("dv aliases dk", INVALID, "overlaps", f.dv.t.data = f.dk.t.data);
-    BACKWARD_CASE("dq aliases dout", INVALID, "dq overlaps dout", f.dq.t.data = f.dout.t.data);
-    BACKWARD_CASE("null dk", INVALID, "dk.data is NULL", f.dk.t.data = NULL);
-    BACKWARD_CASE("dk broadcast", INVALID, "makes elements overlap", f.dk.t.strides[0] = 0);
+                  f.a.dv.t.shape[1] = 4);
+    BACKWARD_CASE("dv aliases dk", INVALID, "overlaps", f.a.dv.t.data = f.a.dk.t.data);
+    BACKWARD_CASE("dq aliases dout", INVALID, "dq overlaps dout", f.a.dq.t.data = f.a.dout.t.data);
+    BACKWARD_CASE("null dk", INVALID, "dk.data is NULL", f.a.dk.t.data = NULL);
+    BACKWARD_CASE("dk broadcast", INVALID, "makes elements overlap", f.a.dk.t.strides[0] = 0);
 }
 
 static void test_context_arguments(void) {

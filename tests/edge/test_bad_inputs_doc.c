@@ -10,7 +10,7 @@ enum { B = 2, HQ = 4, HKV = 2, NQ = 5, NK = 7, D = 8, DV = 6 };
 
 /* A valid forward and backward problem that each case breaks in one place. */
 typedef struct fixture {
-    test_tensor q, k, v, out, lse, dout, dq, dk, dv;
+    test_attention a;
     mfa_attention_params params;
     int pass_q, pass_k, pass_v, pass_out, pass_lse; /* 0: that argument is NULL */
     mfa_context* ctx;
@@ -23,31 +23,16 @@ static mfa_context* cpu_context;
 static fixture fixture_make(void) {
     fixture f;
     memset(&f, 0, sizeof f);
-    f.q = test_tensor_make(MFA_DTYPE_F32, B, HQ, NQ, D, 0);
-    f.k = test_tensor_make(MFA_DTYPE_F32, B, HKV, NK, D, 0);
-    f.v = test_tensor_make(MFA_DTYPE_F32, B, HKV, NK, DV, 0);
-    f.out = test_tensor_make(MFA_DTYPE_F32, B, HQ, NQ, DV, 0);
-    f.lse = test_tensor_make(MFA_DTYPE_F32, B, HQ, NQ, 1, 0);
-    f.dout = test_tensor_make(MFA_DTYPE_F32, B, HQ, NQ, DV, 0);
-    f.dq = test_tensor_make(MFA_DTYPE_F32, B, HQ, NQ, D, 0);
-    f.dk = test_tensor_make(MFA_DTYPE_F32, B, HKV, NK, D, 0);
-    f.dv = test_tensor_make(MFA_DTYPE_F32, B, HKV, NK, DV, 0);
-    test_fill_random(&f.q);
-    test_fill_random(&f.k);
-    test_fill_random(&f.v);
-    test_fill_random(&f.dout);
-    test_fill_random(&f.out);
-    test_fill_random(&f.lse);
+    f.a = test_attention_make(MFA_DTYPE_F32, B, HQ, HKV, NQ, NK, D, DV, 0);
+    test_fill_random(&f.a.out);
+    test_fill_random(&f.a.lse);
     mfa_attention_params_init(&f.params);
     f.pass_q = f.pass_k = f.pass_v = f.pass_out = f.pass_lse = 1;
     f.ctx = cpu_context;
     return f;
 }
 
-static void fixture_free(fixture* f) {
-    test_tensor* all[] = {&f->q, &f->k, &f->v, &f->out, &f->lse, &f->dout, &f->dq, &f->dk, &f->dv};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) test_tensor_free(all[i]);
-}
+static void fixture_free(fixture* f) { test_attention_free(&f->a); }
 
 enum kind { FORWARD, BACKWARD, CALL };
 
@@ -79,20 +64,20 @@ static void widen(test_tensor* x, size_t n) {
  * starts 60h + 150b are distinct for h < 4, b < 2, so no two elements share an address, but
  * 150 does not exceed the 209 elements the smaller strides span. */
 static void out_distinct_but_not_nested(fixture* f) {
-    widen(&f->out, 150 + 3 * 60 + 30);
-    f->out.t.strides[0] = 150;
-    f->out.t.strides[1] = 60;
+    widen(&f->a.out, 150 + 3 * 60 + 30);
+    f->a.out.t.strides[0] = 150;
+    f->a.out.t.strides[1] = 60;
 }
 
 /* q and out share one buffer of 16-element rows: q uses elements 0..7 of each row, out 8..13.
  * No byte is shared, but each one's extent contains the other's. */
 static void out_interleaved_with_q(fixture* f) {
-    widen(&f->q, (size_t)B * HQ * NQ * 16);
+    widen(&f->a.q, (size_t)B * HQ * NQ * 16);
     const int64_t strides[4] = {HQ * NQ * 16, NQ * 16, 16, 1};
-    memcpy(f->q.t.strides, strides, sizeof strides);
-    test_fill_random(&f->q);
-    f->out.t.data = (float*)f->q.storage + 8;
-    memcpy(f->out.t.strides, strides, sizeof strides);
+    memcpy(f->a.q.t.strides, strides, sizeof strides);
+    test_fill_random(&f->a.q);
+    f->a.out.t.data = (float*)f->a.q.storage + 8;
+    memcpy(f->a.out.t.strides, strides, sizeof strides);
 }
 
 /* X(id, kind, statements breaking fixture f): the rows of docs/bad-inputs.md. */
@@ -110,33 +95,33 @@ static void out_interleaved_with_q(fixture* f) {
     X("caps-size", CALL, caps.struct_size = 4; f->status = mfa_context_capabilities(cpu_context, &caps)) \
     X("tensor-null", FORWARD, f->pass_k = 0)                                                   \
     X("out-null", FORWARD, f->pass_out = 0)                                                    \
-    X("data-null", FORWARD, f->v.t.data = NULL)                                                \
-    X("dtype-unknown", FORWARD, f->q.t.dtype = (mfa_dtype)9)                                   \
-    X("dtype-mixed", FORWARD, f->k.t.dtype = MFA_DTYPE_F16)                                    \
-    X("out-dtype", FORWARD, f->out.t.dtype = MFA_DTYPE_BF16)                                   \
-    X("lse-dtype", FORWARD, f->lse.t.dtype = MFA_DTYPE_F16)                                    \
-    X("shape-zero", FORWARD, f->q.t.shape[2] = 0)                                              \
-    X("shape-negative", FORWARD, f->v.t.shape[3] = -4)                                         \
-    X("batch-mismatch", FORWARD, f->v.t.shape[0] = 1)                                          \
-    X("head-dim-mismatch", FORWARD, f->k.t.shape[3] = D + 1)                                   \
-    X("kv-heads-mismatch", FORWARD, f->v.t.shape[1] = 1)                                       \
-    X("kv-seq-mismatch", FORWARD, f->v.t.shape[2] = NK - 1)                                    \
-    X("heads-not-multiple", FORWARD, f->q.t.shape[1] = 3; f->out.t.shape[1] = 3;              \
-      f->lse.t.shape[1] = 3)                                                                   \
-    X("out-shape", FORWARD, f->out.t.shape[3] = D)                                             \
-    X("lse-shape", FORWARD, f->lse.t.shape[3] = 2)                                             \
-    X("head-dim-too-large", FORWARD, f->q.t.shape[3] = f->k.t.shape[3] = (int64_t)1 << 20;    \
-      f->q.t.strides[3] = f->k.t.strides[3] = 0)                                               \
-    X("element-count-overflow", FORWARD, f->q.t.shape[0] = (int64_t)1 << 40;                  \
-      f->q.t.shape[2] = (int64_t)1 << 40; f->q.t.strides[0] = f->q.t.strides[2] = 0)           \
-    X("offset-overflow", FORWARD, f->k.t.strides[2] = INT64_MAX / 2)                           \
-    X("address-overflow", FORWARD, f->v.t.strides[0] = (int64_t)1 << 61)                       \
-    X("address-negative", FORWARD, f->v.t.strides[1] = -((int64_t)1 << 60))                   \
-    X("misaligned", FORWARD, f->k.t.data = (char*)f->k.t.data + 2)                             \
-    X("output-broadcast", FORWARD, f->out.t.strides[1] = 0)                                    \
-    X("output-self-overlap", FORWARD, f->out.t.strides[2] = 2)                                 \
-    X("output-aliases-input", FORWARD, f->out.t.data = f->v.t.data)                            \
-    X("outputs-alias", FORWARD, f->lse.t.data = f->out.t.data)                                 \
+    X("data-null", FORWARD, f->a.v.t.data = NULL)                                              \
+    X("dtype-unknown", FORWARD, f->a.q.t.dtype = (mfa_dtype)9)                                 \
+    X("dtype-mixed", FORWARD, f->a.k.t.dtype = MFA_DTYPE_F16)                                  \
+    X("out-dtype", FORWARD, f->a.out.t.dtype = MFA_DTYPE_BF16)                                 \
+    X("lse-dtype", FORWARD, f->a.lse.t.dtype = MFA_DTYPE_F16)                                  \
+    X("shape-zero", FORWARD, f->a.q.t.shape[2] = 0)                                            \
+    X("shape-negative", FORWARD, f->a.v.t.shape[3] = -4)                                       \
+    X("batch-mismatch", FORWARD, f->a.v.t.shape[0] = 1)                                        \
+    X("head-dim-mismatch", FORWARD, f->a.k.t.shape[3] = D + 1)                                 \
+    X("kv-heads-mismatch", FORWARD, f->a.v.t.shape[1] = 1)                                     \
+    X("kv-seq-mismatch", FORWARD, f->a.v.t.shape[2] = NK - 1)                                  \
+    X("heads-not-multiple", FORWARD, f->a.q.t.shape[1] = 3; f->a.out.t.shape[1] = 3;          \
+      f->a.lse.t.shape[1] = 3)                                                                 \
+    X("out-shape", FORWARD, f->a.out.t.shape[3] = D)                                           \
+    X("lse-shape", FORWARD, f->a.lse.t.shape[3] = 2)                                           \
+    X("head-dim-too-large", FORWARD, f->a.q.t.shape[3] = f->a.k.t.shape[3] = (int64_t)1 << 20; \
+      f->a.q.t.strides[3] = f->a.k.t.strides[3] = 0)                                           \
+    X("element-count-overflow", FORWARD, f->a.q.t.shape[0] = (int64_t)1 << 40;                \
+      f->a.q.t.shape[2] = (int64_t)1 << 40; f->a.q.t.strides[0] = f->a.q.t.strides[2] = 0)     \
+    X("offset-overflow", FORWARD, f->a.k.t.strides[2] = INT64_MAX / 2)                         \
+    X("address-overflow", FORWARD, f->a.v.t.strides[0] = (int64_t)1 << 61)                     \
+    X("address-negative", FORWARD, f->a.v.t.strides[1] = -((int64_t)1 << 60))                 \
+    X("misaligned", FORWARD, f->a.k.t.data = (char*)f->a.k.t.data + 2)                         \
+    X("output-broadcast", FORWARD, f->a.out.t.strides[1] = 0)                                  \
+    X("output-self-overlap", FORWARD, f->a.out.t.strides[2] = 2)                               \
+    X("output-aliases-input", FORWARD, f->a.out.t.data = f->a.v.t.data)                        \
+    X("outputs-alias", FORWARD, f->a.lse.t.data = f->a.out.t.data)                             \
     X("output-strides-not-nested", FORWARD, out_distinct_but_not_nested(f))                    \
     X("output-extent-interleaves", FORWARD, out_interleaved_with_q(f))                         \
     X("params-size", FORWARD, f->params.struct_size = sizeof f->params - 8)                    \
@@ -146,11 +131,11 @@ static void out_interleaved_with_q(fixture* f) {
     X("alignment-unknown", FORWARD, f->params.alignment = (mfa_alignment)3)                    \
     X("window-below-minus-one", FORWARD, f->params.window_right = -5)                          \
     X("backward-lse-null", BACKWARD, f->pass_lse = 0)                                          \
-    X("backward-dout-shape", BACKWARD, f->dout.t.shape[2] = NQ + 1)                            \
-    X("backward-grad-dtype", BACKWARD, f->dq.t.dtype = MFA_DTYPE_F16)                          \
-    X("backward-grad-aliases-input", BACKWARD, f->dk.t.data = f->k.t.data)                     \
-    X("backward-grads-alias", BACKWARD, f->dv.t.data = f->dq.t.data)                           \
-    X("backward-grad-broadcast", BACKWARD, f->dv.t.strides[2] = 0)                             \
+    X("backward-dout-shape", BACKWARD, f->a.dout.t.shape[2] = NQ + 1)                          \
+    X("backward-grad-dtype", BACKWARD, f->a.dq.t.dtype = MFA_DTYPE_F16)                        \
+    X("backward-grad-aliases-input", BACKWARD, f->a.dk.t.data = f->a.k.t.data)                 \
+    X("backward-grads-alias", BACKWARD, f->a.dv.t.data = f->a.dq.t.data)                       \
+    X("backward-grad-broadcast", BACKWARD, f->a.dv.t.strides[2] = 0)                           \
     X("alloc-overflow", CALL, f->pointer = mfa_alloc(SIZE_MAX); f->status =                    \
       f->pointer == NULL ? MFA_ERROR_SIZE_OVERFLOW : MFA_OK)
 
@@ -213,7 +198,7 @@ static void check_row(const char* id, const char* want_status, const char* want_
     fixture f = fixture_make();
     plant_stale_message();
     break_fixture(index, &f);
-    test_tensor* inputs[] = {&f.q, &f.k, &f.v, &f.dout};
+    test_tensor* inputs[] = {&f.a.q, &f.a.k, &f.a.v, &f.a.dout};
     unsigned char* before[4];
     for (int i = 0; i < 4; ++i) {
         before[i] = (unsigned char*)malloc(inputs[i]->bytes);
@@ -221,19 +206,22 @@ static void check_row(const char* id, const char* want_status, const char* want_
     }
     mfa_status status = f.status;
     if (kinds[index] == FORWARD) {
-        poison(&f.out);
-        poison(&f.lse);
-        status = mfa_attention_forward(f.ctx, &f.params, f.pass_q ? &f.q.t : NULL, f.pass_k ? &f.k.t : NULL,
-                                       f.pass_v ? &f.v.t : NULL, f.pass_out ? &f.out.t : NULL,
-                                       f.pass_lse ? &f.lse.t : NULL);
-        CHECK(untouched(&f.out) && untouched(&f.lse), "%s: an output was written", id);
+        poison(&f.a.out);
+        poison(&f.a.lse);
+        status = mfa_attention_forward(f.ctx, &f.params, f.pass_q ? &f.a.q.t : NULL,
+                                       f.pass_k ? &f.a.k.t : NULL, f.pass_v ? &f.a.v.t : NULL,
+                                       f.pass_out ? &f.a.out.t : NULL,
+                                       f.pass_lse ? &f.a.lse.t : NULL);
+        CHECK(untouched(&f.a.out) && untouched(&f.a.lse), "%s: an output was written", id);
     } else if (kinds[index] == BACKWARD) {
-        poison(&f.dq);
-        poison(&f.dk);
-        poison(&f.dv);
-        status = mfa_attention_backward(f.ctx, &f.params, &f.q.t, &f.k.t, &f.v.t, &f.out.t, &f.dout.t,
-                                        f.pass_lse ? &f.lse.t : NULL, &f.dq.t, &f.dk.t, &f.dv.t);
-        CHECK(untouched(&f.dq) && untouched(&f.dk) && untouched(&f.dv), "%s: a gradient was written", id);
+        poison(&f.a.dq);
+        poison(&f.a.dk);
+        poison(&f.a.dv);
+        status = mfa_attention_backward(f.ctx, &f.params, &f.a.q.t, &f.a.k.t, &f.a.v.t, &f.a.out.t,
+                                        &f.a.dout.t, f.pass_lse ? &f.a.lse.t : NULL, &f.a.dq.t,
+                                        &f.a.dk.t, &f.a.dv.t);
+        CHECK(untouched(&f.a.dq) && untouched(&f.a.dk) && untouched(&f.a.dv),
+              "%s: a gradient was written", id);
     }
     for (int i = 0; i < 4; ++i) {
         CHECK(memcmp(before[i], inputs[i]->storage, inputs[i]->bytes) == 0, "%s: an input was written", id);

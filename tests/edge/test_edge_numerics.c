@@ -28,34 +28,19 @@ typedef struct shape {
 
 typedef struct tensors {
     shape s;
-    test_tensor q, k, v, out, lse, dout, dq, dk, dv;
+    test_attention a;
     mfa_attention_params params;
 } tensors;
 
 static tensors make(shape s) {
     tensors t;
     t.s = s;
-    t.q = test_tensor_make(s.dtype, s.b, s.hq, s.nq, s.d, 0);
-    t.k = test_tensor_make(s.dtype, s.b, s.hkv, s.nk, s.d, 0);
-    t.v = test_tensor_make(s.dtype, s.b, s.hkv, s.nk, s.dv, 0);
-    t.out = test_tensor_make(s.dtype, s.b, s.hq, s.nq, s.dv, 0);
-    t.lse = test_tensor_make(MFA_DTYPE_F32, s.b, s.hq, s.nq, 1, 0);
-    t.dout = test_tensor_make(s.dtype, s.b, s.hq, s.nq, s.dv, 0);
-    t.dq = test_tensor_make(s.dtype, s.b, s.hq, s.nq, s.d, 0);
-    t.dk = test_tensor_make(s.dtype, s.b, s.hkv, s.nk, s.d, 0);
-    t.dv = test_tensor_make(s.dtype, s.b, s.hkv, s.nk, s.dv, 0);
-    test_fill_random(&t.q);
-    test_fill_random(&t.k);
-    test_fill_random(&t.v);
-    test_fill_random(&t.dout);
+    t.a = test_attention_make(s.dtype, s.b, s.hq, s.hkv, s.nq, s.nk, s.d, s.dv, 0);
     mfa_attention_params_init(&t.params);
     return t;
 }
 
-static void release(tensors* t) {
-    test_tensor* all[] = {&t->q, &t->k, &t->v, &t->out, &t->lse, &t->dout, &t->dq, &t->dk, &t->dv};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) test_tensor_free(all[i]);
-}
+static void release(tensors* t) { test_attention_free(&t->a); }
 
 static void scale_all(test_tensor* x, double factor) {
     const mfa_tensor* t = &x->t;
@@ -83,9 +68,7 @@ static void expect(const char* label, const char* what, const test_tensor* got, 
                    double slack) {
     const mfa_tensor* t = &got->t;
     const int64_t count = t->shape[0] * t->shape[1] * t->shape[2] * t->shape[3];
-    double max_want = 0;
-    for (int64_t i = 0; i < count; ++i)
-        if (isfinite(want[i]) && fabs(want[i]) > max_want) max_want = fabs(want[i]);
+    const double max_want = ref_max_abs(want, count);
     int64_t at = 0, bad = 0;
     for (int64_t b = 0; b < t->shape[0]; ++b)
         for (int64_t h = 0; h < t->shape[1]; ++h)
@@ -104,28 +87,28 @@ static void expect(const char* label, const char* what, const test_tensor* got, 
 /* Runs forward, then backward around the library's own out and lse, and checks both against
  * the reference computed from the same stored values. */
 static void run(mfa_context* ctx, const char* label, tensors* t, double slack, int forward_only) {
-    memset(t->out.storage, 0xff, t->out.bytes);
-    memset(t->lse.storage, 0xff, t->lse.bytes);
-    mfa_status s = mfa_attention_forward(ctx, &t->params, &t->q.t, &t->k.t, &t->v.t, &t->out.t, &t->lse.t);
+    memset(t->a.out.storage, 0xff, t->a.out.bytes);
+    memset(t->a.lse.storage, 0xff, t->a.lse.bytes);
+    mfa_status s = mfa_attention_forward(ctx, &t->params, &t->a.q.t, &t->a.k.t, &t->a.v.t, &t->a.out.t, &t->a.lse.t);
     CHECK(s == MFA_OK, "%s: forward: %s", label, mfa_last_error());
     if (s != MFA_OK) return;
     const ref_problem p = problem_of(t);
-    ref_result f = ref_forward(&p, &t->q.t, &t->k.t, &t->v.t);
+    ref_result f = ref_forward(&p, &t->a.q.t, &t->a.k.t, &t->a.v.t);
     const int64_t n = p.seq_k + p.head_dim;
-    expect(label, "out", &t->out, t->s.dtype, f.out, f.out_mag, n, f.max_score, slack);
-    expect(label, "lse", &t->lse, MFA_DTYPE_F32, f.lse, f.lse_mag, n, f.max_score, slack);
+    expect(label, "out", &t->a.out, t->s.dtype, f.out, f.out_mag, n, f.max_score, slack);
+    expect(label, "lse", &t->a.lse, MFA_DTYPE_F32, f.lse, f.lse_mag, n, f.max_score, slack);
     ref_free(&f);
     if (forward_only) return;
 
-    s = mfa_attention_backward(ctx, &t->params, &t->q.t, &t->k.t, &t->v.t, &t->out.t, &t->dout.t,
-                               &t->lse.t, &t->dq.t, &t->dk.t, &t->dv.t);
+    s = mfa_attention_backward(ctx, &t->params, &t->a.q.t, &t->a.k.t, &t->a.v.t, &t->a.out.t, &t->a.dout.t,
+                               &t->a.lse.t, &t->a.dq.t, &t->a.dk.t, &t->a.dv.t);
     CHECK(s == MFA_OK, "%s: backward: %s", label, mfa_last_error());
     if (s != MFA_OK) return;
-    ref_result g = ref_backward(&p, &t->q.t, &t->k.t, &t->v.t, &t->out.t, &t->dout.t, &t->lse.t);
+    ref_result g = ref_backward(&p, &t->a.q.t, &t->a.k.t, &t->a.v.t, &t->a.out.t, &t->a.dout.t, &t->a.lse.t);
     const int64_t m = p.head_dim + p.head_dim_v + p.seq_k + p.seq_q * (p.heads_q / p.heads_kv);
-    expect(label, "dq", &t->dq, t->s.dtype, g.dq, g.dq_mag, m, g.max_score, slack);
-    expect(label, "dk", &t->dk, t->s.dtype, g.dk, g.dk_mag, m, g.max_score, slack);
-    expect(label, "dv", &t->dv, t->s.dtype, g.dv, g.dv_mag, m, g.max_score, slack);
+    expect(label, "dq", &t->a.dq, t->s.dtype, g.dq, g.dq_mag, m, g.max_score, slack);
+    expect(label, "dk", &t->a.dk, t->s.dtype, g.dk, g.dk_mag, m, g.max_score, slack);
+    expect(label, "dv", &t->a.dv, t->s.dtype, g.dv, g.dv_mag, m, g.max_score, slack);
     ref_free(&g);
 }
 
@@ -141,8 +124,8 @@ static void test_large_scores(mfa_context* ctx, const char* backend) {
         char label[128];
         label_of(label, sizeof label, backend, "scores beyond f16 range", dtypes[i]);
         tensors t = make((shape){dtypes[i], 1, 2, 1, 9, 13, 16, 8});
-        scale_all(&t.q, 200);
-        scale_all(&t.k, 200);
+        scale_all(&t.a.q, 200);
+        scale_all(&t.a.k, 200);
         run(ctx, label, &t, 0, 0);
         release(&t);
     }
@@ -154,8 +137,8 @@ static void test_logits_near_f32_limit(mfa_context* ctx, const char* backend) {
         char label[128];
         label_of(label, sizeof label, backend, "logits near FLT_MAX", dtypes[i]);
         tensors t = make((shape){dtypes[i], 1, 1, 1, 4, 6, 1, 4});
-        scale_all(&t.q, 1e19);
-        scale_all(&t.k, 1e19);
+        scale_all(&t.a.q, 1e19);
+        scale_all(&t.a.k, 1e19);
         t.params.scale = 1.0f;
         run(ctx, label, &t, 0, 1);
         release(&t);
@@ -169,17 +152,17 @@ static void test_overflowing_logits_stay_in_their_row(mfa_context* ctx, const ch
     label_of(label, sizeof label, backend, "logits overflowing f32", MFA_DTYPE_F32);
     tensors t = make((shape){MFA_DTYPE_F32, 1, 2, 1, 5, 7, 4, 4});
     t.params.scale = 1.0f;
-    for (int64_t d = 0; d < 4; ++d) test_set(&t.q.t, 0, 0, 2, d, 3e38f);
-    CHECK(mfa_attention_forward(ctx, &t.params, &t.q.t, &t.k.t, &t.v.t, &t.out.t, &t.lse.t) == MFA_OK,
+    for (int64_t d = 0; d < 4; ++d) test_set(&t.a.q.t, 0, 0, 2, d, 3e38f);
+    CHECK(mfa_attention_forward(ctx, &t.params, &t.a.q.t, &t.a.k.t, &t.a.v.t, &t.a.out.t, &t.a.lse.t) == MFA_OK,
           "%s: %s", label, mfa_last_error());
     const ref_problem p = problem_of(&t);
-    ref_result f = ref_forward(&p, &t.q.t, &t.k.t, &t.v.t);
+    ref_result f = ref_forward(&p, &t.a.q.t, &t.a.k.t, &t.a.v.t);
     for (int64_t h = 0; h < 2; ++h)
         for (int64_t i = 0; i < 5; ++i) {
             if (h == 0 && i == 2) continue;
             const int64_t row = h * 5 + i;
             for (int64_t y = 0; y < 4; ++y) {
-                const double g = test_get(&t.out.t, 0, h, i, y), w = f.out[row * 4 + y];
+                const double g = test_get(&t.a.out.t, 0, h, i, y), w = f.out[row * 4 + y];
                 CHECK(fabs(g - w) <= ref_allowed_error(MFA_DTYPE_F32, 1, f.out_mag[row * 4 + y], 11, 0),
                       "%s: row (%lld, %lld) was disturbed: %g, reference %g", label, (long long)h,
                       (long long)i, g, w);
@@ -194,13 +177,13 @@ static void test_overflowing_logits_stay_in_their_row(mfa_context* ctx, const ch
 static void expect_empty_rows(const char* label, const tensors* t, int64_t first, int64_t end) {
     for (int64_t h = 0; h < t->s.hq; ++h)
         for (int64_t r = first; r < end; ++r) {
-            CHECK(test_get(&t->lse.t, 0, h, r, 0) == -INFINITY, "%s: lse of empty row (%lld, %lld) is "
+            CHECK(test_get(&t->a.lse.t, 0, h, r, 0) == -INFINITY, "%s: lse of empty row (%lld, %lld) is "
                   "not -inf", label, (long long)h, (long long)r);
             for (int64_t d = 0; d < t->s.dv; ++d)
-                CHECK(test_get(&t->out.t, 0, h, r, d) == 0, "%s: out of empty row (%lld, %lld) is not 0",
+                CHECK(test_get(&t->a.out.t, 0, h, r, d) == 0, "%s: out of empty row (%lld, %lld) is not 0",
                       label, (long long)h, (long long)r);
             for (int64_t d = 0; d < t->s.d; ++d)
-                CHECK(test_get(&t->dq.t, 0, h, r, d) == 0, "%s: dq of empty row (%lld, %lld) is not 0",
+                CHECK(test_get(&t->a.dq.t, 0, h, r, d) == 0, "%s: dq of empty row (%lld, %lld) is not 0",
                       label, (long long)h, (long long)r);
         }
 }
@@ -275,26 +258,26 @@ static void test_non_finite_inputs(mfa_context* ctx, const char* backend) {
             label_of(label, sizeof label, backend, cases[c].name, dtypes[i]);
             tensors t = make((shape){dtypes[i], 1, 4, 2, 8, 8, 4, 4});
             t.params.causal = 1;
-            test_tensor* target[] = {&t.q, &t.k, &t.v, &t.dout};
+            test_tensor* target[] = {&t.a.q, &t.a.k, &t.a.v, &t.a.dout};
             test_set(&target[cases[c].tensor]->t, 0, cases[c].h, cases[c].s, cases[c].d, cases[c].value);
             const int64_t kv_head = cases[c].tensor == 1 || cases[c].tensor == 2 ? cases[c].h
                                                                                   : cases[c].h / group;
-            mfa_status s = mfa_attention_forward(ctx, &t.params, &t.q.t, &t.k.t, &t.v.t, &t.out.t, &t.lse.t);
+            mfa_status s = mfa_attention_forward(ctx, &t.params, &t.a.q.t, &t.a.k.t, &t.a.v.t, &t.a.out.t, &t.a.lse.t);
             CHECK(s == MFA_OK, "%s: forward: %s", label, mfa_last_error());
             if (s != MFA_OK) { release(&t); continue; }
             const ref_problem p = problem_of(&t);
-            ref_result f = ref_forward(&p, &t.q.t, &t.k.t, &t.v.t);
-            expect_propagated(label, "out", &t.out, dtypes[i], f.out, f.out_mag, 12, f.max_score, 1, group, kv_head);
-            expect_propagated(label, "lse", &t.lse, MFA_DTYPE_F32, f.lse, f.lse_mag, 12, f.max_score, 1, group, kv_head);
+            ref_result f = ref_forward(&p, &t.a.q.t, &t.a.k.t, &t.a.v.t);
+            expect_propagated(label, "out", &t.a.out, dtypes[i], f.out, f.out_mag, 12, f.max_score, 1, group, kv_head);
+            expect_propagated(label, "lse", &t.a.lse, MFA_DTYPE_F32, f.lse, f.lse_mag, 12, f.max_score, 1, group, kv_head);
             ref_free(&f);
-            s = mfa_attention_backward(ctx, &t.params, &t.q.t, &t.k.t, &t.v.t, &t.out.t, &t.dout.t,
-                                       &t.lse.t, &t.dq.t, &t.dk.t, &t.dv.t);
+            s = mfa_attention_backward(ctx, &t.params, &t.a.q.t, &t.a.k.t, &t.a.v.t, &t.a.out.t, &t.a.dout.t,
+                                       &t.a.lse.t, &t.a.dq.t, &t.a.dk.t, &t.a.dv.t);
             CHECK(s == MFA_OK, "%s: backward: %s", label, mfa_last_error());
             if (s == MFA_OK) {
-                ref_result g = ref_backward(&p, &t.q.t, &t.k.t, &t.v.t, &t.out.t, &t.dout.t, &t.lse.t);
-                expect_propagated(label, "dq", &t.dq, dtypes[i], g.dq, g.dq_mag, 32, g.max_score, 1, group, kv_head);
-                expect_propagated(label, "dk", &t.dk, dtypes[i], g.dk, g.dk_mag, 32, g.max_score, 0, group, kv_head);
-                expect_propagated(label, "dv", &t.dv, dtypes[i], g.dv, g.dv_mag, 32, g.max_score, 0, group, kv_head);
+                ref_result g = ref_backward(&p, &t.a.q.t, &t.a.k.t, &t.a.v.t, &t.a.out.t, &t.a.dout.t, &t.a.lse.t);
+                expect_propagated(label, "dq", &t.a.dq, dtypes[i], g.dq, g.dq_mag, 32, g.max_score, 1, group, kv_head);
+                expect_propagated(label, "dk", &t.a.dk, dtypes[i], g.dk, g.dk_mag, 32, g.max_score, 0, group, kv_head);
+                expect_propagated(label, "dv", &t.a.dv, dtypes[i], g.dv, g.dv_mag, 32, g.max_score, 0, group, kv_head);
                 ref_free(&g);
             }
             release(&t);
@@ -307,11 +290,11 @@ static void test_non_finite_inputs(mfa_context* ctx, const char* backend) {
         t.params.causal = 1;
         for (int64_t h = 0; h < 2; ++h)
             for (int64_t r = 0; r < 11 - 4; ++r)
-                for (int64_t d = 0; d < 8; ++d) test_set(&t.q.t, 0, h, r, d, NAN);
-        CHECK(mfa_attention_forward(ctx, &t.params, &t.q.t, &t.k.t, &t.v.t, &t.out.t, &t.lse.t) == MFA_OK,
+                for (int64_t d = 0; d < 8; ++d) test_set(&t.a.q.t, 0, h, r, d, NAN);
+        CHECK(mfa_attention_forward(ctx, &t.params, &t.a.q.t, &t.a.k.t, &t.a.v.t, &t.a.out.t, &t.a.lse.t) == MFA_OK,
               "%s: forward: %s", label, mfa_last_error());
-        CHECK(mfa_attention_backward(ctx, &t.params, &t.q.t, &t.k.t, &t.v.t, &t.out.t, &t.dout.t, &t.lse.t,
-                                     &t.dq.t, &t.dk.t, &t.dv.t) == MFA_OK, "%s: backward: %s", label,
+        CHECK(mfa_attention_backward(ctx, &t.params, &t.a.q.t, &t.a.k.t, &t.a.v.t, &t.a.out.t, &t.a.dout.t, &t.a.lse.t,
+                                     &t.a.dq.t, &t.a.dk.t, &t.a.dv.t) == MFA_OK, "%s: backward: %s", label,
               mfa_last_error());
         expect_empty_rows(label, &t, 0, 11 - 4);
         release(&t);
@@ -327,8 +310,8 @@ static void test_subnormals(mfa_context* ctx, const char* backend, int may_flush
         const double tiny = smallest_normal[i] / 64; /* subnormal in the dtype */
         label_of(label, sizeof label, backend, "subnormal values", dtypes[i]);
         tensors t = make((shape){dtypes[i], 1, 1, 1, 6, 9, 5, 3});
-        scale_all(&t.v, tiny);
-        scale_all(&t.q, tiny);
+        scale_all(&t.a.v, tiny);
+        scale_all(&t.a.q, tiny);
         run(ctx, label, &t, may_flush ? smallest_normal[i] : 0, 0);
         release(&t);
 
@@ -368,11 +351,8 @@ int main(int argc, char** argv) {
     int ran = 0;
     for (size_t i = 0; i < sizeof backends / sizeof backends[0]; ++i) {
         if (!mfa_backend_available(backends[i])) continue;
-        mfa_context* ctx = NULL;
-        if (mfa_context_create(backends[i], NULL, &ctx) != MFA_OK) {
-            CHECK(0, "cannot create a %s context: %s", mfa_backend_name(backends[i]), mfa_last_error());
-            continue;
-        }
+        mfa_context* ctx = test_context(backends[i], NULL, mfa_backend_name(backends[i]));
+        if (!ctx) continue;
         run_section(section, ctx, mfa_backend_name(backends[i]), backends[i] != MFA_BACKEND_CPU);
         mfa_context_destroy(ctx);
         printf("test_edge_numerics %s: %s checked\n", section, mfa_backend_name(backends[i]));

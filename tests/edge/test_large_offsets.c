@@ -121,11 +121,8 @@ int main(void) {
     const mfa_backend backends[] = {MFA_BACKEND_CPU, MFA_BACKEND_METAL_SIM, MFA_BACKEND_METAL};
     for (size_t i = 0; i < sizeof backends / sizeof backends[0]; ++i) {
         if (!mfa_backend_available(backends[i])) continue;
-        mfa_context* ctx = NULL;
-        if (mfa_context_create(backends[i], NULL, &ctx) != MFA_OK) {
-            CHECK(0, "cannot create a %s context: %s", mfa_backend_name(backends[i]), mfa_last_error());
-            continue;
-        }
+        mfa_context* ctx = test_context(backends[i], NULL, mfa_backend_name(backends[i]));
+        if (!ctx) continue;
         for (size_t j = 0; j < sizeof cases / sizeof cases[0]; ++j)
             run_case(ctx, mfa_backend_name(backends[i]), &cases[j]);
         mfa_context_destroy(ctx);

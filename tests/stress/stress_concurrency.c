@@ -92,13 +92,7 @@ static void prepare(prepared* x, const problem* p) {
 }
 
 static mfa_attention_params params_of(const problem* p) {
-    mfa_attention_params params;
-    mfa_attention_params_init(&params);
-    params.causal = p->causal;
-    params.alignment = p->alignment;
-    params.window_left = p->left;
-    params.window_right = p->right;
-    return params;
+    return test_params(p->causal, p->alignment, p->left, p->right, 0);
 }
 
 static void release(prepared* x) {
