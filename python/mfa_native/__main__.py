@@ -1,17 +1,15 @@
 """Command line: ``python -m mfa_native {info,demo,bench}``."""
 
 import argparse
-import gc
 import importlib
 import json
 import math
 import sys
-import time
-import tracemalloc
 
 import numpy as np
 
 import mfa_native
+from mfa_native._measure import measure
 
 _DEMO_SIZES = {
     # (batch, heads, sequence length, head dim)
@@ -66,45 +64,6 @@ def _naive_backward(dout, q, k, v, out, lse, scale, causal):
     return dq, dk, dv
 
 
-def _reset_peak_rss():
-    """Reset the kernel's resident-set high-water mark (Linux: VmHWM). False where impossible."""
-    try:
-        with open("/proc/self/clear_refs", "w") as clear_refs:
-            clear_refs.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _status_kib(field):
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"/proc/self/status has no {field}")
-
-
-def _measure(function):
-    """Run function() once; return (result, (seconds, numpy peak bytes, RSS peak extra bytes)).
-
-    numpy peak: tracemalloc's peak of memory allocated by numpy and Python during the call
-    (libmfa's own C allocations are invisible to it). RSS peak extra: how far the process's
-    resident set rose above its size at the start, from VmHWM after resetting it; None where
-    the high-water mark cannot be reset (it would then include earlier work).
-    """
-    gc.collect()
-    can_reset = _reset_peak_rss()
-    rss_before = _status_kib("VmRSS") if can_reset else None
-    tracemalloc.start()
-    start = time.perf_counter()
-    result = function()
-    seconds = time.perf_counter() - start
-    numpy_peak = tracemalloc.get_traced_memory()[1]
-    tracemalloc.stop()
-    rss_extra = (_status_kib("VmHWM") - rss_before) * 1024 if can_reset else None
-    return result, (seconds, numpy_peak, rss_extra)
-
-
 def _mib(count):
     return "n/a" if count is None else f"{count / 2**20:9.1f} MiB"
 
@@ -127,27 +86,29 @@ def _demo(arguments):
 
     # mfa runs first: the naive version's large temporaries would otherwise stay in the
     # allocator's free lists and hide mfa's resident-set growth.
-    (out, lse), mfa_forward = _measure(lambda: mfa_native.attention(
+    (out, lse), mfa_forward = measure(lambda: mfa_native.attention(
         q, k, v, causal=arguments.causal, return_lse=True, backend=context))
-    grads, mfa_backward = _measure(lambda: mfa_native.attention_backward(
+    grads, mfa_backward = measure(lambda: mfa_native.attention_backward(
         dout, q, k, v, out, lse, causal=arguments.causal, backend=context))
-    (ref_out, ref_lse), naive_forward = _measure(
+    (ref_out, ref_lse), naive_forward = measure(
         lambda: _naive_forward(q, k, v, scale, arguments.causal))
-    ref_grads, naive_backward = _measure(
+    ref_grads, naive_backward = measure(
         lambda: _naive_backward(dout, q, k, v, ref_out, ref_lse, scale, arguments.causal))
     context.close()
 
     print(f"{'':16}{'time':>10}   {'peak extra, numpy (tracemalloc)':>32}   "
           f"{'peak extra, RSS (VmHWM)':>24}")
-    for label, (seconds, numpy_peak, rss_extra) in (
+    for label, cost in (
         ("mfa forward", mfa_forward), ("naive forward", naive_forward),
         ("mfa backward", mfa_backward), ("naive backward", naive_backward),
     ):
-        print(f"{label:16}{seconds:9.3f}s   {_mib(numpy_peak):>32}   {_mib(rss_extra):>24}")
+        print(f"{label:16}{cost.seconds:9.3f}s   {_mib(cost.traced_peak_bytes):>32}   "
+              f"{_mib(cost.resident_rise_bytes):>24}")
+    unmeasured = mfa_forward.resident_rise_bytes is None
     print("numpy (tracemalloc): peak of arrays allocated through numpy/Python during the call, "
           "outputs included.\nRSS (VmHWM): peak rise of the resident set during the call, "
           "libmfa's own allocations included"
-          + ("; n/a: the high-water mark cannot be reset here." if mfa_forward[2] is None else "."))
+          + ("; n/a: the high-water mark cannot be reset here." if unmeasured else "."))
 
     within_tolerance = True
     for name, got, expected in zip(("out", "lse", "dq", "dk", "dv"),

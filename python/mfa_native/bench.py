@@ -98,8 +98,6 @@ machines are noisy: compare peers within one run.
 """
 
 import argparse
-import ctypes
-import gc
 import importlib
 import json
 import math
@@ -112,6 +110,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 import mfa_native
+from mfa_native._measure import pin_mmap_threshold, reset_resident_peak, resident_rise
 
 __all__ = ["main"]
 
@@ -515,27 +514,6 @@ def _measure(peer, function, config, which, arguments):
     return output, result
 
 
-def _pin_mmap_threshold():
-    """Keep glibc from raising its mmap threshold after large frees, which would otherwise keep
-    freed blocks resident and hide later peaks. No effect (and no harm) elsewhere."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL(None)
-        m_mmap_threshold = -3
-        libc.mallopt(m_mmap_threshold, 128 * 1024)
-    except (OSError, AttributeError):
-        pass
-
-
-def _status_kib(field):
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"/proc/self/status has no {field}")
-
-
 def _result_bytes(result):
     if isinstance(result, (tuple, list)):
         return sum(_result_bytes(item) for item in result)
@@ -546,20 +524,13 @@ def _result_bytes(result):
 
 
 def _peak_extra_bytes(function):
-    """Resident-set rise during one call of function, minus what its results occupy; None where
-    the high-water mark cannot be reset."""
-    gc.collect()
-    try:
-        with open("/proc/self/clear_refs", "w") as clear_refs:
-            clear_refs.write("5")
-        before = _status_kib("VmRSS")
-    except OSError:
+    """Resident-set rise during one call of function, minus what its results occupy; None, with
+    no call, where the high-water mark cannot be reset."""
+    baseline = reset_resident_peak()
+    if baseline is None:
         return None
     result = function()
-    peak = _status_kib("VmHWM")
-    extra = (peak - before) * 1024 - _result_bytes(result)
-    del result
-    return max(extra, 0)
+    return max(resident_rise(baseline) - _result_bytes(result), 0)
 
 
 def _gemm_ceiling(size=4096):
@@ -904,7 +875,7 @@ def main(argv=None):
     if "mfa" not in arguments.peers:
         print("bench: mfa must be among --peers", file=sys.stderr)
         return 2
-    _pin_mmap_threshold()
+    pin_mmap_threshold()
     others = [name for name in dict.fromkeys(arguments.peers) if name != "mfa"]
     peers = [mfa] + _other_peers(others, mfa.backend, arguments.threads,
                                  arguments.naive_max_seq)
