@@ -17,7 +17,7 @@
  *
  * Every call must return MFA_OK and finish (ctest's timeout catches a hang). Inputs are built
  * in each case's dtype; the reference reads them back, so it sees exactly the stored values. */
-#include "reference.h"
+#include "test_reference.h"
 
 #include <float.h>
 
@@ -104,7 +104,8 @@ static void run(mfa_context* ctx, const char* label, tensors* t, double slack, i
                                &t->a.lse.t, &t->a.dq.t, &t->a.dk.t, &t->a.dv.t);
     CHECK(s == MFA_OK, "%s: backward: %s", label, mfa_last_error());
     if (s != MFA_OK) return;
-    ref_result g = ref_backward(&p, &t->a.q.t, &t->a.k.t, &t->a.v.t, &t->a.out.t, &t->a.dout.t, &t->a.lse.t);
+    ref_result g = ref_backward(&p, &t->a.q.t, &t->a.k.t, &t->a.v.t, &t->a.out.t, &t->a.dout.t,
+                                &t->a.lse.t, NULL);
     const int64_t m = p.head_dim + p.head_dim_v + p.seq_k + p.seq_q * (p.heads_q / p.heads_kv);
     expect(label, "dq", &t->a.dq, t->s.dtype, g.dq, g.dq_mag, m, g.max_score, slack);
     expect(label, "dk", &t->a.dk, t->s.dtype, g.dk, g.dk_mag, m, g.max_score, slack);
@@ -274,7 +275,8 @@ static void test_non_finite_inputs(mfa_context* ctx, const char* backend) {
                                        &t.a.lse.t, &t.a.dq.t, &t.a.dk.t, &t.a.dv.t);
             CHECK(s == MFA_OK, "%s: backward: %s", label, mfa_last_error());
             if (s == MFA_OK) {
-                ref_result g = ref_backward(&p, &t.a.q.t, &t.a.k.t, &t.a.v.t, &t.a.out.t, &t.a.dout.t, &t.a.lse.t);
+                ref_result g = ref_backward(&p, &t.a.q.t, &t.a.k.t, &t.a.v.t, &t.a.out.t,
+                                            &t.a.dout.t, &t.a.lse.t, NULL);
                 expect_propagated(label, "dq", &t.a.dq, dtypes[i], g.dq, g.dq_mag, 32, g.max_score, 1, group, kv_head);
                 expect_propagated(label, "dk", &t.a.dk, dtypes[i], g.dk, g.dk_mag, 32, g.max_score, 0, group, kv_head);
                 expect_propagated(label, "dv", &t.a.dv, dtypes[i], g.dv, g.dv_mag, 32, g.max_score, 0, group, kv_head);

@@ -13,7 +13,7 @@
 #define _GNU_SOURCE
 #include <sys/mman.h>
 
-#include "reference.h"
+#include "test_reference.h"
 
 #define SPAN ((size_t)1 << 36) /* 64 GiB of address space */
 

@@ -30,7 +30,7 @@
 #include <sys/mman.h>
 
 #include "mfa.h"
-#include "reference.h"
+#include "test_reference.h"
 
 #define POISON 0xA5
 #define MAX_ELEMENTS ((int64_t)1 << 16) /* larger tensors are never allocated */
@@ -583,7 +583,7 @@ static void check_results(const call* c, const ref_problem* p, mfa_dtype dtype) 
         ref_free(&r);
         return;
     }
-    ref_result r = ref_backward(p, &f[Q].t, &f[K].t, &f[V].t, &f[OUT].t, &f[DOUT].t, &f[LSE].t);
+    ref_result r = ref_backward(p, &f[Q].t, &f[K].t, &f[V].t, &f[OUT].t, &f[DOUT].t, &f[LSE].t, NULL);
     const int64_t n = p->head_dim + p->head_dim_v + p->seq_k + p->seq_q * (p->heads_q / p->heads_kv);
     if (!ref_compare(&f[DQ].t, dtype, r.dq, r.dq_mag, n, r.max_score, why, sizeof why)) fail("dq: %s", why);
     if (!ref_compare(&f[DK].t, dtype, r.dk, r.dk_mag, n, r.max_score, why, sizeof why)) fail("dk: %s", why);

@@ -14,7 +14,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-#include "reference.h"
+#include "test_reference.h"
 
 enum { THREADS = 8 };
 
@@ -88,7 +88,7 @@ static void prepare(prepared* x, const problem* p) {
                     test_set(&x->out_in.t, b, h, s, y, (float)x->forward.out[row * p->dv + y]);
             }
     x->backward = ref_backward(&x->ref, &x->q.t, &x->k.t, &x->v.t, &x->out_in.t, &x->dout.t,
-                               &x->lse_in.t);
+                               &x->lse_in.t, NULL);
 }
 
 static mfa_attention_params params_of(const problem* p) {

@@ -1,12 +1,12 @@
-/* A float64 attention reference for the hardening tests (fuzz, stress, edge), written
- * independently of libmfa: explicit scores, softmax and gradients, one query row at a time, read
- * straight from strided mfa_tensor views (any dtype) through tests/c/test_util.h.
+/* The float64 attention reference of every C suite, written independently of libmfa: explicit
+ * scores, softmax and gradients, one query row at a time, read straight from strided mfa_tensor
+ * views (any dtype) through test_util.h, with the visibility rule of mfa.h, GQA and Dv != D.
  *
  * Results are dense double arrays in [b][h][s][d] order. Alongside each result the reference
  * returns its "magnitude": the same sums taken over absolute values, which bounds how much fp32
  * rounding inside the library can move that element (see ref_allowed_error). */
-#ifndef MFA_HARDENING_REFERENCE_H
-#define MFA_HARDENING_REFERENCE_H
+#ifndef MFA_TEST_REFERENCE_H
+#define MFA_TEST_REFERENCE_H
 
 #include <math.h>
 #include <stdint.h>
@@ -109,11 +109,13 @@ static ref_result ref_forward(const ref_problem* p, const mfa_tensor* q, const m
     return r;
 }
 
-/* dq, dk, dv around the given (stored) out and lse, as the backward contract defines them:
- * P = exp(S - lse), delta = rowsum(dout * out), dS = P (dP - delta). */
+/* dq, dk, dv as the backward contract defines them: P = exp(S - lse), delta = rowsum(dout * out),
+ * dS = P (dP - delta). out and lse are read from the given tensors (the stored forward, as the
+ * library's backward sees it) or, where NULL, from `forward` (a ref_forward result): a test that
+ * passes NULL keeps the library's own forward results out of its gradient reference. */
 static ref_result ref_backward(const ref_problem* p, const mfa_tensor* q, const mfa_tensor* k,
                                const mfa_tensor* v, const mfa_tensor* out, const mfa_tensor* dout,
-                               const mfa_tensor* lse) {
+                               const mfa_tensor* lse, const ref_result* forward) {
     ref_result r;
     memset(&r, 0, sizeof r);
     const int64_t group = p->heads_q / p->heads_kv;
@@ -129,11 +131,13 @@ static ref_result ref_backward(const ref_problem* p, const mfa_tensor* q, const 
             const int64_t hk = h / group;
             for (int64_t i = 0; i < p->seq_q; ++i) {
                 const int64_t row = (b * p->heads_q + h) * p->seq_q + i;
-                const double lse_i = test_get(lse, b, h, i, 0);
+                const double lse_i = lse ? test_get(lse, b, h, i, 0) : forward->lse[row];
                 if (ref_scores(p, q, k, b, h, i, s, &r.max_score) == -INFINITY) continue;
                 double delta = 0, delta_mag = 0;
                 for (int64_t y = 0; y < p->head_dim_v; ++y) {
-                    const double t = test_get(dout, b, h, i, y) * test_get(out, b, h, i, y);
+                    const double out_y =
+                        out ? test_get(out, b, h, i, y) : forward->out[row * p->head_dim_v + y];
+                    const double t = test_get(dout, b, h, i, y) * out_y;
                     delta += t;
                     delta_mag += fabs(t);
                 }
