@@ -4,61 +4,21 @@ mfa's own forward pass, on every available backend."""
 import numpy as np
 import pytest
 
+import _cases
 import mfa_native
 import reference
 from _backends import DTYPES, Case, backend_only_params, backend_params, check_backward
 
-CASES = [
-    Case(1, 1, 1, 1),
-    Case(1, 1000, 64, 64, query_heads=4, kv_heads=1, causal=True, dtype="f16"),
-    # Bottom-right causal with Nq > Nk: rows without keys must get zero gradients.
-    Case(1000, 7, 8, 3, query_heads=2, kv_heads=2, causal=True, dtype="bf16"),
-    Case(7, 129, 3, 8, query_heads=2, kv_heads=1, causal=True, causal_alignment="top_left"),
-    Case(129, 64, 33, 80, query_heads=4, kv_heads=2, window=(16, 0), dtype="f16"),
-    Case(64, 129, 80, 33, batch=2, window=(3, 5), causal_alignment="top_left", dtype="bf16"),
-    Case(2, 7, 96, 128, query_heads=3, kv_heads=1, window=(0, 0)),
-    Case(129, 129, 128, 96, query_heads=2, kv_heads=1, causal=True, dtype="bf16"),
+CASES = _cases.CASES + [
     Case(1000, 1000, 64, 32, causal=True),
-    Case(7, 2, 192, 256, query_heads=2, kv_heads=2, window=(1, None), causal_alignment="top_left",
-         dtype="f16"),
     Case(129, 1000, 256, 192, window=(100, 100)),
-    Case(64, 7, 512, 512, causal=True, causal_alignment="top_left", dtype="bf16"),
-    Case(2, 1, 33, 1, query_heads=2, kv_heads=1, scale=2.5),
-    Case(129, 129, 64, 80, causal=True, window=(10, -1), scale=0.9, dtype="f16"),
-    Case(1000, 64, 96, 80, window=(0, 2), causal_alignment="top_left", dtype="bf16"),
-    Case(7, 7, 1, 3, batch=3, causal=True, scale=-0.5, dtype="f16"),
-    Case(64, 1000, 192, 8, query_heads=4, kv_heads=2, window=(None, 10)),
-    # Nearly one-hot rows: the running maximum changes late and exp underflows for most keys.
-    Case(129, 1000, 64, 64, scale=3.0, dtype="bf16"),
-    Case(1000, 129, 64, 48, batch=2, query_heads=6, kv_heads=2, causal=True,
-         causal_alignment="top_left"),
-    Case(17, 40, 40, 24, batch=5, query_heads=7, kv_heads=7, causal=True),
-    Case(17, 40, 24, 40, batch=2, query_heads=16, kv_heads=1, window=(3, 3), dtype="f16"),
 ]
 
-# As in test_attention_forward.py, head dimensions fall into every row of the planner's
+# With the case added here, the simulator's head dimensions fall into every row of the planner's
 # backward tables (f32: <= 16, 24, 32, 56, 64, 128, 192, 384 and beyond; 16-bit: <= 16, 32,
-# 56, 80, 144, 192, 384 and beyond) and lengths are off the block sizes.
-SIMULATOR_CASES = [
-    Case(1, 1, 1, 1),
-    Case(7, 33, 12, 8, query_heads=2, kv_heads=2, window=(2, 2)),
-    Case(64, 64, 28, 12, causal=True),
-    Case(33, 129, 33, 80, window=(16, 0)),
-    Case(129, 129, 128, 128, causal=True, window=(40, -1), scale=0.3),
-    Case(33, 33, 256, 200, window=(None, 0)),
-    Case(2, 64, 512, 512, query_heads=2, kv_heads=1),
-    Case(33, 7, 3, 1, query_heads=3, kv_heads=1, scale=2.0, dtype="f16"),
-    Case(7, 129, 33, 80, query_heads=2, kv_heads=1, causal=True, dtype="f16"),
+# 56, 80, 144, 192, 384 and beyond).
+SIMULATOR_CASES = _cases.SIMULATOR_CASES + [
     Case(64, 33, 80, 64, query_heads=4, kv_heads=2, window=(8, 8), dtype="f16"),
-    Case(33, 64, 128, 128, causal=True, causal_alignment="top_left", dtype="f16"),
-    Case(2, 7, 192, 256, window=(1, 1), causal_alignment="top_left", dtype="f16"),
-    Case(129, 33, 8, 3, query_heads=4, kv_heads=2, causal=True, causal_alignment="top_left",
-         dtype="bf16"),
-    Case(1, 129, 256, 64, query_heads=4, kv_heads=1, dtype="bf16"),
-    Case(7, 2, 512, 96, causal=True, dtype="bf16"),
-    # Long sequences: decoding against many keys, and many queries of which most see nothing.
-    Case(1, 1000, 64, 64, query_heads=4, kv_heads=1, causal=True, dtype="f16"),
-    Case(1000, 7, 8, 3, query_heads=2, kv_heads=2, causal=True, dtype="bf16"),
 ]
 
 
@@ -103,9 +63,7 @@ def test_backward_of_the_backends_own_forward(backend, case):
 @pytest.mark.parametrize("backend", backend_only_params())
 def test_backward_at_the_largest_advertised_head_dim(backend):
     context = backend.context()
-    head_dim = context.capabilities["max_head_dim"]
-    check_forward_then_backward(Case(9, 17, head_dim, head_dim - 24, causal=True, dtype="bf16"),
-                                context)
+    check_forward_then_backward(_cases.at_the_largest_head_dim(context), context)
 
 
 # Tiny f32 problems for finite differences: mixed masks, GQA, Dv != D, and a row without keys.
