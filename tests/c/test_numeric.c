@@ -71,10 +71,10 @@ static void run(mfa_context* ctx, const char* backend, const config* c) {
     test_attention t =
         test_attention_make(c->dtype, c->b, c->hq, c->hkv, c->nq, c->nk, c->d, c->dv, c->bshd);
     /* NaN-poison the outputs: every element must be written. */
-    memset(t.out.storage, 0xff, t.out.bytes);
-    memset(t.dq.storage, 0xff, t.dq.bytes);
-    memset(t.dk.storage, 0xff, t.dk.bytes);
-    memset(t.dv.storage, 0xff, t.dv.bytes);
+    test_fill_nan(&t.out);
+    test_fill_nan(&t.dq);
+    test_fill_nan(&t.dk);
+    test_fill_nan(&t.dv);
 
     const mfa_attention_params params =
         test_params(c->causal, c->alignment, c->left, c->right, c->scale);

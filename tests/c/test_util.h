@@ -86,7 +86,12 @@ static float test_bf16_to_f32(uint16_t b) {
     return f;
 }
 
-/* A test tensor owning its storage. Layout "bhsd" (0) or "bshd" (1). */
+/* Memory layouts of a test tensor: [B, H, S, D] ("bhsd"), [B, S, H, D] ("bshd"), or bhsd with
+ * the sequence reversed through a negative stride. */
+typedef enum test_layout { TEST_BHSD = 0, TEST_BSHD = 1, TEST_REVERSED = 2 } test_layout;
+
+/* A test tensor owning its storage, which is exactly the tensor's extent so that
+ * AddressSanitizer builds catch any access outside it. */
 typedef struct test_tensor {
     mfa_tensor t;
     void* storage;
@@ -94,12 +99,12 @@ typedef struct test_tensor {
 } test_tensor;
 
 static test_tensor test_tensor_make(mfa_dtype dtype, int64_t b, int64_t h, int64_t s, int64_t d,
-                                    int bshd) {
+                                    test_layout layout) {
     test_tensor x;
     memset(&x, 0, sizeof x);
     x.t.dtype = dtype;
     x.t.shape[0] = b; x.t.shape[1] = h; x.t.shape[2] = s; x.t.shape[3] = d;
-    if (bshd) {
+    if (layout == TEST_BSHD) {
         x.t.strides[3] = 1; x.t.strides[1] = d; x.t.strides[2] = h * d; x.t.strides[0] = s * h * d;
     } else {
         x.t.strides[3] = 1; x.t.strides[2] = d; x.t.strides[1] = s * d; x.t.strides[0] = h * s * d;
@@ -107,6 +112,10 @@ static test_tensor test_tensor_make(mfa_dtype dtype, int64_t b, int64_t h, int64
     x.bytes = (size_t)(b * h * s * d) * mfa_dtype_size(dtype);
     x.storage = malloc(x.bytes);
     x.t.data = x.storage;
+    if (layout == TEST_REVERSED && s > 0) {
+        x.t.data = (char*)x.storage + (size_t)((s - 1) * d) * mfa_dtype_size(dtype);
+        x.t.strides[2] = -d;
+    }
     return x;
 }
 
@@ -140,6 +149,10 @@ static void test_fill_random(test_tensor* x) {
                     test_set(&x->t, b, h, s, d, (float)test_uniform());
 }
 
+/* NaN in every element (all-ones bits in every dtype): an output element the library does not
+ * write shows. */
+static void test_fill_nan(test_tensor* x) { memset(x->storage, 0xff, x->bytes); }
+
 static void test_tensor_free(test_tensor* x) { free(x->storage); x->storage = NULL; }
 
 /* The nine tensors of one forward + backward call, in one dtype and layout (lse: f32, bhsd),
@@ -149,17 +162,18 @@ typedef struct test_attention {
 } test_attention;
 
 static test_attention test_attention_make(mfa_dtype dtype, int64_t b, int64_t hq, int64_t hkv,
-                                          int64_t nq, int64_t nk, int64_t d, int64_t dv, int bshd) {
+                                          int64_t nq, int64_t nk, int64_t d, int64_t dv,
+                                          test_layout layout) {
     test_attention a;
-    a.q = test_tensor_make(dtype, b, hq, nq, d, bshd);
-    a.k = test_tensor_make(dtype, b, hkv, nk, d, bshd);
-    a.v = test_tensor_make(dtype, b, hkv, nk, dv, bshd);
-    a.out = test_tensor_make(dtype, b, hq, nq, dv, bshd);
+    a.q = test_tensor_make(dtype, b, hq, nq, d, layout);
+    a.k = test_tensor_make(dtype, b, hkv, nk, d, layout);
+    a.v = test_tensor_make(dtype, b, hkv, nk, dv, layout);
+    a.out = test_tensor_make(dtype, b, hq, nq, dv, layout);
     a.lse = test_tensor_make(MFA_DTYPE_F32, b, hq, nq, 1, 0);
-    a.dout = test_tensor_make(dtype, b, hq, nq, dv, bshd);
-    a.dq = test_tensor_make(dtype, b, hq, nq, d, bshd);
-    a.dk = test_tensor_make(dtype, b, hkv, nk, d, bshd);
-    a.dv = test_tensor_make(dtype, b, hkv, nk, dv, bshd);
+    a.dout = test_tensor_make(dtype, b, hq, nq, dv, layout);
+    a.dq = test_tensor_make(dtype, b, hq, nq, d, layout);
+    a.dk = test_tensor_make(dtype, b, hkv, nk, d, layout);
+    a.dv = test_tensor_make(dtype, b, hkv, nk, dv, layout);
     test_fill_random(&a.q);
     test_fill_random(&a.k);
     test_fill_random(&a.v);

@@ -1,11 +1,11 @@
 /*
- * The attention kernels on metal-sim, through the public C API, against a float64 reference
- * written here. Cases are chosen to reach every kernel path rather than to be large: sequence
- * lengths that are not multiples of any block, D % 8 != 0, head dimensions that force the
- * uncached slab and split output columns, causal masks in both alignments (including rows that
- * see no key), sliding windows, GQA and MQA (including decode shapes, where the forward packs a
- * group's query heads into one threadgroup), Dv != D, strided and reversed views, f32/f16/bf16,
- * and every simulated family's tables.
+ * The attention kernels on metal-sim, through the public C API, against the float64 reference
+ * of tests/c/test_reference.h. Cases are chosen to reach every kernel path rather than to be
+ * large: sequence lengths that are not multiples of any block, D % 8 != 0, head dimensions that
+ * force the uncached slab and split output columns, causal masks in both alignments (including
+ * rows that see no key), sliding windows, GQA and MQA (including decode shapes, where the
+ * forward packs a group's query heads into one threadgroup), Dv != D, strided and reversed
+ * views, f32/f16/bf16, and every simulated family's tables.
  *
  * Tolerance model: the kernels compute in f32 from the dtype-rounded inputs (which the
  * reference also uses), so the error is f32 accumulation (~1e-5 relative for these sizes)
@@ -19,134 +19,9 @@
  * is O(1) even when the result itself cancels to (near) zero, as dQ and dK do when a row sees a
  * single key.
  */
-#include <math.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
-#include "mfa.h"
-
-static int failures = 0;
-
-#define CHECK(cond, ...)                                                               \
-    do {                                                                               \
-        if (!(cond)) {                                                                 \
-            fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, #cond);  \
-            fprintf(stderr, __VA_ARGS__);                                              \
-            fprintf(stderr, "\n");                                                     \
-            ++failures;                                                                \
-        }                                                                              \
-    } while (0)
-
-/* ---- dtype conversions, independent of the library ---- */
-
-static double bf16_to_double(uint16_t bits) {
-    uint32_t x = (uint32_t)bits << 16;
-    float f;
-    memcpy(&f, &x, 4);
-    return f;
-}
-
-static uint16_t double_to_bf16(double value) {
-    float f = (float)value;
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    x += 0x7fffu + ((x >> 16) & 1u);
-    return (uint16_t)(x >> 16);
-}
-
-static size_t dtype_size(mfa_dtype t) { return t == MFA_DTYPE_F32 ? 4 : 2; }
-
-static double read_elem(const void* base, int64_t index, mfa_dtype t) {
-    switch (t) {
-    case MFA_DTYPE_F16: return (double)((const _Float16*)base)[index];
-    case MFA_DTYPE_BF16: return bf16_to_double(((const uint16_t*)base)[index]);
-    default: return ((const float*)base)[index];
-    }
-}
-
-static void write_elem(void* base, int64_t index, mfa_dtype t, double value) {
-    switch (t) {
-    case MFA_DTYPE_F16: ((_Float16*)base)[index] = (_Float16)value; break;
-    case MFA_DTYPE_BF16: ((uint16_t*)base)[index] = double_to_bf16(value); break;
-    default: ((float*)base)[index] = (float)value; break;
-    }
-}
-
-static uint64_t rng = 0x243F6A8885A308D3ull;
-static double uniform(void) { /* [-1, 1) */
-    rng ^= rng >> 12;
-    rng ^= rng << 25;
-    rng ^= rng >> 27;
-    return (double)((rng * 0x2545F4914F6CDD1Dull) >> 11) * (2.0 / 9007199254740992.0) - 1.0;
-}
-
-/* ---- strided tensors ---- */
-
-/* A tensor inside its own allocation, with a layout (bhsd, bshd, or bhsd with the sequence
- * reversed through a negative stride). The allocation is exactly the tensor's extent so that
- * AddressSanitizer builds catch any access outside it. */
-typedef enum layout { BHSD, BSHD, REVERSED } layout;
-
-typedef struct tensor {
-    mfa_tensor t;
-    void* alloc;
-} tensor;
-
-static tensor make_tensor(mfa_dtype dtype, int64_t b, int64_t h, int64_t s, int64_t d, layout l) {
-    tensor x;
-    memset(&x, 0, sizeof x);
-    x.t.dtype = dtype;
-    x.t.shape[0] = b;
-    x.t.shape[1] = h;
-    x.t.shape[2] = s;
-    x.t.shape[3] = d;
-    const int64_t n = b * h * s * d;
-    x.alloc = malloc((size_t)(n ? n : 1) * dtype_size(dtype));
-    char* base = x.alloc;
-    if (l == BSHD) {
-        x.t.strides[0] = s * h * d;
-        x.t.strides[1] = d;
-        x.t.strides[2] = h * d;
-        x.t.strides[3] = 1;
-    } else {
-        x.t.strides[0] = h * s * d;
-        x.t.strides[1] = s * d;
-        x.t.strides[2] = d;
-        x.t.strides[3] = 1;
-    }
-    if (l == REVERSED && s > 0) {
-        base += (size_t)((s - 1) * d) * dtype_size(dtype);
-        x.t.strides[2] = -d;
-    }
-    x.t.data = base;
-    return x;
-}
-
-static int64_t offset_of(const mfa_tensor* t, int64_t b, int64_t h, int64_t s, int64_t d) {
-    return b * t->strides[0] + h * t->strides[1] + s * t->strides[2] + d * t->strides[3];
-}
-
-static double get(const tensor* x, int64_t b, int64_t h, int64_t s, int64_t d) {
-    return read_elem(x->t.data, offset_of(&x->t, b, h, s, d), x->t.dtype);
-}
-
-static void fill_random(tensor* x) {
-    for (int64_t b = 0; b < x->t.shape[0]; ++b)
-        for (int64_t h = 0; h < x->t.shape[1]; ++h)
-            for (int64_t s = 0; s < x->t.shape[2]; ++s)
-                for (int64_t d = 0; d < x->t.shape[3]; ++d)
-                    write_elem(x->t.data, offset_of(&x->t, b, h, s, d), x->t.dtype, uniform());
-}
-
-static void fill_nan(tensor* x) {
-    for (int64_t b = 0; b < x->t.shape[0]; ++b)
-        for (int64_t h = 0; h < x->t.shape[1]; ++h)
-            for (int64_t s = 0; s < x->t.shape[2]; ++s)
-                for (int64_t d = 0; d < x->t.shape[3]; ++d)
-                    write_elem(x->t.data, offset_of(&x->t, b, h, s, d), x->t.dtype, NAN);
-}
+/* The planner's CMakeLists.txt (native/src/planner) builds this suite without tests/c on the
+ * include path, so the shared helpers are reached relative to this file. */
+#include "../c/test_reference.h"
 
 /* ---- the case ---- */
 
@@ -159,37 +34,27 @@ typedef struct attention_case {
     mfa_alignment alignment;
     int64_t window_left, window_right;
     float scale; /* 0: default */
-    layout q_layout, kv_layout;
+    test_layout q_layout, kv_layout;
     int with_lse;
     int backward;
     uint64_t schedule_seed;
 } attention_case;
 
-static int visible(const attention_case* c, int64_t i, int64_t j) {
-    const int64_t p = i + (c->alignment == MFA_ALIGN_BOTTOM_RIGHT ? c->nk - c->nq : 0);
-    if (c->causal && j > p) return 0;
-    if (c->window_left >= 0 && j < p - c->window_left) return 0;
-    if (c->window_right >= 0 && j > p + c->window_right) return 0;
-    return 1;
-}
-
 /* Compares one tensor against a reference array in (b, h, s, d) order. */
-static void compare(const char* case_name, const char* what, const tensor* got, const double* ref,
+static void compare(const char* case_name, const char* what, const test_tensor* got, const double* ref,
                     mfa_dtype out_dtype) {
     const double rtol = out_dtype == MFA_DTYPE_F32 ? 1e-4 : out_dtype == MFA_DTYPE_F16 ? 0x1p-10 : 0x1p-7;
     const double atol = out_dtype == MFA_DTYPE_F32 ? 2e-5 : out_dtype == MFA_DTYPE_F16 ? 2e-4 : 2e-3;
     const mfa_tensor* t = &got->t;
     const int64_t n = t->shape[0] * t->shape[1] * t->shape[2] * t->shape[3];
-    double ref_max = 1;
-    for (int64_t i = 0; i < n; ++i)
-        if (isfinite(ref[i]) && fabs(ref[i]) > ref_max) ref_max = fabs(ref[i]);
+    const double ref_max = fmax(1, ref_max_abs(ref, n));
     int64_t bad = 0, idx = 0;
     double worst = 0;
     for (int64_t b = 0; b < t->shape[0]; ++b)
         for (int64_t h = 0; h < t->shape[1]; ++h)
             for (int64_t s = 0; s < t->shape[2]; ++s)
                 for (int64_t d = 0; d < t->shape[3]; ++d, ++idx) {
-                    const double g = get(got, b, h, s, d), r = ref[idx];
+                    const double g = test_get(t, b, h, s, d), r = ref[idx];
                     int ok;
                     if (isinf(r)) ok = g == r;
                     else ok = isfinite(g) && fabs(g - r) <= rtol * fabs(r) + atol * ref_max;
@@ -211,132 +76,69 @@ static void run_case(const attention_case* c) {
     mfa_context_options_init(&options);
     options.gpu_family = c->family;
     options.sim_schedule_seed = c->schedule_seed;
-    mfa_context* ctx = NULL;
-    mfa_status status = mfa_context_create(MFA_BACKEND_METAL_SIM, &options, &ctx);
-    CHECK(status == MFA_OK, "%s: context: %s", c->name, mfa_last_error());
-    if (status != MFA_OK) return;
+    mfa_context* ctx = test_context(MFA_BACKEND_METAL_SIM, &options, c->name);
+    if (!ctx) return;
 
-    mfa_attention_params params;
-    mfa_attention_params_init(&params);
-    params.causal = c->causal;
-    params.alignment = c->alignment;
-    params.window_left = c->window_left;
-    params.window_right = c->window_right;
-    params.scale = c->scale;
-    const double scale = c->scale != 0 ? c->scale : 1.0 / sqrt((double)c->d);
+    const mfa_attention_params params =
+        test_params(c->causal, c->alignment, c->window_left, c->window_right, c->scale);
+    const ref_problem p = {c->b, c->hq, c->hkv, c->nq, c->nk, c->d, c->dv,
+                           c->scale != 0 ? c->scale : 1.0 / sqrt((double)c->d),
+                           c->causal, c->alignment, c->window_left, c->window_right};
 
-    tensor q = make_tensor(c->dtype, c->b, c->hq, c->nq, c->d, c->q_layout);
-    tensor k = make_tensor(c->dtype, c->b, c->hkv, c->nk, c->d, c->kv_layout);
-    tensor v = make_tensor(c->dtype, c->b, c->hkv, c->nk, c->dv, c->kv_layout);
-    tensor o = make_tensor(c->dtype, c->b, c->hq, c->nq, c->dv, c->q_layout);
-    tensor lse = make_tensor(MFA_DTYPE_F32, c->b, c->hq, c->nq, 1, BHSD);
-    fill_random(&q);
-    fill_random(&k);
-    fill_random(&v);
-    fill_nan(&o);
-    fill_nan(&lse);
+    test_tensor q = test_tensor_make(c->dtype, c->b, c->hq, c->nq, c->d, c->q_layout);
+    test_tensor k = test_tensor_make(c->dtype, c->b, c->hkv, c->nk, c->d, c->kv_layout);
+    test_tensor v = test_tensor_make(c->dtype, c->b, c->hkv, c->nk, c->dv, c->kv_layout);
+    test_tensor o = test_tensor_make(c->dtype, c->b, c->hq, c->nq, c->dv, c->q_layout);
+    test_tensor lse = test_tensor_make(MFA_DTYPE_F32, c->b, c->hq, c->nq, 1, TEST_BHSD);
+    test_fill_random(&q);
+    test_fill_random(&k);
+    test_fill_random(&v);
+    test_fill_nan(&o);
+    test_fill_nan(&lse);
     const int need_lse = c->with_lse || c->backward;
-    status = mfa_attention_forward(ctx, &params, &q.t, &k.t, &v.t, &o.t, need_lse ? &lse.t : NULL);
+    mfa_status status =
+        mfa_attention_forward(ctx, &params, &q.t, &k.t, &v.t, &o.t, need_lse ? &lse.t : NULL);
     CHECK(status == MFA_OK, "%s: forward: %s", c->name, mfa_last_error());
 
     /* float64 reference from the rounded inputs */
-    const int64_t group = c->hq / c->hkv;
-    const int64_t rows = c->b * c->hq * c->nq;
-    double* ref_o = calloc((size_t)(rows * c->dv + 1), sizeof(double));
-    double* ref_l = calloc((size_t)(rows + 1), sizeof(double));
-    double* p = calloc((size_t)(c->nk + 1), sizeof(double));
-    for (int64_t b = 0; b < c->b; ++b)
-        for (int64_t h = 0; h < c->hq; ++h)
-            for (int64_t i = 0; i < c->nq; ++i) {
-                const int64_t row = (b * c->hq + h) * c->nq + i, hk = h / group;
-                double m = -INFINITY;
-                for (int64_t j = 0; j < c->nk; ++j) {
-                    if (!visible(c, i, j)) {
-                        p[j] = -INFINITY;
-                        continue;
-                    }
-                    double s = 0;
-                    for (int64_t d = 0; d < c->d; ++d) s += get(&q, b, h, i, d) * get(&k, b, hk, j, d);
-                    p[j] = s * scale;
-                    if (p[j] > m) m = p[j];
-                }
-                double sum = 0;
-                for (int64_t j = 0; j < c->nk; ++j) {
-                    p[j] = isinf(p[j]) ? 0 : exp(p[j] - m);
-                    sum += p[j];
-                }
-                ref_l[row] = sum > 0 ? m + log(sum) : -INFINITY;
-                for (int64_t d = 0; d < c->dv; ++d) {
-                    double acc = 0;
-                    for (int64_t j = 0; j < c->nk; ++j) acc += p[j] * get(&v, b, hk, j, d);
-                    ref_o[row * c->dv + d] = sum > 0 ? acc / sum : 0;
-                }
-            }
+    ref_result fwd = ref_forward(&p, &q.t, &k.t, &v.t);
     if (status == MFA_OK) {
-        compare(c->name, "out", &o, ref_o, c->dtype);
-        if (need_lse) compare(c->name, "lse", &lse, ref_l, MFA_DTYPE_F32);
+        compare(c->name, "out", &o, fwd.out, c->dtype);
+        if (need_lse) compare(c->name, "lse", &lse, fwd.lse, MFA_DTYPE_F32);
     }
 
     if (c->backward && status == MFA_OK) {
-        tensor dout = make_tensor(c->dtype, c->b, c->hq, c->nq, c->dv, c->q_layout);
-        tensor dq = make_tensor(c->dtype, c->b, c->hq, c->nq, c->d, c->q_layout);
-        tensor dk = make_tensor(c->dtype, c->b, c->hkv, c->nk, c->d, c->kv_layout);
-        tensor dv = make_tensor(c->dtype, c->b, c->hkv, c->nk, c->dv, c->kv_layout);
-        fill_random(&dout);
-        fill_nan(&dq);
-        fill_nan(&dk);
-        fill_nan(&dv);
+        test_tensor dout = test_tensor_make(c->dtype, c->b, c->hq, c->nq, c->dv, c->q_layout);
+        test_tensor dq = test_tensor_make(c->dtype, c->b, c->hq, c->nq, c->d, c->q_layout);
+        test_tensor dk = test_tensor_make(c->dtype, c->b, c->hkv, c->nk, c->d, c->kv_layout);
+        test_tensor dv = test_tensor_make(c->dtype, c->b, c->hkv, c->nk, c->dv, c->kv_layout);
+        test_fill_random(&dout);
+        test_fill_nan(&dq);
+        test_fill_nan(&dk);
+        test_fill_nan(&dv);
         status = mfa_attention_backward(ctx, &params, &q.t, &k.t, &v.t, &o.t, &dout.t, &lse.t,
                                         &dq.t, &dk.t, &dv.t);
         CHECK(status == MFA_OK, "%s: backward: %s", c->name, mfa_last_error());
-        /* Reference gradients; D uses the out tensor as given, as the API defines. */
-        double* ref_dq = calloc((size_t)(rows * c->d + 1), sizeof(double));
-        double* ref_dk = calloc((size_t)(c->b * c->hkv * c->nk * c->d + 1), sizeof(double));
-        double* ref_dv = calloc((size_t)(c->b * c->hkv * c->nk * c->dv + 1), sizeof(double));
-        for (int64_t b = 0; b < c->b; ++b)
-            for (int64_t h = 0; h < c->hq; ++h)
-                for (int64_t i = 0; i < c->nq; ++i) {
-                    const int64_t row = (b * c->hq + h) * c->nq + i, hk = h / group;
-                    if (isinf(ref_l[row])) continue;
-                    double delta = 0;
-                    for (int64_t d = 0; d < c->dv; ++d) delta += get(&dout, b, h, i, d) * get(&o, b, h, i, d);
-                    for (int64_t j = 0; j < c->nk; ++j) {
-                        if (!visible(c, i, j)) continue;
-                        double s = 0, dp = 0;
-                        for (int64_t d = 0; d < c->d; ++d) s += get(&q, b, h, i, d) * get(&k, b, hk, j, d);
-                        const double pij = exp(s * scale - ref_l[row]);
-                        for (int64_t d = 0; d < c->dv; ++d) dp += get(&dout, b, h, i, d) * get(&v, b, hk, j, d);
-                        const double ds = pij * (dp - delta);
-                        const int64_t krow = (b * c->hkv + hk) * c->nk + j;
-                        for (int64_t d = 0; d < c->d; ++d) {
-                            ref_dq[row * c->d + d] += scale * ds * get(&k, b, hk, j, d);
-                            ref_dk[krow * c->d + d] += scale * ds * get(&q, b, h, i, d);
-                        }
-                        for (int64_t d = 0; d < c->dv; ++d)
-                            ref_dv[krow * c->dv + d] += pij * get(&dout, b, h, i, d);
-                    }
-                }
+        /* Reference gradients; D uses the out tensor as given, as the API defines, and P the
+         * reference's own lse. */
+        ref_result grad = ref_backward(&p, &q.t, &k.t, &v.t, &o.t, &dout.t, NULL, &fwd);
         if (status == MFA_OK) {
-            compare(c->name, "dq", &dq, ref_dq, c->dtype);
-            compare(c->name, "dk", &dk, ref_dk, c->dtype);
-            compare(c->name, "dv", &dv, ref_dv, c->dtype);
+            compare(c->name, "dq", &dq, grad.dq, c->dtype);
+            compare(c->name, "dk", &dk, grad.dk, c->dtype);
+            compare(c->name, "dv", &dv, grad.dv, c->dtype);
         }
-        free(ref_dq);
-        free(ref_dk);
-        free(ref_dv);
-        free(dout.alloc);
-        free(dq.alloc);
-        free(dk.alloc);
-        free(dv.alloc);
+        ref_free(&grad);
+        test_tensor_free(&dout);
+        test_tensor_free(&dq);
+        test_tensor_free(&dk);
+        test_tensor_free(&dv);
     }
-    free(ref_o);
-    free(ref_l);
-    free(p);
-    free(q.alloc);
-    free(k.alloc);
-    free(v.alloc);
-    free(o.alloc);
-    free(lse.alloc);
+    ref_free(&fwd);
+    test_tensor_free(&q);
+    test_tensor_free(&k);
+    test_tensor_free(&v);
+    test_tensor_free(&o);
+    test_tensor_free(&lse);
     mfa_context_destroy(ctx);
 }
 
@@ -348,18 +150,15 @@ static void test_bf16_ties(void) {
     /* pairs (v0, v1) as bf16 bit patterns; 0x3f80 = 1.0, one bf16 ulp at 1.0 is 2^-7 */
     static const uint16_t v0[4] = {0x3f80, 0x3f81, 0xbf81, 0x3f80};
     static const uint16_t v1[4] = {0x3f81, 0x3f82, 0xbf82, 0x3f84};
-    mfa_context* ctx = NULL;
-    if (mfa_context_create(MFA_BACKEND_METAL_SIM, NULL, &ctx) != MFA_OK) {
-        CHECK(0, "bf16 ties: context: %s", mfa_last_error());
-        return;
-    }
-    tensor q = make_tensor(MFA_DTYPE_BF16, 1, 1, 1, 1, BHSD);
-    tensor k = make_tensor(MFA_DTYPE_BF16, 1, 1, 2, 1, BHSD);
-    tensor v = make_tensor(MFA_DTYPE_BF16, 1, 1, 2, 4, BHSD);
-    tensor o = make_tensor(MFA_DTYPE_BF16, 1, 1, 1, 4, BHSD);
+    mfa_context* ctx = test_context(MFA_BACKEND_METAL_SIM, NULL, "bf16 ties");
+    if (!ctx) return;
+    test_tensor q = test_tensor_make(MFA_DTYPE_BF16, 1, 1, 1, 1, TEST_BHSD);
+    test_tensor k = test_tensor_make(MFA_DTYPE_BF16, 1, 1, 2, 1, TEST_BHSD);
+    test_tensor v = test_tensor_make(MFA_DTYPE_BF16, 1, 1, 2, 4, TEST_BHSD);
+    test_tensor o = test_tensor_make(MFA_DTYPE_BF16, 1, 1, 1, 4, TEST_BHSD);
     ((uint16_t*)q.t.data)[0] = 0;
-    ((uint16_t*)k.t.data)[0] = double_to_bf16(0.5);
-    ((uint16_t*)k.t.data)[1] = double_to_bf16(-0.25);
+    ((uint16_t*)k.t.data)[0] = test_f32_to_bf16(0.5f);
+    ((uint16_t*)k.t.data)[1] = test_f32_to_bf16(-0.25f);
     for (int d = 0; d < 4; ++d) {
         ((uint16_t*)v.t.data)[d] = v0[d];
         ((uint16_t*)v.t.data)[4 + d] = v1[d];
@@ -367,15 +166,16 @@ static void test_bf16_ties(void) {
     mfa_status status = mfa_attention_forward(ctx, NULL, &q.t, &k.t, &v.t, &o.t, NULL);
     CHECK(status == MFA_OK, "bf16 ties: forward: %s", mfa_last_error());
     for (int d = 0; d < 4 && status == MFA_OK; ++d) {
-        const double mean = (bf16_to_double(v0[d]) + bf16_to_double(v1[d])) / 2;
-        const uint16_t expected = double_to_bf16(mean), got = ((uint16_t*)o.t.data)[d];
+        /* exact in f32: two bf16 values and their halved sum */
+        const float mean = (test_bf16_to_f32(v0[d]) + test_bf16_to_f32(v1[d])) / 2;
+        const uint16_t expected = test_f32_to_bf16(mean), got = ((uint16_t*)o.t.data)[d];
         CHECK(got == expected, "bf16 ties: out[%d] = 0x%04x, expected 0x%04x (mean %.9g)", d, got,
               expected, mean);
     }
-    free(q.alloc);
-    free(k.alloc);
-    free(v.alloc);
-    free(o.alloc);
+    test_tensor_free(&q);
+    test_tensor_free(&k);
+    test_tensor_free(&v);
+    test_tensor_free(&o);
     mfa_context_destroy(ctx);
 }
 
@@ -383,16 +183,13 @@ static void test_bf16_ties(void) {
  * keys: scores -1e30, -3e30, -2e30 (q = 1, k as given, scale 1) give out = v[0] and
  * lse = -1e30 exactly (the other terms are exp(-1e30) = 0). */
 static void test_very_negative_scores(void) {
-    mfa_context* ctx = NULL;
-    if (mfa_context_create(MFA_BACKEND_METAL_SIM, NULL, &ctx) != MFA_OK) {
-        CHECK(0, "very negative scores: context: %s", mfa_last_error());
-        return;
-    }
-    tensor q = make_tensor(MFA_DTYPE_F32, 1, 1, 1, 1, BHSD);
-    tensor k = make_tensor(MFA_DTYPE_F32, 1, 1, 3, 1, BHSD);
-    tensor v = make_tensor(MFA_DTYPE_F32, 1, 1, 3, 2, BHSD);
-    tensor o = make_tensor(MFA_DTYPE_F32, 1, 1, 1, 2, BHSD);
-    tensor lse = make_tensor(MFA_DTYPE_F32, 1, 1, 1, 1, BHSD);
+    mfa_context* ctx = test_context(MFA_BACKEND_METAL_SIM, NULL, "very negative scores");
+    if (!ctx) return;
+    test_tensor q = test_tensor_make(MFA_DTYPE_F32, 1, 1, 1, 1, TEST_BHSD);
+    test_tensor k = test_tensor_make(MFA_DTYPE_F32, 1, 1, 3, 1, TEST_BHSD);
+    test_tensor v = test_tensor_make(MFA_DTYPE_F32, 1, 1, 3, 2, TEST_BHSD);
+    test_tensor o = test_tensor_make(MFA_DTYPE_F32, 1, 1, 1, 2, TEST_BHSD);
+    test_tensor lse = test_tensor_make(MFA_DTYPE_F32, 1, 1, 1, 1, TEST_BHSD);
     static const float keys[3] = {-1e30f, -3e30f, -2e30f};
     static const float values[6] = {0.25f, -0.5f, 7.0f, 8.0f, 9.0f, 10.0f};
     ((float*)q.t.data)[0] = 1.0f;
@@ -410,11 +207,11 @@ static void test_very_negative_scores(void) {
               out[0], out[1], values[0], values[1]);
         CHECK(fabs(l - -1e30) <= 1e-6 * 1e30, "lse = %g, expected -1e30", l);
     }
-    free(q.alloc);
-    free(k.alloc);
-    free(v.alloc);
-    free(o.alloc);
-    free(lse.alloc);
+    test_tensor_free(&q);
+    test_tensor_free(&k);
+    test_tensor_free(&v);
+    test_tensor_free(&o);
+    test_tensor_free(&lse);
     mfa_context_destroy(ctx);
 }
 
@@ -423,6 +220,9 @@ int main(int argc, char** argv) {
                          A9 = MFA_GPU_FAMILY_APPLE9;
     const mfa_dtype F32 = MFA_DTYPE_F32, F16 = MFA_DTYPE_F16, BF16 = MFA_DTYPE_BF16;
     const mfa_alignment BR = MFA_ALIGN_BOTTOM_RIGHT, TL = MFA_ALIGN_TOP_LEFT;
+    const test_layout BHSD = TEST_BHSD, BSHD = TEST_BSHD, REVERSED = TEST_REVERSED;
+    /* The inputs this suite has always drawn: its own seed for the shared generator. */
+    test_rng_state = 0x243F6A8885A308D3ull;
     /* name, family, dtype, b, hq, hkv, nq, nk, d, dv, causal, align, wl, wr, scale,
        q layout, kv layout, lse, backward, seed */
     const attention_case cases[] = {
@@ -448,23 +248,18 @@ int main(int argc, char** argv) {
     const size_t count = sizeof cases / sizeof cases[0];
     for (size_t i = 0; i < count; ++i) {
         if (argc > 1 && strstr(cases[i].name, argv[1]) == NULL) continue;
-        const int before = failures;
+        const int before = test_failures;
         run_case(&cases[i]);
-        printf("%-28s %s\n", cases[i].name, failures == before ? "ok" : "FAILED");
+        printf("%-28s %s\n", cases[i].name, test_failures == before ? "ok" : "FAILED");
         fflush(stdout);
     }
     if (argc <= 1) {
-        const int before = failures;
+        const int before = test_failures;
         test_bf16_ties();
-        printf("%-28s %s\n", "bf16_store_ties", failures == before ? "ok" : "FAILED");
-        const int before2 = failures;
+        printf("%-28s %s\n", "bf16_store_ties", test_failures == before ? "ok" : "FAILED");
+        const int before2 = test_failures;
         test_very_negative_scores();
-        printf("%-28s %s\n", "very_negative_scores", failures == before2 ? "ok" : "FAILED");
+        printf("%-28s %s\n", "very_negative_scores", test_failures == before2 ? "ok" : "FAILED");
     }
-    if (failures) {
-        fprintf(stderr, "metal-sim attention: %d check(s) failed\n", failures);
-        return 1;
-    }
-    printf("metal-sim attention: all cases passed\n");
-    return 0;
+    return test_finish("metal-sim attention");
 }

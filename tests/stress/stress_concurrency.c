@@ -113,8 +113,8 @@ static void run_forward(mfa_context* ctx, const prepared* x, const char* where) 
     const problem* p = x->p;
     test_tensor out = test_tensor_make(p->dtype, p->b, p->hq, p->nq, p->dv, p->bshd);
     test_tensor lse = test_tensor_make(MFA_DTYPE_F32, p->b, p->hq, p->nq, 1, 0);
-    memset(out.storage, 0xff, out.bytes); /* NaN: every element must be written */
-    memset(lse.storage, 0xff, lse.bytes);
+    test_fill_nan(&out); /* every element must be written */
+    test_fill_nan(&lse);
     const mfa_attention_params params = params_of(p);
     const mfa_status s = mfa_attention_forward(ctx, &params, &x->q.t, &x->k.t, &x->v.t, &out.t, &lse.t);
     if (s != MFA_OK) {
@@ -136,9 +136,9 @@ static void run_backward(mfa_context* ctx, const prepared* x, const char* where)
     test_tensor dq = test_tensor_make(p->dtype, p->b, p->hq, p->nq, p->d, p->bshd);
     test_tensor dk = test_tensor_make(p->dtype, p->b, p->hkv, p->nk, p->d, p->bshd);
     test_tensor dv = test_tensor_make(p->dtype, p->b, p->hkv, p->nk, p->dv, p->bshd);
-    memset(dq.storage, 0xff, dq.bytes);
-    memset(dk.storage, 0xff, dk.bytes);
-    memset(dv.storage, 0xff, dv.bytes);
+    test_fill_nan(&dq);
+    test_fill_nan(&dk);
+    test_fill_nan(&dv);
     const mfa_attention_params params = params_of(p);
     const mfa_status s = mfa_attention_backward(ctx, &params, &x->q.t, &x->k.t, &x->v.t, &x->out_in.t,
                                                 &x->dout.t, &x->lse_in.t, &dq.t, &dk.t, &dv.t);
