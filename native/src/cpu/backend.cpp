@@ -126,9 +126,14 @@ mfa_status check_plan_sizes(const mfa_problem* p, int64_t panel_width)
     return MFA_OK;
 }
 
-mfa_cpu_plan make_plan(const cpu_state* state, const mfa_problem* p)
+/* The plan every pass of a call shares; made only after check_plan_sizes, which also keeps the
+ * padded sequence lengths computed here from overflowing. */
+mfa_status make_plan(const cpu_state* state, const mfa_problem* p, mfa_cpu_plan* out)
 {
     const int64_t nr = state->kernels->panel_width;
+    const mfa_status status = check_plan_sizes(p, nr);
+    if (status != MFA_OK)
+        return status;
     mfa_cpu_plan plan = {};
     plan.problem = p;
     plan.elem_size = static_cast<int64_t>(mfa_dtype_size(p->dtype));
@@ -143,7 +148,8 @@ mfa_cpu_plan make_plan(const cpu_state* state, const mfa_problem* p)
     plan.window_left = clamp_window(p->window_left, p);
     plan.window_right = clamp_window(p->window_right, p);
     plan.score_scale = p->scale * mfa_cpu_log2e;
-    return plan;
+    *out = plan;
+    return MFA_OK;
 }
 
 /* How many key/value heads to pack and run at once: enough tasks to keep every thread busy
@@ -208,10 +214,10 @@ void run_pass(cpu_state* state, const mfa_cpu_plan* plan, mfa_cpu_task task, int
 mfa_status cpu_forward(void* opaque, const mfa_problem* problem)
 {
     cpu_state* state = static_cast<cpu_state*>(opaque);
-    mfa_status status = check_plan_sizes(problem, state->kernels->panel_width);
+    mfa_cpu_plan plan;
+    mfa_status status = make_plan(state, problem, &plan);
     if (status != MFA_OK)
         return status;
-    mfa_cpu_plan plan = make_plan(state, problem);
     mfa_cpu_kv_pack kv_layout;
     mfa_cpu_forward_tiles tile_layout;
     plan.kv_pack_floats = mfa_cpu_kv_pack_carve(&plan, 0, nullptr, &kv_layout);
@@ -240,10 +246,10 @@ mfa_status cpu_forward(void* opaque, const mfa_problem* problem)
 mfa_status cpu_backward(void* opaque, const mfa_problem* problem)
 {
     cpu_state* state = static_cast<cpu_state*>(opaque);
-    mfa_status status = check_plan_sizes(problem, state->kernels->panel_width);
+    mfa_cpu_plan plan;
+    mfa_status status = make_plan(state, problem, &plan);
     if (status != MFA_OK)
         return status;
-    mfa_cpu_plan plan = make_plan(state, problem);
     mfa_cpu_kv_pack kv_layout;
     mfa_cpu_q_pack q_layout;
     mfa_cpu_kv_grads grads_layout;
