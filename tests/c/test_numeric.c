@@ -89,9 +89,7 @@ static void run(mfa_context* ctx, const char* backend, const config* c) {
     if (s == MFA_OK) {
         /* The reference reads only the library's inputs, never its outputs: its gradients are
          * taken around its own out and lse. */
-        const ref_problem p = {c->b, c->hq, c->hkv, c->nq, c->nk, c->d, c->dv,
-                               c->scale != 0.0f ? c->scale : 1.0 / sqrt((double)c->d),
-                               c->causal, c->alignment, c->left, c->right};
+        const ref_problem p = ref_problem_of(&t.q.t, &t.k.t, &t.v.t, &params);
         ref_result f = ref_forward(&p, &t.q.t, &t.k.t, &t.v.t);
         ref_result g = ref_backward(&p, &t.q.t, &t.k.t, &t.v.t, NULL, &t.dout.t, NULL, &f);
         const double tol = tolerance(c->dtype);

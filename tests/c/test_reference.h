@@ -23,6 +23,25 @@ typedef struct ref_problem {
     int64_t window_left, window_right; /* -1 = unbounded */
 } ref_problem;
 
+/* The problem of a call on q, k and v with params (NULL: the defaults), read from what the library
+ * is given: shapes from the tensors, and scale 0 resolved as the library resolves its float
+ * params.scale, to 1/sqrt(D) rounded to float. */
+static ref_problem ref_problem_of(const mfa_tensor* q, const mfa_tensor* k, const mfa_tensor* v,
+                                  const mfa_attention_params* params) {
+    mfa_attention_params defaults;
+    if (!params) {
+        mfa_attention_params_init(&defaults);
+        params = &defaults;
+    }
+    const ref_problem p = {q->shape[0], q->shape[1], k->shape[1], q->shape[2], k->shape[2],
+                           q->shape[3], v->shape[3],
+                           params->scale != 0 ? params->scale
+                                              : (float)(1.0 / sqrt((double)q->shape[3])),
+                           params->causal, params->alignment, params->window_left,
+                           params->window_right};
+    return p;
+}
+
 /* The visibility rule of mfa.h, restated; in 128 bits because windows may be as large as
  * INT64_MAX. */
 static int ref_visible(const ref_problem* p, int64_t i, int64_t j) {

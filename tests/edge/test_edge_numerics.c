@@ -52,12 +52,7 @@ static void scale_all(test_tensor* x, double factor) {
 }
 
 static ref_problem problem_of(const tensors* t) {
-    const shape* s = &t->s;
-    const ref_problem p = {s->b, s->hq, s->hkv, s->nq, s->nk, s->d, s->dv,
-                           t->params.scale != 0 ? t->params.scale : 1.0 / sqrt((double)s->d),
-                           t->params.causal, t->params.alignment, t->params.window_left,
-                           t->params.window_right};
-    return p;
+    return ref_problem_of(&t->a.q.t, &t->a.k.t, &t->a.v.t, &t->params);
 }
 
 /* The result matches the reference within the dtype's tolerance widened by `slack` (subnormal

@@ -100,8 +100,7 @@ static void run_case(mfa_context* ctx, const char* backend, const large_case* c)
     }
     CHECK(s == MFA_OK, "%s / %s: forward failed: %s", backend, c->name, mfa_last_error());
     if (s != MFA_OK) return;
-    const ref_problem p = {c->b, c->hq, c->hkv, c->nq, c->nk, c->d, c->dv, 1.0 / sqrt((double)c->d), 1,
-                           MFA_ALIGN_BOTTOM_RIGHT, -1, -1};
+    const ref_problem p = ref_problem_of(&q, &k, &v, &params);
     ref_result r = ref_forward(&p, &q, &k, &v);
     char why[256];
     CHECK(ref_compare(&out, c->dtype, r.out, r.out_mag, c->nk + c->d, r.max_score, why, sizeof why),

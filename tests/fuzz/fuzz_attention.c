@@ -520,18 +520,8 @@ static void fill_inputs(call* c) {
 }
 
 static ref_problem problem_of(const call* c) {
-    const mfa_tensor *q = &c->tensors[Q].t, *k = &c->tensors[K].t, *v = &c->tensors[V].t;
-    ref_problem p = {q->shape[0], q->shape[1], k->shape[1], q->shape[2], k->shape[2], q->shape[3],
-                     v->shape[3], 0, 0, MFA_ALIGN_BOTTOM_RIGHT, -1, -1};
-    const mfa_attention_params* a = c->null_params ? NULL : &c->params;
-    p.scale = a && a->scale != 0 ? a->scale : (float)(1.0 / sqrt((double)p.head_dim));
-    if (a) {
-        p.causal = a->causal;
-        p.alignment = a->alignment;
-        p.window_left = a->window_left;
-        p.window_right = a->window_right;
-    }
-    return p;
+    return ref_problem_of(&c->tensors[Q].t, &c->tensors[K].t, &c->tensors[V].t,
+                          c->null_params ? NULL : &c->params);
 }
 
 /* Backward needs out and lse from a forward pass: the reference's, stored in their dtypes. */

@@ -63,11 +63,12 @@ static atomic_long checked_calls;
         }                                                       \
     } while (0)
 
+static mfa_attention_params params_of(const problem* p) {
+    return test_params(p->causal, p->alignment, p->left, p->right, 0);
+}
+
 static void prepare(prepared* x, const problem* p) {
     x->p = p;
-    const ref_problem r = {p->b, p->hq, p->hkv, p->nq, p->nk, p->d, p->dv, 1.0 / sqrt((double)p->d),
-                           p->causal, p->alignment, p->left, p->right};
-    x->ref = r;
     x->q = test_tensor_make(p->dtype, p->b, p->hq, p->nq, p->d, p->bshd);
     x->k = test_tensor_make(p->dtype, p->b, p->hkv, p->nk, p->d, p->bshd);
     x->v = test_tensor_make(p->dtype, p->b, p->hkv, p->nk, p->dv, p->bshd);
@@ -78,6 +79,8 @@ static void prepare(prepared* x, const problem* p) {
     test_fill_random(&x->k);
     test_fill_random(&x->v);
     test_fill_random(&x->dout);
+    const mfa_attention_params params = params_of(p);
+    x->ref = ref_problem_of(&x->q.t, &x->k.t, &x->v.t, &params);
     x->forward = ref_forward(&x->ref, &x->q.t, &x->k.t, &x->v.t);
     int64_t row = 0;
     for (int64_t b = 0; b < p->b; ++b)
@@ -89,10 +92,6 @@ static void prepare(prepared* x, const problem* p) {
             }
     x->backward = ref_backward(&x->ref, &x->q.t, &x->k.t, &x->v.t, &x->out_in.t, &x->dout.t,
                                &x->lse_in.t, NULL);
-}
-
-static mfa_attention_params params_of(const problem* p) {
-    return test_params(p->causal, p->alignment, p->left, p->right, 0);
 }
 
 static void release(prepared* x) {
