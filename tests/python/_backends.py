@@ -138,6 +138,10 @@ class Case:
         v = self.array(rng, self.kv_heads, self.num_keys, self.value_dim)
         return q, k, v
 
+    def output_gradient(self, rng):
+        """dout for a backward pass, shaped like the output."""
+        return self.array(rng, self.query_heads, self.num_queries, self.value_dim)
+
 
 def allowed_error(dtype, expected, magnitude, reduction_length, score_size):
     """Largest |actual - expected| accepted, element-wise, by a simple rounding-error model.

@@ -26,7 +26,7 @@ SIMULATOR_CASES = _cases.SIMULATOR_CASES + [
 def test_backward_matches_reference(backend, case):
     rng = case.rng()
     q, k, v = case.inputs(rng)
-    dout = case.array(rng, case.query_heads, case.num_queries, case.value_dim)
+    dout = case.output_gradient(rng)
     # The forward results come from the reference, rounded as a backend would store them, so a
     # forward error cannot hide or cause a backward failure.
     exact_out, exact_lse = reference.attention_forward(q, k, v, **case.options)
@@ -48,7 +48,7 @@ def check_forward_then_backward(case, context):
     """The backend's own forward results fed to its backward, judged by the reference."""
     rng = case.rng()
     q, k, v = case.inputs(rng)
-    dout = case.array(rng, case.query_heads, case.num_queries, case.value_dim)
+    dout = case.output_gradient(rng)
     out, lse = mfa_native.attention(q, k, v, **case.options, return_lse=True, backend=context)
     gradients = mfa_native.attention_backward(dout, q, k, v, out, lse, **case.options,
                                               backend=context)
@@ -96,7 +96,7 @@ def test_backward_matches_central_differences(backend, case):
     """
     rng = case.rng()
     q, k, v = case.inputs(rng)
-    dout = case.array(rng, case.query_heads, case.num_queries, case.value_dim).astype(np.float64)
+    dout = case.output_gradient(rng).astype(np.float64)
     context = backend.context()
     out, lse = mfa_native.attention(q, k, v, **case.options, return_lse=True, backend=context)
     gradients = mfa_native.attention_backward(dout.astype(np.float32), q, k, v, out, lse,

@@ -94,7 +94,7 @@ def test_layout_forward_and_backward(backend, arrangement_name, dtype):
                 **CASE_OPTIONS[dtype])
     rng = case.rng()
     q, k, v = case.inputs(rng)
-    dout = case.array(rng, case.query_heads, case.num_queries, case.value_dim)
+    dout = case.output_gradient(rng)
     context = backend.context()
     layout = arrangement.layout
 
