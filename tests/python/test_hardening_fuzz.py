@@ -1,8 +1,8 @@
 """Property-based fuzzing of the Python API (hypothesis), the counterpart of tests/fuzz:
 
 - valid calls, drawn over shapes, dtypes, layouts, strided and negative-stride views, rank 3 and
-  4, masks, windows, scales and GQA, on every available backend, match a float64 reference
-  written here, forward and backward, and write only the outputs they return;
+  4, masks, windows, scales and GQA, on every available backend, match the float64 reference
+  of reference.py, forward and backward, and write only the outputs they return;
 - invalid calls, a valid call with one thing broken (forward and backward), raise TypeError,
   ValueError or mfa_native.MFAError with a message naming the culprit, and leave the given
   outputs and the inputs untouched.
@@ -19,72 +19,32 @@ import pytest
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
 
-import ml_dtypes  # noqa: E402
 import mfa_native  # noqa: E402
+import reference  # noqa: E402
+from _backends import DTYPES, UNIT_ROUNDOFF  # noqa: E402
 
 EXAMPLES = int(os.environ.get("MFA_HYPOTHESIS_EXAMPLES", "40"))
 # Derandomized and without an example database: the same examples on every run, and no
 # .hypothesis directory left in the checkout.
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-DTYPES = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16),
-          "bf16": np.dtype(ml_dtypes.bfloat16)}
-# Unit roundoff of each storage dtype's significand (24, 11 and 8 bits).
-UNIT_ROUNDOFF = {"f32": 2.0**-24, "f16": 2.0**-11, "bf16": 2.0**-8}
 BACKENDS = mfa_native.available_backends()
 
 
-# ---- A float64 reference --------------------------------------------------------------------
+# ---- The float64 reference and the error bound ----------------------------------------------
 
-def visible(nq, nk, causal, alignment, window):
-    """[nq, nk] bool: the visibility rule of mfa.h, restated."""
-    pos = np.arange(nq)[:, None] + (nk - nq if alignment == "bottom_right" else 0)
-    key = np.arange(nk)[None, :]
-    mask = np.ones((nq, nk), bool)
-    if causal:
-        mask &= key <= pos
-    left, right = (-1, -1) if window is None else window
-    if left >= 0:
-        mask &= key >= pos - left
-    if right >= 0:
-        mask &= key <= pos + right
-    return mask
-
-
-def reference(q, k, v, dout, *, causal, alignment, window, scale):
-    """{name: (value, magnitude)} for out, lse, dq, dk, dv in float64, from [B, H, N, D] arrays;
-    GQA by repeating k and v (and summing their gradients over each group)."""
-    q, k, v, dout = (np.asarray(x, np.float64) for x in (q, k, v, dout))
-    group = q.shape[1] // k.shape[1]
-    kr, vr = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
-    scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else float(np.float32(scale))
-    mask = visible(q.shape[2], k.shape[2], causal, alignment, window)
-    s = np.where(mask, scale * q @ kr.swapaxes(-1, -2), -np.inf)
-    m = s.max(axis=-1, keepdims=True)
-    empty = ~mask.any(axis=-1)[:, None]
-    p = np.where(mask, np.exp(s - np.where(np.isfinite(m), m, 0)), 0.0)
-    total = p.sum(axis=-1, keepdims=True)
-    p = p / np.where(total > 0, total, 1)
-    out = p @ vr
-    lse = np.where(empty[..., 0], -np.inf, (m + np.log(np.where(total > 0, total, 1)))[..., 0])
-    dp = dout @ vr.swapaxes(-1, -2)
-    delta = (dout * out).sum(axis=-1, keepdims=True)
-    ds = p * (dp - delta)
-    # The same sums over absolute values: what fp32 rounding inside each result is relative to.
-    dp_abs = np.abs(dout) @ np.abs(vr).swapaxes(-1, -2)
-    ds_abs = p * (dp_abs + np.abs(dout * out).sum(axis=-1, keepdims=True))
-    p_t, ds_t, ds_abs_t = (x.swapaxes(-1, -2) for x in (p, ds, ds_abs))
-
-    def fold(x):
-        return x.reshape(x.shape[0], k.shape[1], group, *x.shape[2:]).sum(axis=2)
-
-    return {
-        "out": (out, p @ np.abs(vr)),
-        "lse": (lse, 1 + np.abs(np.where(empty[..., 0], 0, lse))),
-        "dq": (scale * ds @ kr, abs(scale) * ds_abs @ np.abs(kr)),
-        "dk": (fold(scale * ds_t @ q), fold(abs(scale) * ds_abs_t @ np.abs(q))),
-        "dv": (fold(p_t @ dout), fold(p_t @ np.abs(dout))),
-    }
+def expected(q, k, v, dout, *, causal, alignment, window, scale):
+    """{name: (value, magnitude)} for out, lse, dq, dk, dv in float64, from [B, H, N, D] arrays,
+    the scale rounded to float32 as the API rounds it."""
+    options = {"causal": causal, "causal_alignment": alignment, "window": window,
+               "scale": None if scale is None else float(np.float32(scale))}
+    out, lse = reference.attention_forward(q, k, v, **options)
+    out_magnitude, _ = reference.forward_magnitudes(q, k, v, **options)
+    gradients = reference.attention_backward(dout, q, k, v, **options)
+    magnitudes = reference.gradient_magnitudes(dout, q, k, v, **options)
+    return {"out": (out, out_magnitude),
+            "lse": (lse, 1 + np.abs(np.where(np.isfinite(lse), lse, 0))),
+            **dict(zip(("dq", "dk", "dv"), zip(gradients, magnitudes)))}
 
 
 def assert_close(name, got, want, dtype, magnitude, terms):
@@ -186,8 +146,8 @@ def test_valid_calls_match_the_reference(problem):
     for given_array, copy in zip((q_api, k_api, v_api, dout_api), before):
         assert np.array_equal(given_array.view(np.uint8), copy.view(np.uint8)), "an input changed"
 
-    want = reference(q, k, v, dout, causal=problem["causal"], alignment=problem["alignment"],
-                     window=problem["window"], scale=problem["scale"])
+    want = expected(q, k, v, dout, causal=problem["causal"], alignment=problem["alignment"],
+                    window=problem["window"], scale=problem["scale"])
     terms = problem["nk"] + problem["d"] + problem["dv"] + problem["nq"] * 3
     lse4 = lse[None] if problem["rank3"] else lse
     got = {"out": from_api(out, problem), "lse": lse4, "dq": from_api(dq, problem),
