@@ -29,7 +29,7 @@ static void compare(const char* label, const char* what, const test_tensor* got,
                     const double* want, double tol) {
     const mfa_tensor* t = &got->t;
     double max_ref = 0, max_err = 0;
-    int64_t n = t->shape[0] * t->shape[1] * t->shape[2] * t->shape[3];
+    int64_t n = test_element_count(t);
     for (int64_t i = 0; i < n; ++i)
         if (fabs(want[i]) > max_ref) max_ref = fabs(want[i]);
     int64_t at = 0;

@@ -233,7 +233,7 @@ static double ref_max_abs(const double* x, int64_t n) {
 static int ref_compare(const mfa_tensor* t, mfa_dtype dtype, const double* want,
                        const double* magnitude, int64_t reduction_length, double max_score,
                        char* why, size_t n) {
-    const int64_t count = t->shape[0] * t->shape[1] * t->shape[2] * t->shape[3];
+    const int64_t count = test_element_count(t);
     const double max_want = ref_max_abs(want, count);
     int64_t at = 0;
     for (int64_t b = 0; b < t->shape[0]; ++b)

@@ -119,6 +119,10 @@ static test_tensor test_tensor_make(mfa_dtype dtype, int64_t b, int64_t h, int64
     return x;
 }
 
+static int64_t test_element_count(const mfa_tensor* t) {
+    return t->shape[0] * t->shape[1] * t->shape[2] * t->shape[3];
+}
+
 static int64_t test_offset(const mfa_tensor* t, int64_t b, int64_t h, int64_t s, int64_t d) {
     return b * t->strides[0] + h * t->strides[1] + s * t->strides[2] + d * t->strides[3];
 }
@@ -141,13 +145,16 @@ static void test_set(const mfa_tensor* t, int64_t b, int64_t h, int64_t s, int64
     }
 }
 
-static void test_fill_random(test_tensor* x) {
-    for (int64_t b = 0; b < x->t.shape[0]; ++b)
-        for (int64_t h = 0; h < x->t.shape[1]; ++h)
-            for (int64_t s = 0; s < x->t.shape[2]; ++s)
-                for (int64_t d = 0; d < x->t.shape[3]; ++d)
-                    test_set(&x->t, b, h, s, d, (float)test_uniform());
+/* Uniform values in [-1, 1), stored in the view's dtype, through every element of the view. */
+static void test_fill_view_random(const mfa_tensor* t) {
+    for (int64_t b = 0; b < t->shape[0]; ++b)
+        for (int64_t h = 0; h < t->shape[1]; ++h)
+            for (int64_t s = 0; s < t->shape[2]; ++s)
+                for (int64_t d = 0; d < t->shape[3]; ++d)
+                    test_set(t, b, h, s, d, (float)test_uniform());
 }
+
+static void test_fill_random(test_tensor* x) { test_fill_view_random(&x->t); }
 
 /* NaN in every element (all-ones bits in every dtype): an output element the library does not
  * write shows. */

@@ -62,7 +62,7 @@ static void expect(const char* label, const char* what, const test_tensor* got, 
                    const double* want, const double* magnitude, int64_t n, double max_score,
                    double slack) {
     const mfa_tensor* t = &got->t;
-    const int64_t count = t->shape[0] * t->shape[1] * t->shape[2] * t->shape[3];
+    const int64_t count = test_element_count(t);
     const double max_want = ref_max_abs(want, count);
     int64_t at = 0, bad = 0;
     for (int64_t b = 0; b < t->shape[0]; ++b)
@@ -213,7 +213,7 @@ static void expect_propagated(const char* label, const char* what, const test_te
                               int64_t n, double max_score, int query_heads, int64_t group,
                               int64_t kv_head) {
     const mfa_tensor* t = &got->t;
-    const int64_t count = t->shape[0] * t->shape[1] * t->shape[2] * t->shape[3];
+    const int64_t count = test_element_count(t);
     const double max_want = ref_max_abs(want, count);
     int64_t at = 0, reported = 0;
     for (int64_t b = 0; b < t->shape[0]; ++b)

@@ -141,10 +141,6 @@ static int64_t element_size(int dtype) {
     return dtype == MFA_DTYPE_F32 ? 4 : (dtype == MFA_DTYPE_F16 || dtype == MFA_DTYPE_BF16) ? 2 : 0;
 }
 
-static int64_t element_count(const mfa_tensor* t) {
-    return t->shape[0] * t->shape[1] * t->shape[2] * t->shape[3];
-}
-
 /* Is every byte the tensor spans inside allocation a? */
 static bool spans_inside(const fuzz_tensor* f, const allocation* a) {
     const int64_t es = element_size((int)f->t.dtype);
@@ -316,7 +312,7 @@ static int compare_i64(const void* a, const void* b) {
 }
 
 static int64_t* sorted_offsets(const mfa_tensor* t, int64_t* n) {
-    *n = element_count(t);
+    *n = test_element_count(t);
     int64_t* o = (int64_t*)malloc((size_t)*n * sizeof *o);
     int64_t at = 0;
     for (int64_t b = 0; b < t->shape[0]; ++b)
@@ -329,7 +325,7 @@ static int64_t* sorted_offsets(const mfa_tensor* t, int64_t* n) {
 
 static bool listable(const fuzz_tensor* f) {
     return f->present && !f->overflow && shapes_positive(&f->t) && element_size((int)f->t.dtype) &&
-           element_count(&f->t) <= MAX_LISTED;
+           test_element_count(&f->t) <= MAX_LISTED;
 }
 
 /* The quick test a library may use instead of listing elements (numpy's): ordered by |stride|,
@@ -503,19 +499,11 @@ static bool is_output(const call* c, int role) {
     return c->backward ? role >= DQ : (role == OUT || role == LSE);
 }
 
-/* Uniform values in [-1, 1), stored in the tensor's dtype, through every element's view. */
-static void fill_uniform(const mfa_tensor* t) {
-    for (int64_t b = 0; b < t->shape[0]; ++b)
-        for (int64_t h = 0; h < t->shape[1]; ++h)
-            for (int64_t s = 0; s < t->shape[2]; ++s)
-                for (int64_t d = 0; d < t->shape[3]; ++d) test_set(t, b, h, s, d, (float)test_uniform());
-}
-
 static void fill_inputs(call* c) {
     test_rng_state = c->value_seed | 1;
     for (int i = Q; i <= (c->backward ? DOUT : V); ++i) {
         const fuzz_tensor* f = &c->tensors[i];
-        if (f->lives_in == i && !(c->backward && (i == OUT || i == LSE))) fill_uniform(&f->t);
+        if (f->lives_in == i && !(c->backward && (i == OUT || i == LSE))) test_fill_view_random(&f->t);
     }
 }
 
@@ -637,7 +625,7 @@ static void run_attention(reader* r, bool backward) {
     int64_t work = 0;
     if (!expected.required) {
         const int64_t kv = c.tensors[K].t.shape[2] * (q->shape[3] + c.tensors[V].t.shape[3]);
-        if (!backed || __builtin_mul_overflow(element_count(q) / q->shape[3], kv, &work) ||
+        if (!backed || __builtin_mul_overflow(test_element_count(q) / q->shape[3], kv, &work) ||
             work > MAX_WORK) {
             ++stats.skipped[backward];
             return release(&c);

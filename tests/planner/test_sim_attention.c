@@ -46,7 +46,7 @@ static void compare(const char* case_name, const char* what, const test_tensor* 
     const double rtol = out_dtype == MFA_DTYPE_F32 ? 1e-4 : out_dtype == MFA_DTYPE_F16 ? 0x1p-10 : 0x1p-7;
     const double atol = out_dtype == MFA_DTYPE_F32 ? 2e-5 : out_dtype == MFA_DTYPE_F16 ? 2e-4 : 2e-3;
     const mfa_tensor* t = &got->t;
-    const int64_t n = t->shape[0] * t->shape[1] * t->shape[2] * t->shape[3];
+    const int64_t n = test_element_count(t);
     const double ref_max = fmax(1, ref_max_abs(ref, n));
     int64_t bad = 0, idx = 0;
     double worst = 0;
