@@ -37,42 +37,25 @@ static void one_round(mfa_backend backend) {
     mfa_context_options options;
     mfa_context_options_init(&options);
     options.num_threads = 2;
-    mfa_context* ctx = NULL;
-    if (mfa_context_create(backend, &options, &ctx) != MFA_OK) {
-        CHECK(0, "creating a %s context: %s", mfa_backend_name(backend), mfa_last_error());
-        return;
-    }
-    test_tensor q = test_tensor_make(MFA_DTYPE_F16, 1, 2, 9, 16, 0);
-    test_tensor k = test_tensor_make(MFA_DTYPE_F16, 1, 1, 13, 16, 0);
-    test_tensor v = test_tensor_make(MFA_DTYPE_F16, 1, 1, 13, 8, 0);
-    test_tensor out = test_tensor_make(MFA_DTYPE_F16, 1, 2, 9, 8, 0);
-    test_tensor lse = test_tensor_make(MFA_DTYPE_F32, 1, 2, 9, 1, 0);
-    test_tensor dout = test_tensor_make(MFA_DTYPE_F16, 1, 2, 9, 8, 0);
-    test_tensor dq = test_tensor_make(MFA_DTYPE_F16, 1, 2, 9, 16, 0);
-    test_tensor dk = test_tensor_make(MFA_DTYPE_F16, 1, 1, 13, 16, 0);
-    test_tensor dv = test_tensor_make(MFA_DTYPE_F16, 1, 1, 13, 8, 0);
-    test_fill_random(&q);
-    test_fill_random(&k);
-    test_fill_random(&v);
-    test_fill_random(&dout);
-    mfa_attention_params params;
-    mfa_attention_params_init(&params);
-    params.causal = 1;
-    CHECK(mfa_attention_forward(ctx, &params, &q.t, &k.t, &v.t, &out.t, &lse.t) == MFA_OK, "%s",
-          mfa_last_error());
-    CHECK(mfa_attention_backward(ctx, &params, &q.t, &k.t, &v.t, &out.t, &dout.t, &lse.t, &dq.t,
-                                 &dk.t, &dv.t) == MFA_OK, "%s", mfa_last_error());
+    mfa_context* ctx = test_context(backend, &options, mfa_backend_name(backend));
+    if (!ctx) return;
+    test_attention a = test_attention_make(MFA_DTYPE_F16, 1, 2, 1, 9, 13, 16, 8, TEST_BHSD);
+    const mfa_attention_params params = test_params(1, MFA_ALIGN_BOTTOM_RIGHT, -1, -1, 0);
+    CHECK(mfa_attention_forward(ctx, &params, &a.q.t, &a.k.t, &a.v.t, &a.out.t, &a.lse.t) == MFA_OK,
+          "%s", mfa_last_error());
+    CHECK(mfa_attention_backward(ctx, &params, &a.q.t, &a.k.t, &a.v.t, &a.out.t, &a.dout.t, &a.lse.t,
+                                 &a.dq.t, &a.dk.t, &a.dv.t) == MFA_OK, "%s", mfa_last_error());
     /* Failed calls must not leak either. */
-    CHECK(mfa_attention_forward(ctx, &params, &q.t, &k.t, &v.t, &q.t, NULL) != MFA_OK,
+    CHECK(mfa_attention_forward(ctx, &params, &a.q.t, &a.k.t, &a.v.t, &a.q.t, NULL) != MFA_OK,
           "out aliasing q was accepted");
-    CHECK(mfa_attention_backward(ctx, &params, &q.t, &k.t, &v.t, &out.t, &dout.t, NULL, &dq.t,
-                                 &dk.t, &dv.t) != MFA_OK, "backward without lse was accepted");
+    CHECK(mfa_attention_backward(ctx, &params, &a.q.t, &a.k.t, &a.v.t, &a.out.t, &a.dout.t, NULL,
+                                 &a.dq.t, &a.dk.t, &a.dv.t) != MFA_OK,
+          "backward without lse was accepted");
     mfa_capabilities caps;
     caps.struct_size = sizeof caps;
     CHECK(mfa_context_capabilities(ctx, &caps) == MFA_OK, "%s", mfa_last_error());
     mfa_context_destroy(ctx);
-    test_tensor* all[] = {&q, &k, &v, &out, &lse, &dout, &dq, &dk, &dv};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) test_tensor_free(all[i]);
+    test_attention_free(&a);
     void* page = mfa_alloc(12345);
     CHECK(page != NULL, "mfa_alloc: %s", mfa_last_error());
     mfa_free(page);
