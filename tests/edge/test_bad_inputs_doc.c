@@ -263,10 +263,8 @@ int main(int argc, char** argv) {
         perror(argv[1]);
         return 1;
     }
-    if (mfa_context_create(MFA_BACKEND_CPU, NULL, &cpu_context) != MFA_OK) {
-        fprintf(stderr, "cannot create a cpu context: %s\n", mfa_last_error());
-        return 1;
-    }
+    cpu_context = test_context(MFA_BACKEND_CPU, NULL, "cpu");
+    if (!cpu_context) return 1;
     int documented[sizeof ids / sizeof ids[0]] = {0};
     int rows = 0, in_matrix = 0;
     char line[1024];
