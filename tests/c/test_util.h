@@ -176,7 +176,7 @@ static test_attention test_attention_make(mfa_dtype dtype, int64_t b, int64_t hq
     a.k = test_tensor_make(dtype, b, hkv, nk, d, layout);
     a.v = test_tensor_make(dtype, b, hkv, nk, dv, layout);
     a.out = test_tensor_make(dtype, b, hq, nq, dv, layout);
-    a.lse = test_tensor_make(MFA_DTYPE_F32, b, hq, nq, 1, 0);
+    a.lse = test_tensor_make(MFA_DTYPE_F32, b, hq, nq, 1, TEST_BHSD);
     a.dout = test_tensor_make(dtype, b, hq, nq, dv, layout);
     a.dq = test_tensor_make(dtype, b, hq, nq, d, layout);
     a.dk = test_tensor_make(dtype, b, hkv, nk, d, layout);
