@@ -13,8 +13,7 @@ enum { BATCH = 1, HEADS = 2, SEQ = 64, DIM = 32 };
 
 /* A contiguous [B, H, N, D] float tensor over caller memory. */
 static mfa_tensor bhsd(float* data, int64_t d) {
-    mfa_tensor t = {data, MFA_DTYPE_F32, {BATCH, HEADS, SEQ, d},
-                    {HEADS * SEQ * d, SEQ * d, d, 1}};
+    mfa_tensor t = {data, MFA_DTYPE_F32, {BATCH, HEADS, SEQ, d}, {HEADS * SEQ * d, SEQ * d, d, 1}};
     return t;
 }
 
@@ -60,8 +59,9 @@ int main(void) {
     double score = 0;
     for (int d = 0; d < DIM; ++d) score += (double)buffers[0][d] * buffers[1][d];
     score /= sqrt((double)DIM);
-    printf("out[0, 0, 0, :3] = %.5f %.5f %.5f (v[0] = %.5f %.5f %.5f)\n", out.data ? buffers[3][0] : 0,
-           buffers[3][1], buffers[3][2], buffers[2][0], buffers[2][1], buffers[2][2]);
+    printf("out[0, 0, 0, :3] = %.5f %.5f %.5f (v[0] = %.5f %.5f %.5f)\n",
+           out.data ? buffers[3][0] : 0, buffers[3][1], buffers[3][2], buffers[2][0], buffers[2][1],
+           buffers[2][2]);
     printf("lse[0, 0, 0] = %.6f (expected %.6f)\n", lse_data[0], score);
     int ok = fabs(buffers[3][0] - buffers[2][0]) < 1e-6 && fabs(lse_data[0] - score) < 1e-5;
     mfa_context_destroy(ctx);

@@ -8,10 +8,8 @@ using namespace metal;
 #include "attention/backward_key_value.h"
 
 kernel void mfa_attention_forward(
-    device const uchar* q [[buffer(MFA_BUFFER_Q)]],
-    device const uchar* k [[buffer(MFA_BUFFER_K)]],
-    device const uchar* v [[buffer(MFA_BUFFER_V)]],
-    device uchar* o [[buffer(MFA_BUFFER_O)]],
+    device const uchar* q [[buffer(MFA_BUFFER_Q)]], device const uchar* k [[buffer(MFA_BUFFER_K)]],
+    device const uchar* v [[buffer(MFA_BUFFER_V)]], device uchar* o [[buffer(MFA_BUFFER_O)]],
     device float* l [[buffer(MFA_BUFFER_L), function_constant(fc_has_lse)]],
     constant mfa_kernel_params& params [[buffer(MFA_BUFFER_PARAMS)]],
     threadgroup float* staging [[threadgroup(MFA_THREADGROUP_STAGING)]],
@@ -23,12 +21,9 @@ kernel void mfa_attention_forward(
 }
 
 kernel void mfa_attention_backward_query(
-    device const uchar* q [[buffer(MFA_BUFFER_Q)]],
-    device const uchar* k [[buffer(MFA_BUFFER_K)]],
-    device const uchar* v [[buffer(MFA_BUFFER_V)]],
-    device const uchar* o [[buffer(MFA_BUFFER_O)]],
-    device const float* l [[buffer(MFA_BUFFER_L)]],
-    device float* delta [[buffer(MFA_BUFFER_D)]],
+    device const uchar* q [[buffer(MFA_BUFFER_Q)]], device const uchar* k [[buffer(MFA_BUFFER_K)]],
+    device const uchar* v [[buffer(MFA_BUFFER_V)]], device const uchar* o [[buffer(MFA_BUFFER_O)]],
+    device const float* l [[buffer(MFA_BUFFER_L)]], device float* delta [[buffer(MFA_BUFFER_D)]],
     device const uchar* dout [[buffer(MFA_BUFFER_DOUT)]],
     device uchar* dq [[buffer(MFA_BUFFER_DQ)]],
     constant mfa_kernel_params& params [[buffer(MFA_BUFFER_PARAMS)]],
@@ -42,14 +37,11 @@ kernel void mfa_attention_backward_query(
 }
 
 kernel void mfa_attention_backward_key_value(
-    device const uchar* q [[buffer(MFA_BUFFER_Q)]],
-    device const uchar* k [[buffer(MFA_BUFFER_K)]],
-    device const uchar* v [[buffer(MFA_BUFFER_V)]],
-    device const float* l [[buffer(MFA_BUFFER_L)]],
+    device const uchar* q [[buffer(MFA_BUFFER_Q)]], device const uchar* k [[buffer(MFA_BUFFER_K)]],
+    device const uchar* v [[buffer(MFA_BUFFER_V)]], device const float* l [[buffer(MFA_BUFFER_L)]],
     device const float* delta [[buffer(MFA_BUFFER_D)]],
     device const uchar* dout [[buffer(MFA_BUFFER_DOUT)]],
-    device uchar* dv [[buffer(MFA_BUFFER_DV)]],
-    device uchar* dk [[buffer(MFA_BUFFER_DK)]],
+    device uchar* dv [[buffer(MFA_BUFFER_DV)]], device uchar* dk [[buffer(MFA_BUFFER_DK)]],
     constant mfa_kernel_params& params [[buffer(MFA_BUFFER_PARAMS)]],
     threadgroup float* staging [[threadgroup(MFA_THREADGROUP_STAGING)]],
     uint3 group [[threadgroup_position_in_grid]],

@@ -64,26 +64,24 @@ inline void attention_backward_key_value(device const uchar* q, device const uch
             for (uint i = thread_index; i < fc_block_traversal; i += fc_threads) {
                 const int query = query0 + int(i);
                 const bool real = query < p.seq_q;
-                query_lse2[i] = real ? log_sum_exp2_from_stored(l[l_slice.at(query, 0)])
-                                     : kEmptyRowLogSumExp2;
+                query_lse2[i] =
+                    real ? log_sum_exp2_from_stored(l[l_slice.at(query, 0)]) : kEmptyRowLogSumExp2;
                 query_delta[i] = real ? delta[d_slice.at(query, 0)] : 0.0f;
             }
 
             // P^T = exp2(K Q^T - L): rows are keys, columns queries.
             simd_fragment probs[MFA_TRAVERSAL_FRAGMENTS];
-            compute_scores(probs, k_cache, fc_cache_parallel, parallel_tile, keys,
-                           traversal_tile, queries, thread_index, simd_index);
-            const bool edge = !block_fully_visible(p, query0,
-                                                   query0 + int(fc_block_traversal) - 1, key0,
-                                                   key_last);
+            compute_scores(probs, k_cache, fc_cache_parallel, parallel_tile, keys, traversal_tile,
+                           queries, thread_index, simd_index);
+            const bool edge = !block_fully_visible(p, query0, query0 + int(fc_block_traversal) - 1,
+                                                   key0, key_last);
             to_log2_scores(probs, p, edge, score_orientation::key_rows, key, query0, lane);
             const uint col = fragment_col(lane);
-            #pragma unroll
+#pragma unroll
             for (uint t = 0; t < fc_traversal_fragments; ++t)
                 for (ushort e = 0; e < 2; ++e)
-                    probs[t].thread_elements()[e] =
-                        probability_from_lse2(probs[t].thread_elements()[e],
-                                              query_lse2[t * 8 + col + e]);
+                    probs[t].thread_elements()[e] = probability_from_lse2(
+                        probs[t].thread_elements()[e], query_lse2[t * 8 + col + e]);
 
             // dP^T = V dO^T
             simd_fragment dprobs[MFA_TRAVERSAL_FRAGMENTS];
@@ -93,15 +91,15 @@ inline void attention_backward_key_value(device const uchar* q, device const uch
             accumulate_product(dv_acc, probs, traversal_tile, grads, dv_cols.begin, dv_cols.end,
                                thread_index);
 
-            // dS^T = P^T * (dP^T - D), in place of dP^T.
-            #pragma unroll
+// dS^T = P^T * (dP^T - D), in place of dP^T.
+#pragma unroll
             for (uint t = 0; t < fc_traversal_fragments; ++t)
                 for (ushort e = 0; e < 2; ++e)
                     dprobs[t].thread_elements()[e] =
                         probs[t].thread_elements()[e] *
                         (dprobs[t].thread_elements()[e] - query_delta[t * 8 + col + e]);
-            accumulate_product(dk_acc, dprobs, traversal_tile, queries, dk_cols.begin,
-                               dk_cols.end, thread_index);
+            accumulate_product(dk_acc, dprobs, traversal_tile, queries, dk_cols.begin, dk_cols.end,
+                               thread_index);
         }
     }
 

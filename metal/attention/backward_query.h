@@ -14,7 +14,8 @@ inline float output_gradient_dot(device const uchar* o, operand_slice o_slice,
     float partial = 0.0f;
     if (row < seq_q)
         for (uint col = fragment_row_quarter(lane); col < fc_head_dim_v; col += 4)
-            partial += load_element(dout, dout_slice.at(row, col)) * load_element(o, o_slice.at(row, col));
+            partial +=
+                load_element(dout, dout_slice.at(row, col)) * load_element(o, o_slice.at(row, col));
     return row_sum(partial);
 }
 
@@ -44,12 +45,13 @@ inline void attention_backward_query(device const uchar* q, device const uchar* 
         single_head_rows(v, slice_of(p.v, batch, kv_head), 0, p.seq_k, fc_head_dim_v);
     const column_range out_cols = output_columns(out_block, fc_head_dim);
 
-    const float delta = output_gradient_dot(o, slice_of(p.o, batch, head), dout, grads.slice, row,
-                                            p.seq_q, lane);
+    const float delta =
+        output_gradient_dot(o, slice_of(p.o, batch, head), dout, grads.slice, row, p.seq_q, lane);
     if (out_block == 0 && fragment_row_quarter(lane) == 0 && row < p.seq_q)
         delta_out[slice_of(p.d, batch, head).at(row, 0)] = delta;
-    const float lse2 = row < p.seq_q ? log_sum_exp2_from_stored(l[slice_of(p.l, batch, head).at(row, 0)])
-                                     : kEmptyRowLogSumExp2;
+    const float lse2 = row < p.seq_q
+                           ? log_sum_exp2_from_stored(l[slice_of(p.l, batch, head).at(row, 0)])
+                           : kEmptyRowLogSumExp2;
 
     simd_fragment q_cache[MFA_CACHED_FRAGMENTS];
     if (fc_cache_parallel) cache_slab(q_cache, parallel_tile, queries, thread_index, simd_index);
@@ -74,11 +76,11 @@ inline void attention_backward_query(device const uchar* q, device const uchar* 
         to_log2_scores(probs, p, edge, score_orientation::query_rows, row, key0, lane);
 
         simd_fragment dprobs[MFA_TRAVERSAL_FRAGMENTS];
-        compute_scores(dprobs, dout_cache, fc_cache_parallel2, parallel_tile, grads,
-                       traversal_tile, values, thread_index, simd_index);
+        compute_scores(dprobs, dout_cache, fc_cache_parallel2, parallel_tile, grads, traversal_tile,
+                       values, thread_index, simd_index);
 
-        // dS = P * (dP - D), in place of dP.
-        #pragma unroll
+// dS = P * (dP - D), in place of dP.
+#pragma unroll
         for (uint t = 0; t < fc_traversal_fragments; ++t)
             for (ushort e = 0; e < 2; ++e) {
                 const float prob = probability_from_lse2(probs[t].thread_elements()[e], lse2);

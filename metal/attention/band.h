@@ -25,8 +25,8 @@ inline block_range key_blocks_for_rows(constant mfa_kernel_params& p, int row_fi
 }
 
 // Query blocks of height `block` that see keys [key_first, key_last].
-inline block_range query_blocks_for_keys(constant mfa_kernel_params& p, int key_first,
-                                         int key_last, int block) {
+inline block_range query_blocks_for_keys(constant mfa_kernel_params& p, int key_first, int key_last,
+                                         int block) {
     const int first_query = max(0, key_first - p.band_hi);
     const int end_query = min(p.seq_q, key_last - p.band_lo + 1);
     block_range r;
@@ -43,8 +43,7 @@ inline bool block_fully_visible(constant mfa_kernel_params& p, int query_first, 
 }
 
 inline bool visible(constant mfa_kernel_params& p, int query, int key) {
-    return query < p.seq_q && key < p.seq_k && key >= query + p.band_lo &&
-           key <= query + p.band_hi;
+    return query < p.seq_q && key < p.seq_k && key >= query + p.band_lo && key <= query + p.band_hi;
 }
 
 #endif

@@ -40,8 +40,13 @@ inline void attention_forward(device const uchar* q, device const uchar* k, devi
         query_last = one_head ? row_last % p.seq_q : p.seq_q - 1;
     }
 
-    const staged_operand queries = {q, slice_of(p.q, batch, first_head), row0, row_count,
-                                    fc_head_dim, rows_per_head, p.q.stride[1]};
+    const staged_operand queries = {q,
+                                    slice_of(p.q, batch, first_head),
+                                    row0,
+                                    row_count,
+                                    fc_head_dim,
+                                    rows_per_head,
+                                    p.q.stride[1]};
     staged_operand keys =
         single_head_rows(k, slice_of(p.k, batch, kv_head), 0, p.seq_k, fc_head_dim);
     staged_operand values =

@@ -14,9 +14,7 @@ using namespace metal;
 
 typedef simdgroup_matrix<float, 8, 8> simd_fragment;
 
-inline ushort fragment_row(ushort lane) {
-    return ushort(((lane >> 4) << 2) | ((lane >> 1) & 3));
-}
+inline ushort fragment_row(ushort lane) { return ushort(((lane >> 4) << 2) | ((lane >> 1) & 3)); }
 
 inline ushort fragment_col(ushort lane) {
     return ushort((((lane >> 3) & 1) << 2) | ((lane & 1) << 1));
@@ -37,14 +35,12 @@ inline float row_sum(float value) {
     return value + simd_shuffle_xor(value, ushort(8));
 }
 
-inline simd_fragment zero_fragment() {
-    return make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
-}
+inline simd_fragment zero_fragment() { return make_filled_simdgroup_matrix<float, 8, 8>(0.0f); }
 
 // The 8x8 block at (row, col) of a row-major threadgroup tile with leading dimension ld, or
 // its transpose.
 inline simd_fragment load_fragment(const threadgroup float* tile, uint ld, uint row, uint col,
-                              bool transpose) {
+                                   bool transpose) {
     simd_fragment f;
     simdgroup_load(f, tile + row * ld + col, ld, ulong2(0, 0), transpose);
     return f;

@@ -7,9 +7,7 @@
 
 // bf16 is handled as raw bits so that it needs neither MSL 3.1 nor hardware bfloat; stores
 // round to nearest even, with NaNs kept quiet (a payload in the high half survives).
-inline float bf16_bits_to_float(ushort bits) {
-    return as_type<float>(uint(bits) << 16);
-}
+inline float bf16_bits_to_float(ushort bits) { return as_type<float>(uint(bits) << 16); }
 
 inline ushort float_to_bf16_bits(float value) {
     uint bits = as_type<uint>(value);
@@ -20,27 +18,31 @@ inline ushort float_to_bf16_bits(float value) {
 
 inline float load_element(device const uchar* base, long index) {
     switch (fc_dtype) {
-    case MFA_KERNEL_DTYPE_F16: return float(((device const half*)base)[index]);
-    case MFA_KERNEL_DTYPE_BF16: return bf16_bits_to_float(((device const ushort*)base)[index]);
-    default: return ((device const float*)base)[index];
+        case MFA_KERNEL_DTYPE_F16: return float(((device const half*)base)[index]);
+        case MFA_KERNEL_DTYPE_BF16: return bf16_bits_to_float(((device const ushort*)base)[index]);
+        default: return ((device const float*)base)[index];
     }
 }
 
 inline void store_element(device uchar* base, long index, float value) {
     switch (fc_dtype) {
-    case MFA_KERNEL_DTYPE_F16: ((device half*)base)[index] = half(value); break;
-    case MFA_KERNEL_DTYPE_BF16: ((device ushort*)base)[index] = float_to_bf16_bits(value); break;
-    default: ((device float*)base)[index] = value; break;
+        case MFA_KERNEL_DTYPE_F16: ((device half*)base)[index] = half(value); break;
+        case MFA_KERNEL_DTYPE_BF16:
+            ((device ushort*)base)[index] = float_to_bf16_bits(value);
+            break;
+        default: ((device float*)base)[index] = value; break;
     }
 }
 
 // One (batch, head) slice of a strided operand: rows are sequence positions, columns features.
 struct operand_slice {
-    long base;        // element offset of (row 0, column 0)
+    long base; // element offset of (row 0, column 0)
     long row_stride;
     long col_stride;
 
-    long at(int row, uint col) const { return base + long(row) * row_stride + long(col) * col_stride; }
+    long at(int row, uint col) const {
+        return base + long(row) * row_stride + long(col) * col_stride;
+    }
 };
 
 inline operand_slice slice_of(constant mfa_operand_layout& layout, uint batch, uint head) {

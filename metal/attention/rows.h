@@ -13,12 +13,12 @@
 // Loads this simdgroup's rows of `operand` (block_parallel rows from row0) into registers.
 inline void cache_slab(thread simd_fragment* cache, threadgroup float* parallel_tile,
                        staged_operand operand, ushort thread_index, ushort simd_index) {
-    // Counted in cache fragments with a constant bound, so that, unrolled, every cache index is
-    // a constant and the cache stays in registers.
-    #pragma unroll
+// Counted in cache fragments with a constant bound, so that, unrolled, every cache index is
+// a constant and the cache stays in registers.
+#pragma unroll
     for (uint c = 0; c < MFA_CACHED_FRAGMENTS; c += fc_head_fragments) {
         const uint d0 = c * 8;
-        if (d0 >= operand.width) break;  // uniform across the threadgroup
+        if (d0 >= operand.width) break; // uniform across the threadgroup
         stage_tile(parallel_tile, operand, fc_block_parallel, d0, operand.width, thread_index);
         threadgroup_barrier(mem_flags::mem_threadgroup);
         load_slab(cache + c, parallel_tile, simd_index, fragments_in(operand.width - d0));
@@ -49,8 +49,8 @@ inline void compute_scores(thread simd_fragment* scores, const thread simd_fragm
                            ushort thread_index, ushort simd_index) {
     clear_fragments(scores, fc_traversal_fragments);
     if (cached) {
-        // As in cache_slab: a constant bound keeps the unrolled cache indices constant.
-        #pragma unroll
+// As in cache_slab: a constant bound keeps the unrolled cache indices constant.
+#pragma unroll
         for (uint c = 0; c < MFA_CACHED_FRAGMENTS; c += fc_head_fragments) {
             if (c * 8 >= slab.width) break;
             accumulate_score_chunk(scores, cache, true, parallel_tile, slab, traversal_tile,
@@ -67,11 +67,11 @@ inline void compute_scores(thread simd_fragment* scores, const thread simd_fragm
 inline void accumulate_product(thread simd_fragment* out, const thread simd_fragment* weights,
                                threadgroup float* traversal_tile, staged_operand traversed,
                                uint out_begin, uint out_end, ushort thread_index) {
-    // Counted from out_begin so that, unrolled, every accumulator index is a constant.
-    #pragma unroll
+// Counted from out_begin so that, unrolled, every accumulator index is a constant.
+#pragma unroll
     for (uint offset = 0; offset < fc_block_out; offset += fc_block_head) {
         const uint d0 = out_begin + offset;
-        if (d0 >= out_end) break;  // uniform across the threadgroup
+        if (d0 >= out_end) break; // uniform across the threadgroup
         stage_tile(traversal_tile, traversed, fc_block_traversal, d0, out_end, thread_index);
         threadgroup_barrier(mem_flags::mem_threadgroup);
         accumulate_output(out + offset / 8, weights, traversal_tile, fragments_in(out_end - d0));
@@ -98,7 +98,7 @@ inline column_range output_columns(uint out_block, uint width) {
 inline void store_rows(device uchar* dst, operand_slice slice, thread simd_fragment* acc,
                        column_range cols, int row, float factor, ushort lane) {
     const uint col0 = cols.begin + fragment_col(lane);
-    #pragma unroll
+#pragma unroll
     for (uint j = 0; j < fc_out_fragments; ++j)
         for (ushort e = 0; e < 2; ++e) {
             const uint col = col0 + j * 8 + e;

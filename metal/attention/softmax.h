@@ -40,8 +40,8 @@ constant float kLn2 = 0.6931471805599453f;
 
 // Running statistics of one row, held identically by the four lanes that share it.
 struct softmax_row {
-    float max_score;  // log2 units; kMaskedScore until the row sees a key
-    float sum;        // sum of exp2(score - max_score) so far
+    float max_score; // log2 units; kMaskedScore until the row sees a key
+    float sum;       // sum of exp2(score - max_score) so far
 };
 
 inline softmax_row softmax_row_start() {
@@ -63,15 +63,13 @@ inline float softmax_reference(float max_score) {
 // Whether a row's weights sum to exactly +0: it saw no key (every weight was a masked 0, or
 // the exp2 of a -inf score). Tested on the bits: under fast math `sum > 0` may say anything for
 // a NaN sum, and a row a NaN reached is not empty.
-inline bool softmax_row_is_empty(softmax_row row) {
-    return as_type<uint>(row.sum) == 0u;
-}
+inline bool softmax_row_is_empty(softmax_row row) { return as_type<uint>(row.sum) == 0u; }
 
 // Replaces the scores of one 8 x (8 * count) slab by exp2(score - new max) and returns the
 // factor exp2(old max - new max) by which earlier partial results must be rescaled.
 inline float softmax_row_update(thread softmax_row& row, thread simd_fragment* scores, uint count) {
     float block_max = kMaskedScore;
-    #pragma unroll
+#pragma unroll
     for (uint t = 0; t < count; ++t) {
         const float2 s = scores[t].thread_elements();
         block_max = max(block_max, max(s.x, s.y));
@@ -79,7 +77,7 @@ inline float softmax_row_update(thread softmax_row& row, thread simd_fragment* s
     const float new_max = max(row.max_score, row_max(block_max));
     const float reference = softmax_reference(new_max);
     float block_sum = 0.0f;
-    #pragma unroll
+#pragma unroll
     for (uint t = 0; t < count; ++t)
         for (ushort e = 0; e < 2; ++e) {
             const float p = exp2(scores[t].thread_elements()[e] - reference);
@@ -117,8 +115,6 @@ inline float log_sum_exp2_from_stored(float stored) {
 // above it, so exp2 gives exactly 0, as it does for kEmptyRowLogSumExp2. A NaN lse2 (a NaN
 // reached the row in the forward) makes all of the row's probabilities NaN, masked ones too,
 // as exp(-inf - NaN) does in the reference.
-inline float probability_from_lse2(float score, float lse2) {
-    return exp2(score - lse2);
-}
+inline float probability_from_lse2(float score, float lse2) { return exp2(score - lse2); }
 
 #endif

@@ -15,9 +15,9 @@ struct staged_operand {
     device const uchar* data;
     operand_slice slice;
     int row0;
-    int row_count;      // rows at or past it stage as zero
+    int row_count; // rows at or past it stage as zero
     uint width;
-    int rows_per_head;  // 0: every row is in `slice`
+    int rows_per_head; // 0: every row is in `slice`
     long head_stride;
 
     long at(int row, uint col) const {

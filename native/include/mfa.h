@@ -79,9 +79,9 @@ const char* mfa_last_error(void);
 /* ----------------------------------------------------------------------------------------- */
 
 typedef enum mfa_dtype {
-    MFA_DTYPE_F32 = 0,  /* IEEE binary32 */
-    MFA_DTYPE_F16 = 1,  /* IEEE binary16 */
-    MFA_DTYPE_BF16 = 2  /* bfloat16; stores round to nearest even */
+    MFA_DTYPE_F32 = 0, /* IEEE binary32 */
+    MFA_DTYPE_F16 = 1, /* IEEE binary16 */
+    MFA_DTYPE_BF16 = 2 /* bfloat16; stores round to nearest even */
 } mfa_dtype;
 
 /* mfa_dtype_size(): bytes per element of dtype, or 0 for an unknown value. */
@@ -102,10 +102,10 @@ const char* mfa_dtype_name(mfa_dtype dtype);
  * as are sliced views. Strides may be negative or (for inputs) zero. Outputs must not overlap
  * themselves, each other, or any input. */
 typedef struct mfa_tensor {
-    void* data;          /* first element; inputs are only read through it */
+    void* data; /* first element; inputs are only read through it */
     mfa_dtype dtype;
     int64_t shape[4];
-    int64_t strides[4];  /* in elements */
+    int64_t strides[4]; /* in elements */
 } mfa_tensor;
 
 /* ----------------------------------------------------------------------------------------- */
@@ -117,10 +117,7 @@ typedef struct mfa_tensor {
  *   p(i) = i + (Nk - Nq)   for MFA_ALIGN_BOTTOM_RIGHT (FlashAttention >= 2.1, MLX: the last
  *                          query sees the last key), the default;
  *   p(i) = i               for MFA_ALIGN_TOP_LEFT (PyTorch's is_causal). */
-typedef enum mfa_alignment {
-    MFA_ALIGN_BOTTOM_RIGHT = 0,
-    MFA_ALIGN_TOP_LEFT = 1
-} mfa_alignment;
+typedef enum mfa_alignment { MFA_ALIGN_BOTTOM_RIGHT = 0, MFA_ALIGN_TOP_LEFT = 1 } mfa_alignment;
 
 /* Options of one attention call. Key j is visible from query i when all of these hold:
  *   causal == 0       or  j <= p(i)
@@ -129,12 +126,12 @@ typedef enum mfa_alignment {
  * (FlashAttention's window_size convention; -1 means unbounded on that side.)
  * A query row that sees no key gets out = 0, lse = -inf and zero gradients. */
 typedef struct mfa_attention_params {
-    size_t struct_size;        /* sizeof(mfa_attention_params), set by mfa_attention_params_init */
-    float scale;               /* multiplies Q K^T; 0 selects 1/sqrt(D). Must be finite. */
-    int32_t causal;            /* 0 or 1 */
-    mfa_alignment alignment;   /* anchors causal and the window; default bottom-right */
-    int64_t window_left;       /* keys before p(i) that stay visible; -1 = unbounded (default) */
-    int64_t window_right;      /* keys after p(i) that stay visible;  -1 = unbounded (default) */
+    size_t struct_size;      /* sizeof(mfa_attention_params), set by mfa_attention_params_init */
+    float scale;             /* multiplies Q K^T; 0 selects 1/sqrt(D). Must be finite. */
+    int32_t causal;          /* 0 or 1 */
+    mfa_alignment alignment; /* anchors causal and the window; default bottom-right */
+    int64_t window_left;     /* keys before p(i) that stay visible; -1 = unbounded (default) */
+    int64_t window_right;    /* keys after p(i) that stay visible;  -1 = unbounded (default) */
 } mfa_attention_params;
 
 /* mfa_attention_params_init(): set struct_size and the defaults: scale 1/sqrt(D), no causal
@@ -146,7 +143,7 @@ void mfa_attention_params_init(mfa_attention_params* params);
 /* ----------------------------------------------------------------------------------------- */
 
 typedef enum mfa_backend {
-    MFA_BACKEND_AUTO = 0,      /* metal where an Apple GPU is usable, otherwise cpu */
+    MFA_BACKEND_AUTO = 0, /* metal where an Apple GPU is usable, otherwise cpu */
     MFA_BACKEND_CPU = 1,
     MFA_BACKEND_METAL = 2,
     MFA_BACKEND_METAL_SIM = 3
@@ -155,10 +152,10 @@ typedef enum mfa_backend {
 /* GPU families the Metal planner distinguishes. For metal-sim this picks the family whose
  * block-size tables are simulated; for metal it is read from the device. */
 typedef enum mfa_gpu_family {
-    MFA_GPU_FAMILY_NONE = 0,     /* CPU backend */
-    MFA_GPU_FAMILY_APPLE7 = 7,   /* M1, A14 */
-    MFA_GPU_FAMILY_APPLE8 = 8,   /* M2, A15, A16 */
-    MFA_GPU_FAMILY_APPLE9 = 9    /* M3, M4, A17 Pro, A18 and later */
+    MFA_GPU_FAMILY_NONE = 0,   /* CPU backend */
+    MFA_GPU_FAMILY_APPLE7 = 7, /* M1, A14 */
+    MFA_GPU_FAMILY_APPLE8 = 8, /* M2, A15, A16 */
+    MFA_GPU_FAMILY_APPLE9 = 9  /* M3, M4, A17 Pro, A18 and later */
 } mfa_gpu_family;
 
 /* mfa_backend_name(): "auto", "cpu", "metal" or "metal-sim"; "unknown" otherwise. */
@@ -169,10 +166,10 @@ const char* mfa_backend_name(mfa_backend backend);
 int mfa_backend_available(mfa_backend backend);
 
 typedef struct mfa_context_options {
-    size_t struct_size;          /* sizeof(mfa_context_options), set by mfa_context_options_init */
-    int32_t num_threads;         /* cpu, metal-sim: worker threads; 0 = one per core (default) */
-    mfa_gpu_family gpu_family;   /* metal-sim: family to simulate; NONE = APPLE9 (default) */
-    uint64_t sim_schedule_seed;  /* metal-sim: 0 runs threads in a fixed order (default); any
+    size_t struct_size;         /* sizeof(mfa_context_options), set by mfa_context_options_init */
+    int32_t num_threads;        /* cpu, metal-sim: worker threads; 0 = one per core (default) */
+    mfa_gpu_family gpu_family;  /* metal-sim: family to simulate; NONE = APPLE9 (default) */
+    uint64_t sim_schedule_seed; /* metal-sim: 0 runs threads in a fixed order (default); any
                                     other value shuffles the order threads run between barriers */
 } mfa_context_options;
 
@@ -201,23 +198,23 @@ const char* mfa_context_device_name(const mfa_context* ctx);
 
 /* Bits of mfa_capabilities.features. */
 typedef enum mfa_feature {
-    MFA_FEATURE_BACKWARD = 1,           /* mfa_attention_backward */
-    MFA_FEATURE_LSE = 2,                /* forward can return the log-sum-exp */
-    MFA_FEATURE_CAUSAL = 4,             /* causal masking, both alignments */
-    MFA_FEATURE_WINDOW = 8,             /* sliding windows */
-    MFA_FEATURE_GQA = 16,               /* Hq a multiple of Hkv (MQA included) */
-    MFA_FEATURE_VALUE_HEAD_DIM = 32,    /* Dv != D */
-    MFA_FEATURE_STRIDES = 64            /* arbitrary element strides */
+    MFA_FEATURE_BACKWARD = 1,        /* mfa_attention_backward */
+    MFA_FEATURE_LSE = 2,             /* forward can return the log-sum-exp */
+    MFA_FEATURE_CAUSAL = 4,          /* causal masking, both alignments */
+    MFA_FEATURE_WINDOW = 8,          /* sliding windows */
+    MFA_FEATURE_GQA = 16,            /* Hq a multiple of Hkv (MQA included) */
+    MFA_FEATURE_VALUE_HEAD_DIM = 32, /* Dv != D */
+    MFA_FEATURE_STRIDES = 64         /* arbitrary element strides */
 } mfa_feature;
 
 /* What a context can run, so callers can check instead of guessing. */
 typedef struct mfa_capabilities {
-    size_t struct_size;          /* set by the caller to sizeof(mfa_capabilities) */
-    uint32_t dtypes;             /* bit (1u << dtype) set for each mfa_dtype supported */
-    uint32_t features;           /* OR of mfa_feature bits */
-    int64_t max_head_dim;        /* largest D and Dv accepted */
-    mfa_gpu_family gpu_family;   /* NONE for cpu */
-    int32_t num_threads;         /* cpu, metal-sim: worker threads in use; 0 for metal */
+    size_t struct_size;        /* set by the caller to sizeof(mfa_capabilities) */
+    uint32_t dtypes;           /* bit (1u << dtype) set for each mfa_dtype supported */
+    uint32_t features;         /* OR of mfa_feature bits */
+    int64_t max_head_dim;      /* largest D and Dv accepted */
+    mfa_gpu_family gpu_family; /* NONE for cpu */
+    int32_t num_threads;       /* cpu, metal-sim: worker threads in use; 0 for metal */
 } mfa_capabilities;
 
 /* mfa_context_capabilities(): fill *caps. caps->struct_size must be set by the caller; fields
@@ -258,8 +255,8 @@ mfa_status mfa_attention_forward(mfa_context* ctx, const mfa_attention_params* p
 mfa_status mfa_attention_backward(mfa_context* ctx, const mfa_attention_params* params,
                                   const mfa_tensor* q, const mfa_tensor* k, const mfa_tensor* v,
                                   const mfa_tensor* out, const mfa_tensor* dout,
-                                  const mfa_tensor* lse, const mfa_tensor* dq,
-                                  const mfa_tensor* dk, const mfa_tensor* dv);
+                                  const mfa_tensor* lse, const mfa_tensor* dq, const mfa_tensor* dk,
+                                  const mfa_tensor* dv);
 
 /* ----------------------------------------------------------------------------------------- */
 /* Memory                                                                                    */

@@ -30,10 +30,13 @@ MFA_HEADER
 Threads: cffi releases the GIL during every libmfa call, and contexts may be shared by threads.
 """
 
-from ._library import ffi as _ffi, lib as _lib
-from ._library import header_path as _header_path, library_path as _library_path
-from ._context import Context, MFAError, available_backends, resolve_context as _resolve_context
 from ._attention import attention, attention_backward
+from ._context import Context, MFAError, available_backends
+from ._context import resolve_context as _resolve_context
+from ._library import ffi as _ffi
+from ._library import header_path as _header_path
+from ._library import lib as _lib
+from ._library import library_path as _library_path
 from ._memory import empty
 
 __all__ = [

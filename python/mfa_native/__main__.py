@@ -75,13 +75,16 @@ def _mib(count):
 def _demo(arguments):
     batch, heads, seq, dim = _DEMO_SIZES[arguments.size]
     rng = np.random.default_rng(arguments.seed)
-    q, k, v, dout = (rng.standard_normal((batch, heads, seq, dim), dtype=np.float32)
-                     for _ in range(4))
+    q, k, v, dout = (
+        rng.standard_normal((batch, heads, seq, dim), dtype=np.float32) for _ in range(4)
+    )
     scale = 1 / math.sqrt(dim)
     context = mfa_native.Context(arguments.backend)
-    print(f"mfa_native {mfa_native.__version__} demo: B={batch} H={heads} N={seq} D={dim} "
-          f"float32, causal={arguments.causal}, backend {context.backend} "
-          f"({context.device_name})")
+    print(
+        f"mfa_native {mfa_native.__version__} demo: B={batch} H={heads} N={seq} D={dim} "
+        f"float32, causal={arguments.causal}, backend {context.backend} "
+        f"({context.device_name})"
+    )
 
     # One-time costs (worker threads, BLAS and kernel set-up) are paid on a 16-row slice first.
     head = (q[:, :, :16], k[:, :, :16], v[:, :, :16])
@@ -90,38 +93,57 @@ def _demo(arguments):
 
     # mfa runs first: the naive version's large temporaries would otherwise stay in the
     # allocator's free lists and hide mfa's resident-set growth.
-    (out, lse), mfa_forward = measure(lambda: mfa_native.attention(
-        q, k, v, causal=arguments.causal, return_lse=True, backend=context))
-    grads, mfa_backward = measure(lambda: mfa_native.attention_backward(
-        dout, q, k, v, out, lse, causal=arguments.causal, backend=context))
+    (out, lse), mfa_forward = measure(
+        lambda: mfa_native.attention(
+            q, k, v, causal=arguments.causal, return_lse=True, backend=context
+        )
+    )
+    grads, mfa_backward = measure(
+        lambda: mfa_native.attention_backward(
+            dout, q, k, v, out, lse, causal=arguments.causal, backend=context
+        )
+    )
     (ref_out, ref_lse), naive_forward = measure(
-        lambda: _naive_forward(q, k, v, scale, arguments.causal))
+        lambda: _naive_forward(q, k, v, scale, arguments.causal)
+    )
     ref_grads, naive_backward = measure(
-        lambda: _naive_backward(dout, q, k, v, ref_out, ref_lse, scale, arguments.causal))
+        lambda: _naive_backward(dout, q, k, v, ref_out, ref_lse, scale, arguments.causal)
+    )
     context.close()
 
-    print(f"{'':16}{'time':>10}   {'peak extra, numpy (tracemalloc)':>32}   "
-          f"{'peak extra, RSS (VmHWM)':>24}")
+    print(
+        f"{'':16}{'time':>10}   {'peak extra, numpy (tracemalloc)':>32}   "
+        f"{'peak extra, RSS (VmHWM)':>24}"
+    )
     for label, cost in (
-        ("mfa forward", mfa_forward), ("naive forward", naive_forward),
-        ("mfa backward", mfa_backward), ("naive backward", naive_backward),
+        ("mfa forward", mfa_forward),
+        ("naive forward", naive_forward),
+        ("mfa backward", mfa_backward),
+        ("naive backward", naive_backward),
     ):
-        print(f"{label:16}{cost.seconds:9.3f}s   {_mib(cost.traced_peak_bytes):>32}   "
-              f"{_mib(cost.resident_rise_bytes):>24}")
+        print(
+            f"{label:16}{cost.seconds:9.3f}s   {_mib(cost.traced_peak_bytes):>32}   "
+            f"{_mib(cost.resident_rise_bytes):>24}"
+        )
     unmeasured = mfa_forward.resident_rise_bytes is None
-    print("numpy (tracemalloc): peak of arrays allocated through numpy/Python during the call, "
-          "outputs included.\nRSS (VmHWM): peak rise of the resident set during the call, "
-          "libmfa's own allocations included"
-          + ("; n/a: the high-water mark cannot be reset here." if unmeasured else "."))
+    print(
+        "numpy (tracemalloc): peak of arrays allocated through numpy/Python during the call, "
+        "outputs included.\nRSS (VmHWM): peak rise of the resident set during the call, "
+        "libmfa's own allocations included"
+        + ("; n/a: the high-water mark cannot be reset here." if unmeasured else ".")
+    )
 
     within_tolerance = True
-    for name, got, expected in zip(("out", "lse", "dq", "dk", "dv"),
-                                   (out, lse) + grads, (ref_out, ref_lse) + ref_grads):
+    for name, got, expected in zip(
+        ("out", "lse", "dq", "dk", "dv"), (out, lse) + grads, (ref_out, ref_lse) + ref_grads
+    ):
         error = float(np.max(np.abs(got.astype(np.float64) - expected)))
         bound = _DEMO_TOLERANCE * float(np.max(np.abs(expected)))
         within_tolerance &= error <= bound
-        print(f"max abs error {name:4} {error:.3e}  (tolerance {bound:.3e})"
-              f"{'' if error <= bound else '  FAILED'}")
+        print(
+            f"max abs error {name:4} {error:.3e}  (tolerance {bound:.3e})"
+            f"{'' if error <= bound else '  FAILED'}"
+        )
     return 0 if within_tolerance else 1
 
 
@@ -130,8 +152,10 @@ def _bench(argv):
     try:
         bench = importlib.import_module("mfa_native.bench")
     except ModuleNotFoundError as error:
-        print(f"python -m mfa_native bench: the benchmark module is not available ({error})",
-              file=sys.stderr)
+        print(
+            f"python -m mfa_native bench: the benchmark module is not available ({error})",
+            file=sys.stderr,
+        )
         return 2
     status = bench.main(argv)
     return 0 if status is None else status
@@ -140,7 +164,8 @@ def _bench(argv):
 def _parser():
     parser = argparse.ArgumentParser(
         prog="python -m mfa_native",
-        description="mfa_native: exact attention (FlashAttention) for Apple GPUs and CPUs.")
+        description="mfa_native: exact attention (FlashAttention) for Apple GPUs and CPUs.",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     info = commands.add_parser("info", help="version, library, backends and capabilities")
@@ -148,21 +173,30 @@ def _parser():
     info.set_defaults(run=_info)
 
     demo = commands.add_parser(
-        "demo", help="forward and backward against a naive numpy version: errors, time, memory")
-    demo.add_argument("--backend", default="auto",
-                      choices=["auto", "cpu", "metal", "metal-sim"],
-                      help="'auto' (default) is metal where an Apple GPU is usable, else cpu; "
-                           "metal-sim is a slow simulator")
-    demo.add_argument("--size", default="default", choices=sorted(_DEMO_SIZES),
-                      help="default: B=1 H=8 N=2048 D=64; small: B=1 H=2 N=128 D=32")
+        "demo", help="forward and backward against a naive numpy version: errors, time, memory"
+    )
+    demo.add_argument(
+        "--backend",
+        default="auto",
+        choices=["auto", "cpu", "metal", "metal-sim"],
+        help="'auto' (default) is metal where an Apple GPU is usable, else cpu; "
+        "metal-sim is a slow simulator",
+    )
+    demo.add_argument(
+        "--size",
+        default="default",
+        choices=sorted(_DEMO_SIZES),
+        help="default: B=1 H=8 N=2048 D=64; small: B=1 H=2 N=128 D=32",
+    )
     demo.add_argument("--causal", action="store_true", help="use a causal mask")
     demo.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     demo.set_defaults(run=_demo)
 
     # Listed for --help only: main() hands "bench ..." to mfa_native.bench before parsing, since
     # argparse cannot pass options it does not know through unchanged.
-    commands.add_parser("bench", add_help=False,
-                        help="benchmarks; every later argument goes to mfa_native.bench")
+    commands.add_parser(
+        "bench", add_help=False, help="benchmarks; every later argument goes to mfa_native.bench"
+    )
     return parser
 
 

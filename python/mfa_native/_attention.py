@@ -44,8 +44,9 @@ class _Layout:
     def require_nonempty(self, name, array):
         for logical, axis in enumerate(self.axes):
             if axis is not None and array.shape[axis] == 0:
-                raise ValueError(f"{name}.shape[{axis}] ({_AXIS_NAMES[logical]}) must be at "
-                                 f"least 1, got 0")
+                raise ValueError(
+                    f"{name}.shape[{axis}] ({_AXIS_NAMES[logical]}) must be at least 1, got 0"
+                )
 
     def require_same(self, name, array, other_name, other, logical):
         axis = self.axes[logical]
@@ -190,8 +191,20 @@ def _lse_shape(arrays, batch, heads_q, seq_q):
     return (batch, heads_q, seq_q) if arrays.rank == 4 else (heads_q, seq_q)
 
 
-def attention(q, k, v, *, causal=False, causal_alignment="bottom_right", window=None,
-              scale=None, layout="bhsd", return_lse=False, backend=None, out=None):
+def attention(
+    q,
+    k,
+    v,
+    *,
+    causal=False,
+    causal_alignment="bottom_right",
+    window=None,
+    scale=None,
+    layout="bhsd",
+    return_lse=False,
+    backend=None,
+    out=None,
+):
     """Exact attention ``softmax(scale * q @ k^T + mask) @ v`` without an N x N buffer.
 
     Parameters
@@ -256,16 +269,35 @@ def attention(q, k, v, *, causal=False, causal_alignment="bottom_right", window=
         out = np.empty(out_shape, q.dtype)
     lse = np.empty(_lse_shape(arrays, batch, heads_q, seq_q), _LSE_DTYPE) if return_lse else None
     context._call(
-        lib.mfa_attention_forward, params,
-        _tensor(q, arrays), _tensor(k, arrays), _tensor(v, arrays), _tensor(out, arrays),
+        lib.mfa_attention_forward,
+        params,
+        _tensor(q, arrays),
+        _tensor(k, arrays),
+        _tensor(v, arrays),
+        _tensor(out, arrays),
         _lse_tensor(lse) if return_lse else ffi.NULL,
     )
     return (out, lse) if return_lse else out
 
 
-def attention_backward(dout, q, k, v, out, lse, *, causal=False,
-                       causal_alignment="bottom_right", window=None, scale=None, layout="bhsd",
-                       backend=None, dq=None, dk=None, dv=None):
+def attention_backward(
+    dout,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    *,
+    causal=False,
+    causal_alignment="bottom_right",
+    window=None,
+    scale=None,
+    layout="bhsd",
+    backend=None,
+    dq=None,
+    dk=None,
+    dv=None,
+):
     """Gradients of :func:`attention` with respect to q, k and v.
 
     Parameters
@@ -313,12 +345,21 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False,
             _check_output(name, given, like.shape, q.dtype)
     context = resolve_context(backend)
 
-    dq, dk, dv = (np.empty(like.shape, q.dtype) if given is None else given
-                  for given, like in ((dq, q), (dk, k), (dv, v)))
+    dq, dk, dv = (
+        np.empty(like.shape, q.dtype) if given is None else given
+        for given, like in ((dq, q), (dk, k), (dv, v))
+    )
     context._call(
-        lib.mfa_attention_backward, params,
-        _tensor(q, arrays), _tensor(k, arrays), _tensor(v, arrays), _tensor(out, arrays),
-        _tensor(dout, arrays), _lse_tensor(lse),
-        _tensor(dq, arrays), _tensor(dk, arrays), _tensor(dv, arrays),
+        lib.mfa_attention_backward,
+        params,
+        _tensor(q, arrays),
+        _tensor(k, arrays),
+        _tensor(v, arrays),
+        _tensor(out, arrays),
+        _tensor(dout, arrays),
+        _lse_tensor(lse),
+        _tensor(dq, arrays),
+        _tensor(dk, arrays),
+        _tensor(dv, arrays),
     )
     return dq, dk, dv

@@ -14,7 +14,7 @@ __all__ = ["MFAError", "Context", "available_backends", "resolve_context"]
 def _enum_names(c_type, prefix):
     """{value: lower-case name without prefix} of a C enum: MFA_GPU_FAMILY_APPLE7 -> 'apple7'."""
     return {
-        value: name[len(prefix):].lower()
+        value: name[len(prefix) :].lower()
         for value, name in ffi.typeof(c_type).elements.items()
         if name.startswith(prefix)
     }
@@ -31,7 +31,7 @@ _GPU_FAMILIES = {
 }
 _FEATURE_NAMES = _enum_names("mfa_feature", "MFA_FEATURE_")
 _STATUS_NAMES = {
-    value: name[len("MFA_ERROR_"):] if name.startswith("MFA_ERROR_") else name[len("MFA_"):]
+    value: name[len("MFA_ERROR_") :] if name.startswith("MFA_ERROR_") else name[len("MFA_") :]
     for value, name in ffi.typeof("mfa_status").elements.items()
 }
 # numpy dtype -> mfa_dtype. Non-native byte orders compare unequal and are rejected.
@@ -225,10 +225,12 @@ class Context:
         self._call(lib.mfa_context_capabilities, caps)
         families = {value: name for name, value in _GPU_FAMILIES.items()}
         return {
-            "dtypes": [name for value, name in sorted(_DTYPE_NAMES.items())
-                       if caps.dtypes >> value & 1],
-            "features": [name for bit, name in sorted(_FEATURE_NAMES.items())
-                         if caps.features & bit],
+            "dtypes": [
+                name for value, name in sorted(_DTYPE_NAMES.items()) if caps.dtypes >> value & 1
+            ],
+            "features": [
+                name for bit, name in sorted(_FEATURE_NAMES.items()) if caps.features & bit
+            ],
             "max_head_dim": int(caps.max_head_dim),
             "gpu_family": families.get(int(caps.gpu_family)),
             "num_threads": int(caps.num_threads),

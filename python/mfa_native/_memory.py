@@ -51,7 +51,8 @@ def empty(shape, dtype=np.float32):
         nbytes *= size
     if nbytes > sys.maxsize:
         raise ValueError(
-            f"shape {shape} of {dtype} needs {nbytes} bytes, more than can be addressed")
+            f"shape {shape} of {dtype} needs {nbytes} bytes, more than can be addressed"
+        )
     # Zero-size arrays still get a real allocation, so every array from empty() is page-aligned.
     pointer = lib.mfa_alloc(max(nbytes, 1))
     if pointer == ffi.NULL:

@@ -126,16 +126,42 @@ _AGREEMENT = {"f32": 1e-4, "bf16": 3e-2, "f16": 5e-3}
 # metal-sim simulates every GPU thread on the CPU: small shapes, one repeat, and a window
 # narrower than N so that its block skipping runs.
 _DEFAULTS = {
-    "cpu": dict(seq=[1024, 2048, 4096], head_dims=[64, 128], dtypes=["f32", "bf16"],
-                window=[(256, 0)], repeats=5, dispatches=1, peers=["mfa", "torch", "numpy"],
-                naive_max_seq=2048, gemm=True, memory_check=True),
-    "metal": dict(seq=[1024, 2048, 4096, 8192, 16384], head_dims=[64, 128, 256],
-                  dtypes=["f16", "bf16"], window=[(256, 0)], repeats=5, dispatches=5,
-                  peers=["mfa", "mlx", "torch", "numpy"], naive_max_seq=1024, gemm=False,
-                  memory_check=False),
-    "metal-sim": dict(seq=[64, 256], head_dims=[16, 64], dtypes=["f32"], window=[(32, 0)],
-                      repeats=1, dispatches=1, peers=["mfa", "numpy"], naive_max_seq=2048,
-                      gemm=False, memory_check=False),
+    "cpu": dict(
+        seq=[1024, 2048, 4096],
+        head_dims=[64, 128],
+        dtypes=["f32", "bf16"],
+        window=[(256, 0)],
+        repeats=5,
+        dispatches=1,
+        peers=["mfa", "torch", "numpy"],
+        naive_max_seq=2048,
+        gemm=True,
+        memory_check=True,
+    ),
+    "metal": dict(
+        seq=[1024, 2048, 4096, 8192, 16384],
+        head_dims=[64, 128, 256],
+        dtypes=["f16", "bf16"],
+        window=[(256, 0)],
+        repeats=5,
+        dispatches=5,
+        peers=["mfa", "mlx", "torch", "numpy"],
+        naive_max_seq=1024,
+        gemm=False,
+        memory_check=False,
+    ),
+    "metal-sim": dict(
+        seq=[64, 256],
+        head_dims=[16, 64],
+        dtypes=["f32"],
+        window=[(32, 0)],
+        repeats=1,
+        dispatches=1,
+        peers=["mfa", "numpy"],
+        naive_max_seq=2048,
+        gemm=False,
+        memory_check=False,
+    ),
 }
 
 
@@ -186,6 +212,7 @@ class Config:
 
 # ---- Inputs ---------------------------------------------------------------------------------
 
+
 def _numpy_dtype(name):
     if name == "f32":
         return np.dtype(np.float32)
@@ -211,6 +238,7 @@ def _page_aligned(array):
 
 
 # ---- Peers ----------------------------------------------------------------------------------
+
 
 class Peer:
     """One implementation the benchmark times.
@@ -270,8 +298,12 @@ class MfaPeer(Peer):
         # In mfa_native.empty's page-aligned memory, which the metal backend always wraps
         # without a copy (its documented zero-copy path), as a Mac user would pass them.
         q, k, v, dout = (_page_aligned(array) for array in (q, k, v, dout))
-        options = dict(causal=config.causal, causal_alignment="top_left", window=config.window,
-                       backend=self.context)
+        options = dict(
+            causal=config.causal,
+            causal_alignment="top_left",
+            window=config.window,
+            backend=self.context,
+        )
 
         def forward():
             out = mfa_native.attention(q, k, v, **options)
@@ -372,8 +404,10 @@ class MlxPeer(Peer):
         mx = self.mx
         # Through float32, which holds every bf16 and f16 value exactly: mx.array takes no
         # ml_dtypes arrays.
-        q, k, v, dout = (mx.array(a.astype(np.float32)).astype(self.dtypes[config.dtype])
-                         for a in (q, k, v, dout))
+        q, k, v, dout = (
+            mx.array(a.astype(np.float32)).astype(self.dtypes[config.dtype])
+            for a in (q, k, v, dout)
+        )
         mx.eval(q, k, v, dout)  # MLX is lazy: the conversions must not land in a timed call
         # MLX's "causal" aligns the last query with the last key; for N x N it is top-left too.
         options = dict(scale=1 / math.sqrt(config.dim), mask="causal" if config.causal else None)
@@ -464,8 +498,10 @@ def _other_peers(names, backend, threads, naive_max_seq):
                 continue
             device = "mps" if backend == "metal" else "cpu"
             if device == "mps" and not torch.backends.mps.is_available():
-                print("bench: this torch cannot use the GPU (mps); running without it",
-                      file=sys.stderr)
+                print(
+                    "bench: this torch cannot use the GPU (mps); running without it",
+                    file=sys.stderr,
+                )
                 continue
             peers.append(TorchPeer(torch, device, threads or _cpu_count()))
         elif name == "mlx":
@@ -478,6 +514,7 @@ def _other_peers(names, backend, threads, naive_max_seq):
 
 
 # ---- Measurement ----------------------------------------------------------------------------
+
 
 def _cpu_count():
     try:
@@ -508,8 +545,9 @@ def _measure(peer, function, config, which, arguments):
     result = {"ms": wall * 1e3, "gpu_ms": None if gpu is None else gpu * 1e3}
     for prefix, seconds in (("", wall), ("gpu_", gpu)):
         result[prefix + "gflops"] = None if seconds is None else config.flops(which) / seconds / 1e9
-        result[prefix + "ginstrs"] = (None if seconds is None
-                                      else config.instructions(which) / seconds / 1e9)
+        result[prefix + "ginstrs"] = (
+            None if seconds is None else config.instructions(which) / seconds / 1e9
+        )
     result["peak_extra_bytes"] = _peak_extra_bytes(function) if arguments.memory else None
     return output, result
 
@@ -550,11 +588,14 @@ def _gemm_ceiling(size=4096):
 def _max_relative_difference(got, expected):
     """max |got - expected| / max |expected| over lists of float32 arrays (the difference of
     two float32 values is within one rounding of exact: ample for tolerances of 1e-4 and up)."""
-    return max(float(np.max(np.abs(g - e))) / (float(np.max(np.abs(e))) or 1.0)
-               for g, e in zip(got, expected))
+    return max(
+        float(np.max(np.abs(g - e))) / (float(np.max(np.abs(e))) or 1.0)
+        for g, e in zip(got, expected)
+    )
 
 
 # ---- Progress and reports -------------------------------------------------------------------
+
 
 class _Progress:
     """A one-line progress bar on stderr (redrawn in place when stderr is a terminal)."""
@@ -571,8 +612,10 @@ class _Progress:
         width = 30
         filled = width * self.done // self.total
         elapsed = time.perf_counter() - self.started
-        line = (f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} "
-                f"{elapsed:6.1f}s  {label}")
+        line = (
+            f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} "
+            f"{elapsed:6.1f}s  {label}"
+        )
         if self.live:
             self.stream.write("\r" + line[:150].ljust(150))
         else:
@@ -617,8 +660,10 @@ def _table(rows, peers, ceiling, tera):
         line = [row["config_label"], row["pass"], _number(mfa.get("ms"))]
         if gpu:
             line.append(_number(mfa.get("gpu_ms")))
-        line += [_number(None if gflops is None else gflops / 1e3 if tera else gflops),
-                 _number(mfa.get(clock + "ginstrs"))]
+        line += [
+            _number(None if gflops is None else gflops / 1e3 if tera else gflops),
+            _number(mfa.get(clock + "ginstrs")),
+        ]
         if ceiling:
             line.append(_format(None if gflops is None else 100 * gflops / ceiling, ".0f"))
         if memory:
@@ -635,9 +680,12 @@ def _table(rows, peers, ceiling, tera):
         lines.append(line)
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
     return "\n".join(
-        "  ".join(str(cell).rjust(width) if i else str(cell).ljust(width)
-                  for i, (cell, width) in enumerate(zip(line, widths)))
-        for line in lines)
+        "  ".join(
+            str(cell).rjust(width) if i else str(cell).ljust(width)
+            for i, (cell, width) in enumerate(zip(line, widths))
+        )
+        for line in lines
+    )
 
 
 def _mib(count):
@@ -664,7 +712,8 @@ def _plot(rows, path):
                 continue
             key = (peer, config["dim"], config["causal"])
             series.setdefault(panel, {}).setdefault(key, []).append(
-                (config["seq"], result["gflops"]))
+                (config["seq"], result["gflops"])
+            )
     if not series:
         return False
     # Colour says which peer, line style which head dimension, marker whether causal.
@@ -676,10 +725,14 @@ def _plot(rows, path):
     for axis, panel in zip(axes[0], panels):
         for (peer, dim, causal), points in sorted(series[panel].items()):
             points.sort()
-            axis.plot([p[0] for p in points], [p[1] for p in points],
-                      color=colours.get(peer), marker="x" if causal else "o",
-                      linestyle=styles[dims.index(dim) % len(styles)],
-                      label=f"{peer} D={dim}{' causal' if causal else ''}")
+            axis.plot(
+                [p[0] for p in points],
+                [p[1] for p in points],
+                color=colours.get(peer),
+                marker="x" if causal else "o",
+                linestyle=styles[dims.index(dim) % len(styles)],
+                label=f"{peer} D={dim}{' causal' if causal else ''}",
+            )
         axis.set_xscale("log", base=2)
         axis.set_xlabel("N")
         axis.set_ylabel("GFLOP/s (wall time)")
@@ -694,6 +747,7 @@ def _plot(rows, path):
 
 # ---- The run --------------------------------------------------------------------------------
 
+
 def _grid(arguments):
     causal_values = {"both": (False, True), "yes": (True,), "no": (False,)}[arguments.causal]
     configs = []
@@ -701,11 +755,13 @@ def _grid(arguments):
         for dim in arguments.head_dims:
             for seq in arguments.seq:
                 for causal in causal_values:
-                    configs.append(Config(arguments.batch, arguments.heads, seq, dim, dtype,
-                                          causal))
+                    configs.append(
+                        Config(arguments.batch, arguments.heads, seq, dim, dtype, causal)
+                    )
                 for window in arguments.window:
-                    configs.append(Config(arguments.batch, arguments.heads, seq, dim, dtype,
-                                          False, window))
+                    configs.append(
+                        Config(arguments.batch, arguments.heads, seq, dim, dtype, False, window)
+                    )
     return configs
 
 
@@ -760,8 +816,14 @@ def _benchmark(configs, peers, arguments, progress):
             for name, result in results.items():
                 if name != "mfa" and "ms" in result and "ms" in mfa:
                     result["speedup_of_mfa"] = result["ms"] / mfa["ms"]
-            rows.append({"config": asdict(config), "config_label": config.label(),
-                         "pass": which, "results": results})
+            rows.append(
+                {
+                    "config": asdict(config),
+                    "config_label": config.label(),
+                    "pass": which,
+                    "results": results,
+                }
+            )
     return rows
 
 
@@ -773,9 +835,15 @@ def _memory_targets(mfa):
     report = []
     for which in _PASSES:
         extra = _peak_extra_bytes(functions[which])
-        report.append({"config_label": config.label(), "pass": which, "peak_extra_bytes": extra,
-                       "limit_bytes": limits[which],
-                       "met": None if extra is None else extra < limits[which]})
+        report.append(
+            {
+                "config_label": config.label(),
+                "pass": which,
+                "peak_extra_bytes": extra,
+                "limit_bytes": limits[which],
+                "met": None if extra is None else extra < limits[which],
+            }
+        )
     return report
 
 
@@ -783,7 +851,9 @@ def _parse_window(text):
     try:
         left, right = (int(part) for part in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected LEFT,RIGHT (e.g. 256,0), got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected LEFT,RIGHT (e.g. 256,0), got {text!r}"
+        ) from None
     return (left, right)
 
 
@@ -799,8 +869,9 @@ def _show(value):
 
 def _by_backend(name, text=""):
     """Help text ending with the per-backend defaults of an option, read from _DEFAULTS."""
-    defaults = "; ".join(f"{backend}: {_show(values[name])}"
-                         for backend, values in _DEFAULTS.items())
+    defaults = "; ".join(
+        f"{backend}: {_show(values[name])}" for backend, values in _DEFAULTS.items()
+    )
     return f"{text} (default {defaults})" if text else f"default {defaults}"
 
 
@@ -808,13 +879,20 @@ def _parser():
     parser = argparse.ArgumentParser(
         prog="python -m mfa_native bench",
         description="Time mfa against PyTorch SDPA, MLX SDPA and naive numpy attention. "
-                    "Several defaults depend on the backend (auto: the one it resolves to).")
-    parser.add_argument("--quick", action="store_true",
-                        help="the backend's first two N, first D, at most 3 repeats, "
-                             "no memory check")
+        "Several defaults depend on the backend (auto: the one it resolves to).",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="the backend's first two N, first D, at most 3 repeats, no memory check",
+    )
     parser.add_argument("--backend", default="cpu", choices=["cpu", "auto", "metal", "metal-sim"])
-    parser.add_argument("--threads", type=int, default=0,
-                        help="threads for mfa and torch (default: every usable core)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="threads for mfa and torch (default: every usable core)",
+    )
     parser.add_argument("--peers", nargs="+", choices=_PEERS, help=_by_backend("peers"))
     parser.add_argument("--dtypes", nargs="+", choices=_DTYPES, help=_by_backend("dtypes"))
     parser.add_argument("--seq", nargs="+", type=int, help=_by_backend("seq"))
@@ -822,23 +900,42 @@ def _parser():
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--causal", default="both", choices=["both", "yes", "no"])
-    parser.add_argument("--window", nargs="*", type=_parse_window,
-                        help=_by_backend("window", "sliding windows LEFT,RIGHT to add per shape; "
-                                                   "--window alone adds none"))
+    parser.add_argument(
+        "--window",
+        nargs="*",
+        type=_parse_window,
+        help=_by_backend(
+            "window", "sliding windows LEFT,RIGHT to add per shape; --window alone adds none"
+        ),
+    )
     parser.add_argument("--passes", nargs="+", default=list(_PASSES), choices=_PASSES)
     parser.add_argument("--repeats", type=int, help=_by_backend("repeats", "timed trials"))
-    parser.add_argument("--dispatches", type=int,
-                        help=_by_backend("dispatches", "calls in a row per trial"))
-    parser.add_argument("--naive-max-seq", type=int,
-                        help=_by_backend("naive_max_seq", "largest N the naive numpy peer runs "
-                                                          "(it stores N x N scores)"))
-    parser.add_argument("--no-memory", dest="memory", action="store_false",
-                        help="skip the peak-extra-memory measurement of every row")
-    parser.add_argument("--memory-check", action=argparse.BooleanOptionalAction,
-                        help=_by_backend("memory_check",
-                                         "run mfa alone at the memory targets, N=16384"))
-    parser.add_argument("--gemm", action=argparse.BooleanOptionalAction,
-                        help=_by_backend("gemm", "measure the float32 GEMM ceiling"))
+    parser.add_argument(
+        "--dispatches", type=int, help=_by_backend("dispatches", "calls in a row per trial")
+    )
+    parser.add_argument(
+        "--naive-max-seq",
+        type=int,
+        help=_by_backend(
+            "naive_max_seq", "largest N the naive numpy peer runs (it stores N x N scores)"
+        ),
+    )
+    parser.add_argument(
+        "--no-memory",
+        dest="memory",
+        action="store_false",
+        help="skip the peak-extra-memory measurement of every row",
+    )
+    parser.add_argument(
+        "--memory-check",
+        action=argparse.BooleanOptionalAction,
+        help=_by_backend("memory_check", "run mfa alone at the memory targets, N=16384"),
+    )
+    parser.add_argument(
+        "--gemm",
+        action=argparse.BooleanOptionalAction,
+        help=_by_backend("gemm", "measure the float32 GEMM ceiling"),
+    )
     parser.add_argument("--json", metavar="PATH", help="write every result as JSON")
     parser.add_argument("--plot", metavar="PATH", help="write a PNG of GFLOP/s against N")
     return parser
@@ -848,8 +945,12 @@ def _apply_defaults(arguments, backend):
     """Fill every option left out (None) with the backend's default, trimmed by --quick."""
     defaults = dict(_DEFAULTS[backend])
     if arguments.quick:
-        defaults.update(seq=defaults["seq"][:2], head_dims=defaults["head_dims"][:1],
-                        repeats=min(defaults["repeats"], 3), memory_check=False)
+        defaults.update(
+            seq=defaults["seq"][:2],
+            head_dims=defaults["head_dims"][:1],
+            repeats=min(defaults["repeats"], 3),
+            memory_check=False,
+        )
     for name, value in defaults.items():
         if getattr(arguments, name) is None:
             setattr(arguments, name, value)
@@ -865,8 +966,11 @@ def main(argv=None):
     try:
         mfa = MfaPeer(arguments.backend, arguments.threads)
     except mfa_native.MFAError as error:
-        print(f"bench: backend {arguments.backend} cannot run here: {error.message} (available: "
-              f"{', '.join(mfa_native.available_backends())})", file=sys.stderr)
+        print(
+            f"bench: backend {arguments.backend} cannot run here: {error.message} (available: "
+            f"{', '.join(mfa_native.available_backends())})",
+            file=sys.stderr,
+        )
         return 2
     _apply_defaults(arguments, mfa.backend)
     if min(arguments.repeats, arguments.dispatches, *arguments.seq) < 1:
@@ -877,12 +981,13 @@ def main(argv=None):
         return 2
     pin_mmap_threshold()
     others = [name for name in dict.fromkeys(arguments.peers) if name != "mfa"]
-    peers = [mfa] + _other_peers(others, mfa.backend, arguments.threads,
-                                 arguments.naive_max_seq)
+    peers = [mfa] + _other_peers(others, mfa.backend, arguments.threads, arguments.naive_max_seq)
     configs = _grid(arguments)
-    print(f"{mfa.label} on {mfa.context.device_name}; {platform.machine()}, {_cpu_count()} "
-          f"usable cores; peers: {', '.join(peer.label for peer in peers[1:]) or 'none'}; "
-          f"{arguments.repeats} trials of {arguments.dispatches} calls")
+    print(
+        f"{mfa.label} on {mfa.context.device_name}; {platform.machine()}, {_cpu_count()} "
+        f"usable cores; peers: {', '.join(peer.label for peer in peers[1:]) or 'none'}; "
+        f"{arguments.repeats} trials of {arguments.dispatches} calls"
+    )
 
     ceiling = _gemm_ceiling() if arguments.gemm else None
     if ceiling:
@@ -900,9 +1005,11 @@ def main(argv=None):
     for check in memory:
         extra = check["peak_extra_bytes"]
         verdict = "n/a" if extra is None else ("met" if check["met"] else "NOT met")
-        print(f"memory target, {check['config_label']} {check['pass']}: "
-              f"{_format(_mib(extra), '.1f', 'n/a')} MiB extra "
-              f"(limit {check['limit_bytes'] / 1e6:.0f} MB): {verdict}")
+        print(
+            f"memory target, {check['config_label']} {check['pass']}: "
+            f"{_format(_mib(extra), '.1f', 'n/a')} MiB extra "
+            f"(limit {check['limit_bytes'] / 1e6:.0f} MB): {verdict}"
+        )
 
     if arguments.json:
         document = {

@@ -18,11 +18,14 @@ static void test_names(void) {
         const char* name = mfa_status_string((mfa_status)s);
         CHECK(name[0] != '\0' && strcmp(name, "unknown status") != 0, "status %d has no name", s);
         for (int t = 0; t < s; ++t)
-            CHECK(strcmp(name, mfa_status_string((mfa_status)t)) != 0, "statuses %d and %d share a name", s, t);
+            CHECK(strcmp(name, mfa_status_string((mfa_status)t)) != 0,
+                  "statuses %d and %d share a name", s, t);
     }
-    CHECK(strcmp(mfa_status_string((mfa_status)1234), "unknown status") == 0, "unknown status name");
+    CHECK(strcmp(mfa_status_string((mfa_status)1234), "unknown status") == 0,
+          "unknown status name");
     CHECK(mfa_dtype_size(MFA_DTYPE_F32) == 4 && mfa_dtype_size(MFA_DTYPE_F16) == 2 &&
-          mfa_dtype_size(MFA_DTYPE_BF16) == 2 && mfa_dtype_size((mfa_dtype)9) == 0, "dtype sizes");
+              mfa_dtype_size(MFA_DTYPE_BF16) == 2 && mfa_dtype_size((mfa_dtype)9) == 0,
+          "dtype sizes");
     CHECK(strcmp(mfa_dtype_name(MFA_DTYPE_BF16), "bf16") == 0, "bf16 name");
     CHECK(strcmp(mfa_backend_name(MFA_BACKEND_METAL_SIM), "metal-sim") == 0, "metal-sim name");
     CHECK(strcmp(mfa_backend_name((mfa_backend)77), "unknown") == 0, "unknown backend name");
@@ -33,13 +36,14 @@ static void test_defaults(void) {
     memset(&p, 0x5a, sizeof p);
     mfa_attention_params_init(&p);
     CHECK(p.struct_size == sizeof p && p.scale == 0.0f && p.causal == 0 &&
-          p.alignment == MFA_ALIGN_BOTTOM_RIGHT && p.window_left == -1 && p.window_right == -1,
+              p.alignment == MFA_ALIGN_BOTTOM_RIGHT && p.window_left == -1 && p.window_right == -1,
           "attention params defaults");
     mfa_context_options o;
     memset(&o, 0x5a, sizeof o);
     mfa_context_options_init(&o);
     CHECK(o.struct_size == sizeof o && o.num_threads == 0 && o.gpu_family == MFA_GPU_FAMILY_NONE &&
-          o.sim_schedule_seed == 0, "context options defaults");
+              o.sim_schedule_seed == 0,
+          "context options defaults");
 }
 
 static void test_cpu_context(void) {
@@ -67,10 +71,15 @@ static void test_cpu_context(void) {
     CHECK(caps.num_threads == 3, "cpu threads %d, expected the 3 asked for", caps.num_threads);
 
     /* An older caller knowing only the first two fields gets just those. */
-    struct { size_t struct_size; uint32_t dtypes; uint32_t sentinel; } old;
+    struct {
+        size_t struct_size;
+        uint32_t dtypes;
+        uint32_t sentinel;
+    } old;
     old.struct_size = offsetof(mfa_capabilities, features);
     old.sentinel = 0xdeadbeef;
-    CHECK(mfa_context_capabilities(ctx, (mfa_capabilities*)(void*)&old) == MFA_OK, "%s", mfa_last_error());
+    CHECK(mfa_context_capabilities(ctx, (mfa_capabilities*)(void*)&old) == MFA_OK, "%s",
+          mfa_last_error());
     CHECK(old.dtypes == 7u && old.sentinel == 0xdeadbeef, "prefix copy of capabilities");
     mfa_context_destroy(ctx);
 
@@ -121,7 +130,8 @@ static void test_alloc(void) {
         mfa_free(p);
     }
     CHECK(mfa_alloc(SIZE_MAX) == NULL, "mfa_alloc(SIZE_MAX) must fail");
-    CHECK(strstr(mfa_last_error(), "mfa_alloc") != NULL, "mfa_alloc error message: %s", mfa_last_error());
+    CHECK(strstr(mfa_last_error(), "mfa_alloc") != NULL, "mfa_alloc error message: %s",
+          mfa_last_error());
     mfa_free(NULL);
 }
 

@@ -25,8 +25,8 @@ static double tolerance(mfa_dtype dtype) {
     }
 }
 
-static void compare(const char* label, const char* what, const test_tensor* got,
-                    const double* want, double tol) {
+static void compare(const char* label, const char* what, const test_tensor* got, const double* want,
+                    double tol) {
     const mfa_tensor* t = &got->t;
     double max_ref = 0, max_err = 0;
     int64_t n = test_element_count(t);
@@ -41,8 +41,8 @@ static void compare(const char* label, const char* what, const test_tensor* got,
                     double e = isfinite(g) ? fabs(g - want[at]) : INFINITY;
                     if (e > max_err) max_err = e;
                 }
-    CHECK(max_err <= tol * (max_ref > 1 ? max_ref : 1), "%s: %s max error %.3g (scale %.3g, tol %.3g)",
-          label, what, max_err, max_ref, tol);
+    CHECK(max_err <= tol * (max_ref > 1 ? max_ref : 1),
+          "%s: %s max error %.3g (scale %.3g, tol %.3g)", label, what, max_err, max_ref, tol);
 }
 
 static void compare_lse(const char* label, const test_tensor* got, const double* want) {
@@ -54,7 +54,8 @@ static void compare_lse(const char* label, const test_tensor* got, const double*
             for (int64_t s = 0; s < t->shape[2]; ++s, ++at) {
                 double g = test_get(t, b, h, s, 0);
                 if (want[at] == -INFINITY) {
-                    CHECK(g == -INFINITY, "%s: lse of a fully masked row is %g, not -inf", label, g);
+                    CHECK(g == -INFINITY, "%s: lse of a fully masked row is %g, not -inf", label,
+                          g);
                     continue;
                 }
                 double e = isfinite(g) ? fabs(g - want[at]) : INFINITY;
@@ -107,15 +108,22 @@ static void run(mfa_context* ctx, const char* backend, const config* c) {
 
 static const config configs[] = {
     {"plain f32", MFA_DTYPE_F32, 1, 2, 2, 17, 17, 16, 16, 0, MFA_ALIGN_BOTTOM_RIGHT, -1, -1, 0, 0},
-    {"nq<nk causal bottom-right", MFA_DTYPE_F32, 2, 2, 1, 9, 23, 8, 5, 1, MFA_ALIGN_BOTTOM_RIGHT, -1, -1, 0, 0},
-    {"nq>nk causal bottom-right (masked rows)", MFA_DTYPE_F32, 1, 3, 3, 21, 6, 12, 12, 1, MFA_ALIGN_BOTTOM_RIGHT, -1, -1, 0, 0},
+    {"nq<nk causal bottom-right", MFA_DTYPE_F32, 2, 2, 1, 9, 23, 8, 5, 1, MFA_ALIGN_BOTTOM_RIGHT,
+     -1, -1, 0, 0},
+    {"nq>nk causal bottom-right (masked rows)", MFA_DTYPE_F32, 1, 3, 3, 21, 6, 12, 12, 1,
+     MFA_ALIGN_BOTTOM_RIGHT, -1, -1, 0, 0},
     {"causal top-left", MFA_DTYPE_F32, 1, 2, 2, 13, 30, 7, 9, 1, MFA_ALIGN_TOP_LEFT, -1, -1, 0, 1},
-    {"window gqa bshd", MFA_DTYPE_F32, 2, 4, 2, 40, 33, 33, 20, 0, MFA_ALIGN_BOTTOM_RIGHT, 5, 2, 0, 1},
+    {"window gqa bshd", MFA_DTYPE_F32, 2, 4, 2, 40, 33, 33, 20, 0, MFA_ALIGN_BOTTOM_RIGHT, 5, 2, 0,
+     1},
     {"window masks rows", MFA_DTYPE_F32, 1, 2, 1, 12, 40, 4, 4, 0, MFA_ALIGN_TOP_LEFT, 0, -1, 0, 0},
-    {"mqa custom scale", MFA_DTYPE_F32, 1, 6, 1, 31, 19, 24, 40, 0, MFA_ALIGN_BOTTOM_RIGHT, -1, -1, 0.3f, 0},
-    {"single row and key", MFA_DTYPE_F32, 1, 1, 1, 1, 1, 1, 1, 0, MFA_ALIGN_BOTTOM_RIGHT, -1, -1, 0, 0},
-    {"large head dim", MFA_DTYPE_F32, 1, 1, 1, 9, 70, 300, 130, 1, MFA_ALIGN_BOTTOM_RIGHT, -1, -1, 0, 0},
-    {"f16 causal gqa", MFA_DTYPE_F16, 1, 4, 2, 37, 37, 64, 64, 1, MFA_ALIGN_BOTTOM_RIGHT, -1, -1, 0, 1},
+    {"mqa custom scale", MFA_DTYPE_F32, 1, 6, 1, 31, 19, 24, 40, 0, MFA_ALIGN_BOTTOM_RIGHT, -1, -1,
+     0.3f, 0},
+    {"single row and key", MFA_DTYPE_F32, 1, 1, 1, 1, 1, 1, 1, 0, MFA_ALIGN_BOTTOM_RIGHT, -1, -1, 0,
+     0},
+    {"large head dim", MFA_DTYPE_F32, 1, 1, 1, 9, 70, 300, 130, 1, MFA_ALIGN_BOTTOM_RIGHT, -1, -1,
+     0, 0},
+    {"f16 causal gqa", MFA_DTYPE_F16, 1, 4, 2, 37, 37, 64, 64, 1, MFA_ALIGN_BOTTOM_RIGHT, -1, -1, 0,
+     1},
     {"bf16 window", MFA_DTYPE_BF16, 2, 2, 2, 29, 45, 32, 16, 0, MFA_ALIGN_BOTTOM_RIGHT, 8, 8, 0, 0},
 };
 

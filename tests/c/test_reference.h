@@ -33,12 +33,19 @@ static ref_problem ref_problem_of(const mfa_tensor* q, const mfa_tensor* k, cons
         mfa_attention_params_init(&defaults);
         params = &defaults;
     }
-    const ref_problem p = {q->shape[0], q->shape[1], k->shape[1], q->shape[2], k->shape[2],
-                           q->shape[3], v->shape[3],
-                           params->scale != 0 ? params->scale
-                                              : (float)(1.0 / sqrt((double)q->shape[3])),
-                           params->causal, params->alignment, params->window_left,
-                           params->window_right};
+    const ref_problem p = {
+        q->shape[0],
+        q->shape[1],
+        k->shape[1],
+        q->shape[2],
+        k->shape[2],
+        q->shape[3],
+        v->shape[3],
+        params->scale != 0 ? params->scale : (float)(1.0 / sqrt((double)q->shape[3])),
+        params->causal,
+        params->alignment,
+        params->window_left,
+        params->window_right};
     return p;
 }
 
@@ -53,17 +60,19 @@ static int ref_visible(const ref_problem* p, int64_t i, int64_t j) {
 }
 
 typedef struct ref_result {
-    double *out, *lse;          /* forward */
-    double *dq, *dk, *dv;       /* backward */
+    double *out, *lse;    /* forward */
+    double *dq, *dk, *dv; /* backward */
     double *out_mag, *lse_mag, *dq_mag, *dk_mag, *dv_mag;
-    double max_score;           /* largest |scaled score| seen: fp32 errors in it pass into P */
+    double max_score; /* largest |scaled score| seen: fp32 errors in it pass into P */
 } ref_result;
 
-static double* ref_zeros(int64_t n) { return (double*)calloc((size_t)(n > 0 ? n : 1), sizeof(double)); }
+static double* ref_zeros(int64_t n) {
+    return (double*)calloc((size_t)(n > 0 ? n : 1), sizeof(double));
+}
 
 static void ref_free(ref_result* r) {
-    double* all[] = {r->out, r->lse, r->dq, r->dk, r->dv, r->out_mag, r->lse_mag, r->dq_mag,
-                     r->dk_mag, r->dv_mag};
+    double* all[] = {r->out,     r->lse,     r->dq,     r->dk,     r->dv,
+                     r->out_mag, r->lse_mag, r->dq_mag, r->dk_mag, r->dv_mag};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) free(all[i]);
 }
 
@@ -78,11 +87,14 @@ static double ref_scores(const ref_problem* p, const mfa_tensor* q, const mfa_te
         s[j] = -INFINITY;
         if (!ref_visible(p, i, j)) continue;
         double dot = 0;
-        for (int64_t x = 0; x < p->head_dim; ++x) dot += test_get(q, b, h, i, x) * test_get(k, b, hk, j, x);
+        for (int64_t x = 0; x < p->head_dim; ++x)
+            dot += test_get(q, b, h, i, x) * test_get(k, b, hk, j, x);
         s[j] = dot * p->scale;
         if (isfinite(s[j]) && fabs(s[j]) > *max_score) *max_score = fabs(s[j]);
-        if (isnan(s[j]) || isnan(m)) m = NAN;
-        else if (s[j] > m) m = s[j];
+        if (isnan(s[j]) || isnan(m))
+            m = NAN;
+        else if (s[j] > m)
+            m = s[j];
     }
     return m;
 }
@@ -241,15 +253,17 @@ static int ref_compare(const mfa_tensor* t, mfa_dtype dtype, const double* want,
             for (int64_t s = 0; s < t->shape[2]; ++s)
                 for (int64_t d = 0; d < t->shape[3]; ++d, ++at) {
                     const double got = test_get(t, b, h, s, d);
-                    const double allowed =
-                        ref_allowed_error(dtype, max_want, magnitude ? magnitude[at] : fabs(want[at]),
-                                          reduction_length, max_score);
-                    const int ok = isfinite(want[at]) ? fabs(got - want[at]) <= allowed
-                                                      : got == want[at];
+                    const double allowed = ref_allowed_error(
+                        dtype, max_want, magnitude ? magnitude[at] : fabs(want[at]),
+                        reduction_length, max_score);
+                    const int ok =
+                        isfinite(want[at]) ? fabs(got - want[at]) <= allowed : got == want[at];
                     if (!ok) {
-                        snprintf(why, n, "element [%lld, %lld, %lld, %lld] is %.9g, reference %.9g "
-                                 "(allowed error %.3g)", (long long)b, (long long)h, (long long)s,
-                                 (long long)d, got, want[at], allowed);
+                        snprintf(why, n,
+                                 "element [%lld, %lld, %lld, %lld] is %.9g, reference %.9g "
+                                 "(allowed error %.3g)",
+                                 (long long)b, (long long)h, (long long)s, (long long)d, got,
+                                 want[at], allowed);
                         return 0;
                     }
                 }

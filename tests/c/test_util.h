@@ -14,14 +14,14 @@
 
 static int test_failures = 0;
 
-#define CHECK(cond, ...)                                                   \
-    do {                                                                   \
-        if (!(cond)) {                                                     \
-            fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                  \
-            fprintf(stderr, "\n");                                         \
-            ++test_failures;                                               \
-        }                                                                  \
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, #cond);               \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, "\n");                                                                 \
+            ++test_failures;                                                                       \
+        }                                                                                          \
     } while (0)
 
 static int test_finish(const char* name) {
@@ -67,9 +67,12 @@ static uint16_t test_f32_to_f16(float f) {
 static float test_f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ffu;
     float mag;
-    if (exp == 0) mag = ldexpf((float)mant, -24);
-    else if (exp == 31) mag = mant ? NAN : INFINITY;
-    else mag = ldexpf((float)(mant | 0x400u), (int)exp - 25);
+    if (exp == 0)
+        mag = ldexpf((float)mant, -24);
+    else if (exp == 31)
+        mag = mant ? NAN : INFINITY;
+    else
+        mag = ldexpf((float)(mant | 0x400u), (int)exp - 25);
     return sign ? -mag : mag;
 }
 static uint16_t test_f32_to_bf16(float f) {
@@ -103,11 +106,20 @@ static test_tensor test_tensor_make(mfa_dtype dtype, int64_t b, int64_t h, int64
     test_tensor x;
     memset(&x, 0, sizeof x);
     x.t.dtype = dtype;
-    x.t.shape[0] = b; x.t.shape[1] = h; x.t.shape[2] = s; x.t.shape[3] = d;
+    x.t.shape[0] = b;
+    x.t.shape[1] = h;
+    x.t.shape[2] = s;
+    x.t.shape[3] = d;
     if (layout == TEST_BSHD) {
-        x.t.strides[3] = 1; x.t.strides[1] = d; x.t.strides[2] = h * d; x.t.strides[0] = s * h * d;
+        x.t.strides[3] = 1;
+        x.t.strides[1] = d;
+        x.t.strides[2] = h * d;
+        x.t.strides[0] = s * h * d;
     } else {
-        x.t.strides[3] = 1; x.t.strides[2] = d; x.t.strides[1] = s * d; x.t.strides[0] = h * s * d;
+        x.t.strides[3] = 1;
+        x.t.strides[2] = d;
+        x.t.strides[1] = s * d;
+        x.t.strides[0] = h * s * d;
     }
     x.bytes = (size_t)(b * h * s * d) * mfa_dtype_size(dtype);
     x.storage = malloc(x.bytes);
@@ -160,7 +172,10 @@ static void test_fill_random(test_tensor* x) { test_fill_view_random(&x->t); }
  * write shows. */
 static void test_fill_nan(test_tensor* x) { memset(x->storage, 0xff, x->bytes); }
 
-static void test_tensor_free(test_tensor* x) { free(x->storage); x->storage = NULL; }
+static void test_tensor_free(test_tensor* x) {
+    free(x->storage);
+    x->storage = NULL;
+}
 
 /* The nine tensors of one forward + backward call, in one dtype and layout (lse: f32, bhsd),
  * with q, k, v and dout filled at random in that order and the outputs left uninitialized. */

@@ -58,39 +58,39 @@ static void run_backward(const char* label, fixture* f, mfa_status expected,
     poison(&f->a.dq);
     poison(&f->a.dk);
     poison(&f->a.dv);
-    mfa_status s = mfa_attention_backward(ctx, &f->params, &f->a.q.t, &f->a.k.t, &f->a.v.t,
-                                          &f->a.out.t, &f->a.dout.t, &f->a.lse.t, &f->a.dq.t,
-                                          &f->a.dk.t, &f->a.dv.t);
+    mfa_status s =
+        mfa_attention_backward(ctx, &f->params, &f->a.q.t, &f->a.k.t, &f->a.v.t, &f->a.out.t,
+                               &f->a.dout.t, &f->a.lse.t, &f->a.dq.t, &f->a.dk.t, &f->a.dv.t);
     expect_error(label, s, expected, substring);
     CHECK(untouched(&f->a.dq) && untouched(&f->a.dk) && untouched(&f->a.dv),
           "%s: a gradient was written", label);
 }
 
 /* FORWARD_CASE(label, status, substring, statements breaking the fixture `f`) */
-#define FORWARD_CASE(label, expected, substring, ...)                                  \
-    do {                                                                               \
-        fixture f = fixture_make();                                                    \
-        __VA_ARGS__;                                                                   \
-        run_forward(label, &f, expected, substring, &f.a.q.t, &f.a.k.t, &f.a.v.t,      \
-                    &f.a.out.t, &f.a.lse.t);                                           \
-        fixture_free(&f);                                                              \
+#define FORWARD_CASE(label, expected, substring, ...)                                              \
+    do {                                                                                           \
+        fixture f = fixture_make();                                                                \
+        __VA_ARGS__;                                                                               \
+        run_forward(label, &f, expected, substring, &f.a.q.t, &f.a.k.t, &f.a.v.t, &f.a.out.t,      \
+                    &f.a.lse.t);                                                                   \
+        fixture_free(&f);                                                                          \
     } while (0)
 
-#define BACKWARD_CASE(label, expected, substring, ...)      \
-    do {                                                    \
-        fixture f = fixture_make();                         \
-        __VA_ARGS__;                                        \
-        run_backward(label, &f, expected, substring);       \
-        fixture_free(&f);                                   \
+#define BACKWARD_CASE(label, expected, substring, ...)                                             \
+    do {                                                                                           \
+        fixture f = fixture_make();                                                                \
+        __VA_ARGS__;                                                                               \
+        run_backward(label, &f, expected, substring);                                              \
+        fixture_free(&f);                                                                          \
     } while (0)
 
 static void test_valid_calls_succeed(void) {
     fixture f = fixture_make();
-    mfa_status s = mfa_attention_forward(ctx, &f.params, &f.a.q.t, &f.a.k.t, &f.a.v.t, &f.a.out.t,
-                                         &f.a.lse.t);
+    mfa_status s =
+        mfa_attention_forward(ctx, &f.params, &f.a.q.t, &f.a.k.t, &f.a.v.t, &f.a.out.t, &f.a.lse.t);
     CHECK(s == MFA_OK, "valid forward failed: %s", mfa_last_error());
-    s = mfa_attention_backward(ctx, &f.params, &f.a.q.t, &f.a.k.t, &f.a.v.t, &f.a.out.t, &f.a.dout.t,
-                               &f.a.lse.t, &f.a.dq.t, &f.a.dk.t, &f.a.dv.t);
+    s = mfa_attention_backward(ctx, &f.params, &f.a.q.t, &f.a.k.t, &f.a.v.t, &f.a.out.t,
+                               &f.a.dout.t, &f.a.lse.t, &f.a.dq.t, &f.a.dk.t, &f.a.dv.t);
     CHECK(s == MFA_OK, "valid backward failed: %s", mfa_last_error());
     s = mfa_attention_forward(ctx, NULL, &f.a.q.t, &f.a.k.t, &f.a.v.t, &f.a.out.t, NULL);
     CHECK(s == MFA_OK, "forward with default params and no lse failed: %s", mfa_last_error());
@@ -137,13 +137,13 @@ static void test_forward_arguments(void) {
     FORWARD_CASE("v seq mismatch", INVALID, "v.shape[2] (seq) must equal k.shape[2] = 7",
                  f.a.v.t.shape[2] = 6);
     FORWARD_CASE("heads not divisible", INVALID, "must be a multiple of k.shape[1]",
-                 f.a.q.t.shape[1] = 3; f.a.out.t.shape[1] = 3; f.a.lse.t.shape[1] = 3);
+                 f.a.q.t.shape[1] = 3;
+                 f.a.out.t.shape[1] = 3; f.a.lse.t.shape[1] = 3);
     FORWARD_CASE("out value dim", INVALID, "out.shape[3] (head dim) must equal v.shape[3] = 6",
                  f.a.out.t.shape[3] = 8);
     FORWARD_CASE("out seq", INVALID, "out.shape[2] (seq) must equal q.shape[2] = 5",
                  f.a.out.t.shape[2] = 7);
-    FORWARD_CASE("lse last dim", INVALID, "lse.shape[3] must be 1, got 2",
-                 f.a.lse.t.shape[3] = 2);
+    FORWARD_CASE("lse last dim", INVALID, "lse.shape[3] must be 1, got 2", f.a.lse.t.shape[3] = 2);
     FORWARD_CASE("lse heads", INVALID, "lse.shape[1] (heads) must equal q.shape[1] = 4",
                  f.a.lse.t.shape[1] = 2);
     FORWARD_CASE("infinite scale", INVALID, "params.scale must be finite",
@@ -154,8 +154,7 @@ static void test_forward_arguments(void) {
     FORWARD_CASE("causal flag", INVALID, "params.causal must be 0 or 1", f.params.causal = 2);
     FORWARD_CASE("alignment", INVALID, "not an mfa_alignment",
                  f.params.alignment = (mfa_alignment)5);
-    FORWARD_CASE("window left", INVALID, "window_left and window_right",
-                 f.params.window_left = -2);
+    FORWARD_CASE("window left", INVALID, "window_left and window_right", f.params.window_left = -2);
     FORWARD_CASE("window right", INVALID, "window_left and window_right",
                  f.params.window_right = -7);
     FORWARD_CASE("output broadcast stride", INVALID, "makes elements overlap",
@@ -166,15 +165,16 @@ static void test_forward_arguments(void) {
     FORWARD_CASE("lse aliases out", INVALID, "overlaps",
                  f.a.lse.t.data = (char*)f.a.out.t.data + 4);
     FORWARD_CASE("element count overflow", MFA_ERROR_SIZE_OVERFLOW, "overflow 64 bits",
-                 f.a.q.t.shape[0] = (int64_t)1 << 40; f.a.q.t.strides[0] = (int64_t)1 << 40);
+                 f.a.q.t.shape[0] = (int64_t)1 << 40;
+                 f.a.q.t.strides[0] = (int64_t)1 << 40);
     FORWARD_CASE("byte count overflow", MFA_ERROR_SIZE_OVERFLOW, "address space",
                  f.a.k.t.strides[0] = INT64_MAX / 2);
     FORWARD_CASE("negative address", MFA_ERROR_SIZE_OVERFLOW, "address space",
                  f.a.k.t.strides[0] = -(INT64_MAX / 4));
     FORWARD_CASE("misaligned data", INVALID, "not aligned", f.a.v.t.data = (char*)f.a.v.t.data + 1);
     FORWARD_CASE("head dim too large", MFA_ERROR_UNSUPPORTED, "exceeds the cpu backend's maximum",
-                 f.a.q.t.shape[3] = 1 << 20; f.a.k.t.shape[3] = 1 << 20;
-                 f.a.q.t.strides[3] = 0; f.a.k.t.strides[3] = 0);
+                 f.a.q.t.shape[3] = 1 << 20;
+                 f.a.k.t.shape[3] = 1 << 20; f.a.q.t.strides[3] = 0; f.a.k.t.strides[3] = 0);
 }
 
 static void test_backward_arguments(void) {
@@ -241,8 +241,8 @@ static void test_context_arguments(void) {
     expect_error("NULL caps", mfa_context_capabilities(ctx, NULL), MFA_ERROR_INVALID_ARGUMENT,
                  "caps is NULL");
     double seconds = -1;
-    expect_error("gpu time on cpu", mfa_context_last_gpu_time(ctx, &seconds),
-                 MFA_ERROR_UNSUPPORTED, "metal backend only");
+    expect_error("gpu time on cpu", mfa_context_last_gpu_time(ctx, &seconds), MFA_ERROR_UNSUPPORTED,
+                 "metal backend only");
     CHECK(seconds == -1, "gpu time written on failure");
     expect_error("gpu time of NULL", mfa_context_last_gpu_time(NULL, &seconds),
                  MFA_ERROR_INVALID_ARGUMENT, "ctx is NULL");

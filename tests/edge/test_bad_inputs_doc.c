@@ -81,67 +81,72 @@ static void out_interleaved_with_q(fixture* f) {
 }
 
 /* X(id, kind, statements breaking fixture f): the rows of docs/bad-inputs.md. */
-#define BAD_INPUTS(X)                                                                          \
-    X("ctx-null", FORWARD, f->ctx = NULL)                                                      \
-    X("create-out-null", CALL, f->status = mfa_context_create(MFA_BACKEND_CPU, NULL, NULL))    \
-    X("create-backend-unknown", CALL, f->status = create_with(42, NULL))                       \
-    X("create-options-size", CALL, f->status = create_with(MFA_BACKEND_CPU, options_size))     \
+#define BAD_INPUTS(X)                                                                              \
+    X("ctx-null", FORWARD, f->ctx = NULL)                                                          \
+    X("create-out-null", CALL, f->status = mfa_context_create(MFA_BACKEND_CPU, NULL, NULL))        \
+    X("create-backend-unknown", CALL, f->status = create_with(42, NULL))                           \
+    X("create-options-size", CALL, f->status = create_with(MFA_BACKEND_CPU, options_size))         \
     X("create-threads-negative", CALL, f->status = create_with(MFA_BACKEND_CPU, threads_negative)) \
     X("create-threads-too-many", CALL, f->status = create_with(MFA_BACKEND_CPU, threads_too_many)) \
-    X("create-family-unknown", CALL, f->status = create_with(MFA_BACKEND_METAL_SIM, family_unknown)) \
-    X("create-family-not-sim", CALL, f->status = create_with(MFA_BACKEND_CPU, family_set))     \
-    X("create-seed-not-sim", CALL, f->status = create_with(MFA_BACKEND_CPU, seed_set))         \
-    X("caps-null", CALL, f->status = mfa_context_capabilities(cpu_context, NULL))              \
-    X("caps-size", CALL, caps.struct_size = 4; f->status = mfa_context_capabilities(cpu_context, &caps)) \
-    X("tensor-null", FORWARD, f->pass_k = 0)                                                   \
-    X("out-null", FORWARD, f->pass_out = 0)                                                    \
-    X("data-null", FORWARD, f->a.v.t.data = NULL)                                              \
-    X("dtype-unknown", FORWARD, f->a.q.t.dtype = (mfa_dtype)9)                                 \
-    X("dtype-mixed", FORWARD, f->a.k.t.dtype = MFA_DTYPE_F16)                                  \
-    X("out-dtype", FORWARD, f->a.out.t.dtype = MFA_DTYPE_BF16)                                 \
-    X("lse-dtype", FORWARD, f->a.lse.t.dtype = MFA_DTYPE_F16)                                  \
-    X("shape-zero", FORWARD, f->a.q.t.shape[2] = 0)                                            \
-    X("shape-negative", FORWARD, f->a.v.t.shape[3] = -4)                                       \
-    X("batch-mismatch", FORWARD, f->a.v.t.shape[0] = 1)                                        \
-    X("head-dim-mismatch", FORWARD, f->a.k.t.shape[3] = D + 1)                                 \
-    X("kv-heads-mismatch", FORWARD, f->a.v.t.shape[1] = 1)                                     \
-    X("kv-seq-mismatch", FORWARD, f->a.v.t.shape[2] = NK - 1)                                  \
-    X("heads-not-multiple", FORWARD, f->a.q.t.shape[1] = 3; f->a.out.t.shape[1] = 3;          \
-      f->a.lse.t.shape[1] = 3)                                                                 \
-    X("out-shape", FORWARD, f->a.out.t.shape[3] = D)                                           \
-    X("lse-shape", FORWARD, f->a.lse.t.shape[3] = 2)                                           \
-    X("head-dim-too-large", FORWARD, f->a.q.t.shape[3] = f->a.k.t.shape[3] = (int64_t)1 << 20; \
-      f->a.q.t.strides[3] = f->a.k.t.strides[3] = 0)                                           \
-    X("element-count-overflow", FORWARD, f->a.q.t.shape[0] = (int64_t)1 << 40;                \
-      f->a.q.t.shape[2] = (int64_t)1 << 40; f->a.q.t.strides[0] = f->a.q.t.strides[2] = 0)     \
-    X("offset-overflow", FORWARD, f->a.k.t.strides[2] = INT64_MAX / 2)                         \
-    X("address-overflow", FORWARD, f->a.v.t.strides[0] = (int64_t)1 << 61)                     \
-    X("address-negative", FORWARD, f->a.v.t.strides[1] = -((int64_t)1 << 60))                 \
-    X("misaligned", FORWARD, f->a.k.t.data = (char*)f->a.k.t.data + 2)                         \
-    X("output-broadcast", FORWARD, f->a.out.t.strides[1] = 0)                                  \
-    X("output-self-overlap", FORWARD, f->a.out.t.strides[2] = 2)                               \
-    X("output-aliases-input", FORWARD, f->a.out.t.data = f->a.v.t.data)                        \
-    X("outputs-alias", FORWARD, f->a.lse.t.data = f->a.out.t.data)                             \
-    X("output-strides-not-nested", FORWARD, out_distinct_but_not_nested(f))                    \
-    X("output-extent-interleaves", FORWARD, out_interleaved_with_q(f))                         \
-    X("params-size", FORWARD, f->params.struct_size = sizeof f->params - 8)                    \
-    X("scale-nan", FORWARD, f->params.scale = NAN)                                             \
-    X("scale-inf", FORWARD, f->params.scale = -INFINITY)                                       \
-    X("causal-flag", FORWARD, f->params.causal = 2)                                            \
-    X("alignment-unknown", FORWARD, f->params.alignment = (mfa_alignment)3)                    \
-    X("window-below-minus-one", FORWARD, f->params.window_right = -5)                          \
-    X("backward-lse-null", BACKWARD, f->pass_lse = 0)                                          \
-    X("backward-dout-shape", BACKWARD, f->a.dout.t.shape[2] = NQ + 1)                          \
-    X("backward-grad-dtype", BACKWARD, f->a.dq.t.dtype = MFA_DTYPE_F16)                        \
-    X("backward-grad-aliases-input", BACKWARD, f->a.dk.t.data = f->a.k.t.data)                 \
-    X("backward-grads-alias", BACKWARD, f->a.dv.t.data = f->a.dq.t.data)                       \
-    X("backward-grad-broadcast", BACKWARD, f->a.dv.t.strides[2] = 0)                           \
-    X("alloc-overflow", CALL, f->pointer = mfa_alloc(SIZE_MAX); f->status =                    \
-      f->pointer == NULL ? MFA_ERROR_SIZE_OVERFLOW : MFA_OK)
+    X("create-family-unknown", CALL,                                                               \
+      f->status = create_with(MFA_BACKEND_METAL_SIM, family_unknown))                              \
+    X("create-family-not-sim", CALL, f->status = create_with(MFA_BACKEND_CPU, family_set))         \
+    X("create-seed-not-sim", CALL, f->status = create_with(MFA_BACKEND_CPU, seed_set))             \
+    X("caps-null", CALL, f->status = mfa_context_capabilities(cpu_context, NULL))                  \
+    X("caps-size", CALL, caps.struct_size = 4;                                                     \
+      f->status = mfa_context_capabilities(cpu_context, &caps))                                    \
+    X("tensor-null", FORWARD, f->pass_k = 0)                                                       \
+    X("out-null", FORWARD, f->pass_out = 0)                                                        \
+    X("data-null", FORWARD, f->a.v.t.data = NULL)                                                  \
+    X("dtype-unknown", FORWARD, f->a.q.t.dtype = (mfa_dtype)9)                                     \
+    X("dtype-mixed", FORWARD, f->a.k.t.dtype = MFA_DTYPE_F16)                                      \
+    X("out-dtype", FORWARD, f->a.out.t.dtype = MFA_DTYPE_BF16)                                     \
+    X("lse-dtype", FORWARD, f->a.lse.t.dtype = MFA_DTYPE_F16)                                      \
+    X("shape-zero", FORWARD, f->a.q.t.shape[2] = 0)                                                \
+    X("shape-negative", FORWARD, f->a.v.t.shape[3] = -4)                                           \
+    X("batch-mismatch", FORWARD, f->a.v.t.shape[0] = 1)                                            \
+    X("head-dim-mismatch", FORWARD, f->a.k.t.shape[3] = D + 1)                                     \
+    X("kv-heads-mismatch", FORWARD, f->a.v.t.shape[1] = 1)                                         \
+    X("kv-seq-mismatch", FORWARD, f->a.v.t.shape[2] = NK - 1)                                      \
+    X("heads-not-multiple", FORWARD, f->a.q.t.shape[1] = 3; f->a.out.t.shape[1] = 3;               \
+      f->a.lse.t.shape[1] = 3)                                                                     \
+    X("out-shape", FORWARD, f->a.out.t.shape[3] = D)                                               \
+    X("lse-shape", FORWARD, f->a.lse.t.shape[3] = 2)                                               \
+    X("head-dim-too-large", FORWARD, f->a.q.t.shape[3] = f->a.k.t.shape[3] = (int64_t)1 << 20;     \
+      f->a.q.t.strides[3] = f->a.k.t.strides[3] = 0)                                               \
+    X("element-count-overflow", FORWARD, f->a.q.t.shape[0] = (int64_t)1 << 40;                     \
+      f->a.q.t.shape[2] = (int64_t)1 << 40; f->a.q.t.strides[0] = f->a.q.t.strides[2] = 0)         \
+    X("offset-overflow", FORWARD, f->a.k.t.strides[2] = INT64_MAX / 2)                             \
+    X("address-overflow", FORWARD, f->a.v.t.strides[0] = (int64_t)1 << 61)                         \
+    X("address-negative", FORWARD, f->a.v.t.strides[1] = -((int64_t)1 << 60))                      \
+    X("misaligned", FORWARD, f->a.k.t.data = (char*)f->a.k.t.data + 2)                             \
+    X("output-broadcast", FORWARD, f->a.out.t.strides[1] = 0)                                      \
+    X("output-self-overlap", FORWARD, f->a.out.t.strides[2] = 2)                                   \
+    X("output-aliases-input", FORWARD, f->a.out.t.data = f->a.v.t.data)                            \
+    X("outputs-alias", FORWARD, f->a.lse.t.data = f->a.out.t.data)                                 \
+    X("output-strides-not-nested", FORWARD, out_distinct_but_not_nested(f))                        \
+    X("output-extent-interleaves", FORWARD, out_interleaved_with_q(f))                             \
+    X("params-size", FORWARD, f->params.struct_size = sizeof f->params - 8)                        \
+    X("scale-nan", FORWARD, f->params.scale = NAN)                                                 \
+    X("scale-inf", FORWARD, f->params.scale = -INFINITY)                                           \
+    X("causal-flag", FORWARD, f->params.causal = 2)                                                \
+    X("alignment-unknown", FORWARD, f->params.alignment = (mfa_alignment)3)                        \
+    X("window-below-minus-one", FORWARD, f->params.window_right = -5)                              \
+    X("backward-lse-null", BACKWARD, f->pass_lse = 0)                                              \
+    X("backward-dout-shape", BACKWARD, f->a.dout.t.shape[2] = NQ + 1)                              \
+    X("backward-grad-dtype", BACKWARD, f->a.dq.t.dtype = MFA_DTYPE_F16)                            \
+    X("backward-grad-aliases-input", BACKWARD, f->a.dk.t.data = f->a.k.t.data)                     \
+    X("backward-grads-alias", BACKWARD, f->a.dv.t.data = f->a.dq.t.data)                           \
+    X("backward-grad-broadcast", BACKWARD, f->a.dv.t.strides[2] = 0)                               \
+    X("alloc-overflow", CALL, f->pointer = mfa_alloc(SIZE_MAX);                                    \
+      f->status = f->pointer == NULL ? MFA_ERROR_SIZE_OVERFLOW : MFA_OK)
 
-#define ID(id, kind, ...) id,
+#define ID(id, kind, ...)   id,
 #define KIND(id, kind, ...) kind,
-#define APPLY(id, kind, ...) if (index == i++) { __VA_ARGS__; }
+#define APPLY(id, kind, ...)                                                                       \
+    if (index == i++) {                                                                            \
+        __VA_ARGS__;                                                                               \
+    }
 
 static const char* const ids[] = {BAD_INPUTS(ID)};
 static const int kinds[] = {BAD_INPUTS(KIND)};
@@ -208,10 +213,10 @@ static void check_row(const char* id, const char* want_status, const char* want_
     if (kinds[index] == FORWARD) {
         poison(&f.a.out);
         poison(&f.a.lse);
-        status = mfa_attention_forward(f.ctx, &f.params, f.pass_q ? &f.a.q.t : NULL,
-                                       f.pass_k ? &f.a.k.t : NULL, f.pass_v ? &f.a.v.t : NULL,
-                                       f.pass_out ? &f.a.out.t : NULL,
-                                       f.pass_lse ? &f.a.lse.t : NULL);
+        status =
+            mfa_attention_forward(f.ctx, &f.params, f.pass_q ? &f.a.q.t : NULL,
+                                  f.pass_k ? &f.a.k.t : NULL, f.pass_v ? &f.a.v.t : NULL,
+                                  f.pass_out ? &f.a.out.t : NULL, f.pass_lse ? &f.a.lse.t : NULL);
         CHECK(untouched(&f.a.out) && untouched(&f.a.lse), "%s: an output was written", id);
     } else if (kinds[index] == BACKWARD) {
         poison(&f.a.dq);
@@ -224,7 +229,8 @@ static void check_row(const char* id, const char* want_status, const char* want_
               "%s: a gradient was written", id);
     }
     for (int i = 0; i < 4; ++i) {
-        CHECK(memcmp(before[i], inputs[i]->storage, inputs[i]->bytes) == 0, "%s: an input was written", id);
+        CHECK(memcmp(before[i], inputs[i]->storage, inputs[i]->bytes) == 0,
+              "%s: an input was written", id);
         free(before[i]);
     }
     mfa_free(f.pointer);
@@ -234,10 +240,11 @@ static void check_row(const char* id, const char* want_status, const char* want_
         CHECK(0, "%s: a context was created", id);
     }
     const char* message = mfa_last_error();
-    CHECK(strcmp(status_name(status), want_status) == 0, "%s: status %s, the doc says %s (message: %s)",
-          id, status_name(status), want_status, message);
-    CHECK(strstr(message, want_text) != NULL, "%s: message \"%s\" does not contain the doc's \"%s\"",
-          id, message, want_text);
+    CHECK(strcmp(status_name(status), want_status) == 0,
+          "%s: status %s, the doc says %s (message: %s)", id, status_name(status), want_status,
+          message);
+    CHECK(strstr(message, want_text) != NULL,
+          "%s: message \"%s\" does not contain the doc's \"%s\"", id, message, want_text);
     fixture_free(&f);
 }
 
@@ -275,7 +282,8 @@ int main(int argc, char** argv) {
         if (!in_matrix || strncmp(line, "| `", 3) != 0) continue;
         char* cells[5];
         int n = 0;
-        for (char* p = strtok(line + 1, "|"); p && n < 5; p = strtok(NULL, "|")) cells[n++] = cell_text(p);
+        for (char* p = strtok(line + 1, "|"); p && n < 5; p = strtok(NULL, "|"))
+            cells[n++] = cell_text(p);
         if (n != 4) {
             CHECK(0, "malformed matrix row (needs 4 cells): %s", line);
             continue;

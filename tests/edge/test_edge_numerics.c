@@ -70,12 +70,14 @@ static void expect(const char* label, const char* what, const test_tensor* got, 
             for (int64_t s = 0; s < t->shape[2]; ++s)
                 for (int64_t d = 0; d < t->shape[3]; ++d, ++at) {
                     const double g = test_get(t, b, h, s, d), w = want[at];
-                    const int ok = isfinite(w) ? fabs(g - w) <= ref_allowed_error(dtype, max_want, magnitude[at],
-                                                                                   n, max_score) + slack
+                    const int ok = isfinite(w) ? fabs(g - w) <= ref_allowed_error(dtype, max_want,
+                                                                                  magnitude[at], n,
+                                                                                  max_score) +
+                                                                    slack
                                                : g == w;
                     if (!ok && bad++ == 0)
-                        CHECK(0, "%s: %s[%lld, %lld, %lld, %lld] = %.9g, reference %.9g", label, what,
-                              (long long)b, (long long)h, (long long)s, (long long)d, g, w);
+                        CHECK(0, "%s: %s[%lld, %lld, %lld, %lld] = %.9g, reference %.9g", label,
+                              what, (long long)b, (long long)h, (long long)s, (long long)d, g, w);
                 }
 }
 
@@ -84,7 +86,8 @@ static void expect(const char* label, const char* what, const test_tensor* got, 
 static void run(mfa_context* ctx, const char* label, tensors* t, double slack, int forward_only) {
     test_fill_nan(&t->a.out);
     test_fill_nan(&t->a.lse);
-    mfa_status s = mfa_attention_forward(ctx, &t->params, &t->a.q.t, &t->a.k.t, &t->a.v.t, &t->a.out.t, &t->a.lse.t);
+    mfa_status s = mfa_attention_forward(ctx, &t->params, &t->a.q.t, &t->a.k.t, &t->a.v.t,
+                                         &t->a.out.t, &t->a.lse.t);
     CHECK(s == MFA_OK, "%s: forward: %s", label, mfa_last_error());
     if (s != MFA_OK) return;
     const ref_problem p = problem_of(t);
@@ -95,8 +98,8 @@ static void run(mfa_context* ctx, const char* label, tensors* t, double slack, i
     ref_free(&f);
     if (forward_only) return;
 
-    s = mfa_attention_backward(ctx, &t->params, &t->a.q.t, &t->a.k.t, &t->a.v.t, &t->a.out.t, &t->a.dout.t,
-                               &t->a.lse.t, &t->a.dq.t, &t->a.dk.t, &t->a.dv.t);
+    s = mfa_attention_backward(ctx, &t->params, &t->a.q.t, &t->a.k.t, &t->a.v.t, &t->a.out.t,
+                               &t->a.dout.t, &t->a.lse.t, &t->a.dq.t, &t->a.dk.t, &t->a.dv.t);
     CHECK(s == MFA_OK, "%s: backward: %s", label, mfa_last_error());
     if (s != MFA_OK) return;
     ref_result g = ref_backward(&p, &t->a.q.t, &t->a.k.t, &t->a.v.t, &t->a.out.t, &t->a.dout.t,
@@ -108,7 +111,8 @@ static void run(mfa_context* ctx, const char* label, tensors* t, double slack, i
     ref_free(&g);
 }
 
-static void label_of(char* label, size_t n, const char* backend, const char* name, mfa_dtype dtype) {
+static void label_of(char* label, size_t n, const char* backend, const char* name,
+                     mfa_dtype dtype) {
     snprintf(label, n, "%s / %s / %s", backend, name, mfa_dtype_name(dtype));
 }
 
@@ -149,7 +153,8 @@ static void test_overflowing_logits_stay_in_their_row(mfa_context* ctx, const ch
     tensors t = make((shape){MFA_DTYPE_F32, 1, 2, 1, 5, 7, 4, 4});
     t.params.scale = 1.0f;
     for (int64_t d = 0; d < 4; ++d) test_set(&t.a.q.t, 0, 0, 2, d, 3e38f);
-    CHECK(mfa_attention_forward(ctx, &t.params, &t.a.q.t, &t.a.k.t, &t.a.v.t, &t.a.out.t, &t.a.lse.t) == MFA_OK,
+    CHECK(mfa_attention_forward(ctx, &t.params, &t.a.q.t, &t.a.k.t, &t.a.v.t, &t.a.out.t,
+                                &t.a.lse.t) == MFA_OK,
           "%s: %s", label, mfa_last_error());
     const ref_problem p = problem_of(&t);
     ref_result f = ref_forward(&p, &t.a.q.t, &t.a.k.t, &t.a.v.t);
@@ -159,7 +164,8 @@ static void test_overflowing_logits_stay_in_their_row(mfa_context* ctx, const ch
             const int64_t row = h * 5 + i;
             for (int64_t y = 0; y < 4; ++y) {
                 const double g = test_get(&t.a.out.t, 0, h, i, y), w = f.out[row * 4 + y];
-                CHECK(fabs(g - w) <= ref_allowed_error(MFA_DTYPE_F32, 1, f.out_mag[row * 4 + y], 11, 0),
+                CHECK(fabs(g - w) <=
+                          ref_allowed_error(MFA_DTYPE_F32, 1, f.out_mag[row * 4 + y], 11, 0),
                       "%s: row (%lld, %lld) was disturbed: %g, reference %g", label, (long long)h,
                       (long long)i, g, w);
             }
@@ -173,14 +179,18 @@ static void test_overflowing_logits_stay_in_their_row(mfa_context* ctx, const ch
 static void expect_empty_rows(const char* label, const tensors* t, int64_t first, int64_t end) {
     for (int64_t h = 0; h < t->s.hq; ++h)
         for (int64_t r = first; r < end; ++r) {
-            CHECK(test_get(&t->a.lse.t, 0, h, r, 0) == -INFINITY, "%s: lse of empty row (%lld, %lld) is "
-                  "not -inf", label, (long long)h, (long long)r);
+            CHECK(test_get(&t->a.lse.t, 0, h, r, 0) == -INFINITY,
+                  "%s: lse of empty row (%lld, %lld) is "
+                  "not -inf",
+                  label, (long long)h, (long long)r);
             for (int64_t d = 0; d < t->s.dv; ++d)
-                CHECK(test_get(&t->a.out.t, 0, h, r, d) == 0, "%s: out of empty row (%lld, %lld) is not 0",
-                      label, (long long)h, (long long)r);
+                CHECK(test_get(&t->a.out.t, 0, h, r, d) == 0,
+                      "%s: out of empty row (%lld, %lld) is not 0", label, (long long)h,
+                      (long long)r);
             for (int64_t d = 0; d < t->s.d; ++d)
-                CHECK(test_get(&t->a.dq.t, 0, h, r, d) == 0, "%s: dq of empty row (%lld, %lld) is not 0",
-                      label, (long long)h, (long long)r);
+                CHECK(test_get(&t->a.dq.t, 0, h, r, d) == 0,
+                      "%s: dq of empty row (%lld, %lld) is not 0", label, (long long)h,
+                      (long long)r);
         }
 }
 
@@ -226,12 +236,15 @@ static void expect_propagated(const char* label, const char* what, const test_te
                     if (!isfinite(w)) {
                         if (isfinite(g)) wrong = "the non-finite input was dropped";
                     } else if (!(same_group && !isfinite(g)) &&
-                               !(fabs(g - w) <= ref_allowed_error(dtype, max_want, magnitude[at], n, max_score))) {
-                        wrong = same_group ? "wrong value" : "a head group without the bad input changed";
+                               !(fabs(g - w) <=
+                                 ref_allowed_error(dtype, max_want, magnitude[at], n, max_score))) {
+                        wrong = same_group ? "wrong value"
+                                           : "a head group without the bad input changed";
                     }
                     if (wrong && reported++ == 0)
-                        CHECK(0, "%s: %s[%lld, %lld, %lld, %lld] = %.9g, reference %.9g: %s", label, what,
-                              (long long)b, (long long)h, (long long)s, (long long)d, g, w, wrong);
+                        CHECK(0, "%s: %s[%lld, %lld, %lld, %lld] = %.9g, reference %.9g: %s", label,
+                              what, (long long)b, (long long)h, (long long)s, (long long)d, g, w,
+                              wrong);
                 }
 }
 
@@ -242,9 +255,9 @@ static void test_non_finite_inputs(mfa_context* ctx, const char* backend) {
         int64_t h, s, d;
         float value;
     } cases[] = {
-        {"NaN in q", 0, 3, 3, 2, NAN},   {"+Inf in q", 0, 0, 4, 0, INFINITY},
-        {"NaN in k", 1, 0, 5, 1, NAN},   {"-Inf in k", 1, 1, 2, 3, -INFINITY},
-        {"NaN in v", 2, 0, 6, 0, NAN},   {"+Inf in v", 2, 1, 1, 2, INFINITY},
+        {"NaN in q", 0, 3, 3, 2, NAN},    {"+Inf in q", 0, 0, 4, 0, INFINITY},
+        {"NaN in k", 1, 0, 5, 1, NAN},    {"-Inf in k", 1, 1, 2, 3, -INFINITY},
+        {"NaN in v", 2, 0, 6, 0, NAN},    {"+Inf in v", 2, 1, 1, 2, INFINITY},
         {"NaN in dout", 3, 1, 5, 1, NAN},
     };
     const int64_t group = 2;
@@ -255,26 +268,36 @@ static void test_non_finite_inputs(mfa_context* ctx, const char* backend) {
             tensors t = make((shape){dtypes[i], 1, 4, 2, 8, 8, 4, 4});
             t.params.causal = 1;
             test_tensor* target[] = {&t.a.q, &t.a.k, &t.a.v, &t.a.dout};
-            test_set(&target[cases[c].tensor]->t, 0, cases[c].h, cases[c].s, cases[c].d, cases[c].value);
-            const int64_t kv_head = cases[c].tensor == 1 || cases[c].tensor == 2 ? cases[c].h
-                                                                                  : cases[c].h / group;
-            mfa_status s = mfa_attention_forward(ctx, &t.params, &t.a.q.t, &t.a.k.t, &t.a.v.t, &t.a.out.t, &t.a.lse.t);
+            test_set(&target[cases[c].tensor]->t, 0, cases[c].h, cases[c].s, cases[c].d,
+                     cases[c].value);
+            const int64_t kv_head =
+                cases[c].tensor == 1 || cases[c].tensor == 2 ? cases[c].h : cases[c].h / group;
+            mfa_status s = mfa_attention_forward(ctx, &t.params, &t.a.q.t, &t.a.k.t, &t.a.v.t,
+                                                 &t.a.out.t, &t.a.lse.t);
             CHECK(s == MFA_OK, "%s: forward: %s", label, mfa_last_error());
-            if (s != MFA_OK) { release(&t); continue; }
+            if (s != MFA_OK) {
+                release(&t);
+                continue;
+            }
             const ref_problem p = problem_of(&t);
             ref_result f = ref_forward(&p, &t.a.q.t, &t.a.k.t, &t.a.v.t);
-            expect_propagated(label, "out", &t.a.out, dtypes[i], f.out, f.out_mag, 12, f.max_score, 1, group, kv_head);
-            expect_propagated(label, "lse", &t.a.lse, MFA_DTYPE_F32, f.lse, f.lse_mag, 12, f.max_score, 1, group, kv_head);
+            expect_propagated(label, "out", &t.a.out, dtypes[i], f.out, f.out_mag, 12, f.max_score,
+                              1, group, kv_head);
+            expect_propagated(label, "lse", &t.a.lse, MFA_DTYPE_F32, f.lse, f.lse_mag, 12,
+                              f.max_score, 1, group, kv_head);
             ref_free(&f);
-            s = mfa_attention_backward(ctx, &t.params, &t.a.q.t, &t.a.k.t, &t.a.v.t, &t.a.out.t, &t.a.dout.t,
-                                       &t.a.lse.t, &t.a.dq.t, &t.a.dk.t, &t.a.dv.t);
+            s = mfa_attention_backward(ctx, &t.params, &t.a.q.t, &t.a.k.t, &t.a.v.t, &t.a.out.t,
+                                       &t.a.dout.t, &t.a.lse.t, &t.a.dq.t, &t.a.dk.t, &t.a.dv.t);
             CHECK(s == MFA_OK, "%s: backward: %s", label, mfa_last_error());
             if (s == MFA_OK) {
                 ref_result g = ref_backward(&p, &t.a.q.t, &t.a.k.t, &t.a.v.t, &t.a.out.t,
                                             &t.a.dout.t, &t.a.lse.t, NULL);
-                expect_propagated(label, "dq", &t.a.dq, dtypes[i], g.dq, g.dq_mag, 32, g.max_score, 1, group, kv_head);
-                expect_propagated(label, "dk", &t.a.dk, dtypes[i], g.dk, g.dk_mag, 32, g.max_score, 0, group, kv_head);
-                expect_propagated(label, "dv", &t.a.dv, dtypes[i], g.dv, g.dv_mag, 32, g.max_score, 0, group, kv_head);
+                expect_propagated(label, "dq", &t.a.dq, dtypes[i], g.dq, g.dq_mag, 32, g.max_score,
+                                  1, group, kv_head);
+                expect_propagated(label, "dk", &t.a.dk, dtypes[i], g.dk, g.dk_mag, 32, g.max_score,
+                                  0, group, kv_head);
+                expect_propagated(label, "dv", &t.a.dv, dtypes[i], g.dv, g.dv_mag, 32, g.max_score,
+                                  0, group, kv_head);
                 ref_free(&g);
             }
             release(&t);
@@ -288,11 +311,13 @@ static void test_non_finite_inputs(mfa_context* ctx, const char* backend) {
         for (int64_t h = 0; h < 2; ++h)
             for (int64_t r = 0; r < 11 - 4; ++r)
                 for (int64_t d = 0; d < 8; ++d) test_set(&t.a.q.t, 0, h, r, d, NAN);
-        CHECK(mfa_attention_forward(ctx, &t.params, &t.a.q.t, &t.a.k.t, &t.a.v.t, &t.a.out.t, &t.a.lse.t) == MFA_OK,
+        CHECK(mfa_attention_forward(ctx, &t.params, &t.a.q.t, &t.a.k.t, &t.a.v.t, &t.a.out.t,
+                                    &t.a.lse.t) == MFA_OK,
               "%s: forward: %s", label, mfa_last_error());
-        CHECK(mfa_attention_backward(ctx, &t.params, &t.a.q.t, &t.a.k.t, &t.a.v.t, &t.a.out.t, &t.a.dout.t, &t.a.lse.t,
-                                     &t.a.dq.t, &t.a.dk.t, &t.a.dv.t) == MFA_OK, "%s: backward: %s", label,
-              mfa_last_error());
+        CHECK(mfa_attention_backward(ctx, &t.params, &t.a.q.t, &t.a.k.t, &t.a.v.t, &t.a.out.t,
+                                     &t.a.dout.t, &t.a.lse.t, &t.a.dq.t, &t.a.dk.t,
+                                     &t.a.dv.t) == MFA_OK,
+              "%s: backward: %s", label, mfa_last_error());
         expect_empty_rows(label, &t, 0, 11 - 4);
         release(&t);
     }
@@ -339,7 +364,8 @@ static void run_section(const char* section, mfa_context* ctx, const char* backe
 int main(int argc, char** argv) {
     const char* section = argc > 1 ? argv[1] : "";
     int known = 0;
-    for (size_t i = 0; i < sizeof sections / sizeof sections[0]; ++i) known |= strcmp(section, sections[i]) == 0;
+    for (size_t i = 0; i < sizeof sections / sizeof sections[0]; ++i)
+        known |= strcmp(section, sections[i]) == 0;
     if (!known) {
         fprintf(stderr, "usage: %s large|masked|nonfinite|subnormal\n", argv[0]);
         return 2;

@@ -56,26 +56,73 @@ typedef struct large_case {
 
 static const large_case cases[] = {
     /* Keys and values 2^31 + 5 elements apart along the sequence: offsets up to ~4 * 2^31. */
-    {"key rows 2^31+5 apart (f16)", MFA_DTYPE_F16, 1, 2, 1, 3, 4, 8, 8,
-     {64, 24, 8, 1}, {0, 0, G31 + 5, 1}, {0, 0, G31 + 5, 1}, {64, 24, 8, 1},
-     0, 1 * GIB, 2 * GIB, 40 * GIB, 63 * GIB},
+    {"key rows 2^31+5 apart (f16)",
+     MFA_DTYPE_F16,
+     1,
+     2,
+     1,
+     3,
+     4,
+     8,
+     8,
+     {64, 24, 8, 1},
+     {0, 0, G31 + 5, 1},
+     {0, 0, G31 + 5, 1},
+     {64, 24, 8, 1},
+     0,
+     1 * GIB,
+     2 * GIB,
+     40 * GIB,
+     63 * GIB},
     /* Batches 2^32 + 3 elements apart in every tensor, outputs included: the batch term of an
      * offset exceeds 32 bits, while each batch's block is small and contiguous. (The inputs
      * interleave; outputs sit apart, since an output may not lie inside an input's extent.) */
-    {"batches 2^32+3 apart (f32)", MFA_DTYPE_F32, 2, 1, 1, 5, 6, 4, 3,
-     {G32 + 3, 64, 4, 1}, {G32 + 3, 64, 4, 1}, {G32 + 3, 64, 4, 1}, {G32 + 3, 64, 4, 1},
-     0, 1024, 2048, 40 * GIB, 60 * GIB},
+    {"batches 2^32+3 apart (f32)",
+     MFA_DTYPE_F32,
+     2,
+     1,
+     1,
+     5,
+     6,
+     4,
+     3,
+     {G32 + 3, 64, 4, 1},
+     {G32 + 3, 64, 4, 1},
+     {G32 + 3, 64, 4, 1},
+     {G32 + 3, 64, 4, 1},
+     0,
+     1024,
+     2048,
+     40 * GIB,
+     60 * GIB},
     /* Negative strides of more than 2^31 elements, from the top of the mapping downwards, and
      * grouped-query heads that also sit 2^31 elements apart. */
-    {"negative strides beyond 2^31 (bf16)", MFA_DTYPE_BF16, 1, 4, 2, 2, 3, 16, 8,
-     {0, -(G31 + 1), -16, 1}, {0, -G31 - 77, -(G31 / 2), 1}, {0, G31 - 3, 8, 1}, {0, 32, 8, 1},
-     30 * GIB, 62 * GIB, 20 * GIB, 40 * GIB, 50 * GIB},
+    {"negative strides beyond 2^31 (bf16)",
+     MFA_DTYPE_BF16,
+     1,
+     4,
+     2,
+     2,
+     3,
+     16,
+     8,
+     {0, -(G31 + 1), -16, 1},
+     {0, -G31 - 77, -(G31 / 2), 1},
+     {0, G31 - 3, 8, 1},
+     {0, 32, 8, 1},
+     30 * GIB,
+     62 * GIB,
+     20 * GIB,
+     40 * GIB,
+     50 * GIB},
 };
 
 static void run_case(mfa_context* ctx, const char* backend, const large_case* c) {
     const int64_t q_shape[4] = {c->b, c->hq, c->nq, c->d}, k_shape[4] = {c->b, c->hkv, c->nk, c->d};
-    const int64_t v_shape[4] = {c->b, c->hkv, c->nk, c->dv}, out_shape[4] = {c->b, c->hq, c->nq, c->dv};
-    const int64_t lse_shape[4] = {c->b, c->hq, c->nq, 1}, lse_stride[4] = {c->hq * c->nq, c->nq, 1, 1};
+    const int64_t v_shape[4] = {c->b, c->hkv, c->nk, c->dv},
+                  out_shape[4] = {c->b, c->hq, c->nq, c->dv};
+    const int64_t lse_shape[4] = {c->b, c->hq, c->nq, 1},
+                  lse_stride[4] = {c->hq * c->nq, c->nq, 1, 1};
     const mfa_tensor q = sparse_tensor(c->dtype, q_shape, c->q_stride, c->q_origin);
     const mfa_tensor k = sparse_tensor(c->dtype, k_shape, c->k_stride, c->k_origin);
     const mfa_tensor v = sparse_tensor(c->dtype, v_shape, c->v_stride, c->v_origin);
@@ -92,9 +139,10 @@ static void run_case(mfa_context* ctx, const char* backend, const large_case* c)
     params.causal = 1;
     const mfa_status s = mfa_attention_forward(ctx, &params, &q, &k, &v, &out, &lse);
     if (s == MFA_ERROR_UNSUPPORTED && strcmp(backend, "cpu") != 0) {
-        CHECK(mfa_last_error()[0] != '\0', "%s / %s: unsupported without a message", backend, c->name);
-        CHECK(isnan(test_get(&out, 0, 0, 0, 0)), "%s / %s: unsupported but out was written", backend,
+        CHECK(mfa_last_error()[0] != '\0', "%s / %s: unsupported without a message", backend,
               c->name);
+        CHECK(isnan(test_get(&out, 0, 0, 0, 0)), "%s / %s: unsupported but out was written",
+              backend, c->name);
         printf("test_large_offsets: %s declines \"%s\": %s\n", backend, c->name, mfa_last_error());
         return;
     }
@@ -105,16 +153,18 @@ static void run_case(mfa_context* ctx, const char* backend, const large_case* c)
     char why[256];
     CHECK(ref_compare(&out, c->dtype, r.out, r.out_mag, c->nk + c->d, r.max_score, why, sizeof why),
           "%s / %s: out: %s", backend, c->name, why);
-    CHECK(ref_compare(&lse, MFA_DTYPE_F32, r.lse, r.lse_mag, c->nk + c->d, r.max_score, why, sizeof why),
+    CHECK(ref_compare(&lse, MFA_DTYPE_F32, r.lse, r.lse_mag, c->nk + c->d, r.max_score, why,
+                      sizeof why),
           "%s / %s: lse: %s", backend, c->name, why);
     ref_free(&r);
 }
 
 int main(void) {
-    region = (char*)mmap(NULL, SPAN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                         -1, 0);
+    region = (char*)mmap(NULL, SPAN, PROT_READ | PROT_WRITE,
+                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (region == MAP_FAILED) {
-        printf("test_large_offsets: cannot reserve %zu bytes of address space here; skipped\n", SPAN);
+        printf("test_large_offsets: cannot reserve %zu bytes of address space here; skipped\n",
+               SPAN);
         return 77;
     }
     const mfa_backend backends[] = {MFA_BACKEND_CPU, MFA_BACKEND_METAL_SIM, MFA_BACKEND_METAL};

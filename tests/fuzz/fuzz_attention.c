@@ -32,14 +32,15 @@
 #include "mfa.h"
 #include "test_reference.h"
 
-#define POISON 0xA5
+#define POISON       0xA5
 #define MAX_ELEMENTS ((int64_t)1 << 16) /* larger tensors are never allocated */
-#define MAX_LISTED ((int64_t)1 << 20)   /* larger tensors' elements are not enumerated */
-#define MAX_WORK ((int64_t)1 << 22)      /* multiply-adds; larger valid calls are not run */
-#define GUARD_BYTES ((size_t)1 << 16)
+#define MAX_LISTED   ((int64_t)1 << 20) /* larger tensors' elements are not enumerated */
+#define MAX_WORK     ((int64_t)1 << 22) /* multiply-adds; larger valid calls are not run */
+#define GUARD_BYTES  ((size_t)1 << 16)
 
 enum role { Q, K, V, OUT, LSE, DOUT, DQ, DK, DV, ROLES };
-static const char* const role_names[ROLES] = {"q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv"};
+static const char* const role_names[ROLES] = {"q",    "k",  "v",  "out", "lse",
+                                              "dout", "dq", "dk", "dv"};
 
 /* ---- Reading the input -------------------------------------------------------------------- */
 
@@ -62,10 +63,30 @@ static uint64_t next_u64(reader* r) {
 }
 
 static const int64_t hostile_values[] = {
-    0, 1, 2, 3, -1, -2, 7, 8, 64, 65, 1024, 1025,
-    ((int64_t)1 << 31) - 1, (int64_t)1 << 31, (int64_t)1 << 32, (int64_t)1 << 40,
-    (int64_t)1 << 62, INT64_MAX / 2, -(INT64_MAX / 4), INT64_MAX, INT64_MIN, INT64_MIN + 1,
-    -((int64_t)1 << 31), ((int64_t)1 << 33) + 1,
+    0,
+    1,
+    2,
+    3,
+    -1,
+    -2,
+    7,
+    8,
+    64,
+    65,
+    1024,
+    1025,
+    ((int64_t)1 << 31) - 1,
+    (int64_t)1 << 31,
+    (int64_t)1 << 32,
+    (int64_t)1 << 40,
+    (int64_t)1 << 62,
+    INT64_MAX / 2,
+    -(INT64_MAX / 4),
+    INT64_MAX,
+    INT64_MIN,
+    INT64_MIN + 1,
+    -((int64_t)1 << 31),
+    ((int64_t)1 << 33) + 1,
 };
 #define HOSTILE_COUNT ((int)(sizeof hostile_values / sizeof hostile_values[0]))
 
@@ -101,11 +122,11 @@ typedef struct allocation {
 /* A tensor of the call, as built and as the oracle sees it. */
 typedef struct fuzz_tensor {
     mfa_tensor t;
-    bool present;          /* false: the call gets a NULL mfa_tensor* */
-    int64_t lo, hi;        /* element offsets spanned (valid when !overflow) */
-    bool overflow;         /* offsets or element count leave int64 */
-    allocation own;        /* its own exactly-sized buffer, when small */
-    int lives_in;          /* role whose allocation holds it, or -1 */
+    bool present;   /* false: the call gets a NULL mfa_tensor* */
+    int64_t lo, hi; /* element offsets spanned (valid when !overflow) */
+    bool overflow;  /* offsets or element count leave int64 */
+    allocation own; /* its own exactly-sized buffer, when small */
+    int lives_in;   /* role whose allocation holds it, or -1 */
 } fuzz_tensor;
 
 static bool shapes_positive(const mfa_tensor* t) {
@@ -127,7 +148,10 @@ static void measure(fuzz_tensor* f) {
         const __int128 shape = f->t.shape[d];
         const __int128 term = (shape - 1) * (__int128)f->t.strides[d];
         count *= shape;
-        if (term < 0) lo += term; else hi += term;
+        if (term < 0)
+            lo += term;
+        else
+            hi += term;
         if (count > INT64_MAX || lo < INT64_MIN || hi > INT64_MAX) {
             f->overflow = true;
             return;
@@ -187,7 +211,10 @@ static void decode_layout(reader* r, mfa_tensor* t) {
 }
 
 static void set_shape(mfa_tensor* t, int64_t b, int64_t h, int64_t s, int64_t d) {
-    t->shape[0] = b; t->shape[1] = h; t->shape[2] = s; t->shape[3] = d;
+    t->shape[0] = b;
+    t->shape[1] = h;
+    t->shape[2] = s;
+    t->shape[3] = d;
 }
 
 static void decode_problem(reader* r, call* c) {
@@ -198,10 +225,10 @@ static void decode_problem(reader* r, call* c) {
     const int64_t seq_q = 1 + next_byte(r) % 48, seq_k = 1 + next_byte(r) % 48;
     const int64_t head_dim = 1 + next_byte(r) % 24, head_dim_v = 1 + next_byte(r) % 24;
     const int64_t shapes[ROLES][4] = {
-        {batch, heads_q, seq_q, head_dim},  {batch, heads_kv, seq_k, head_dim},
+        {batch, heads_q, seq_q, head_dim},    {batch, heads_kv, seq_k, head_dim},
         {batch, heads_kv, seq_k, head_dim_v}, {batch, heads_q, seq_q, head_dim_v},
-        {batch, heads_q, seq_q, 1},         {batch, heads_q, seq_q, head_dim_v},
-        {batch, heads_q, seq_q, head_dim},  {batch, heads_kv, seq_k, head_dim},
+        {batch, heads_q, seq_q, 1},           {batch, heads_q, seq_q, head_dim_v},
+        {batch, heads_q, seq_q, head_dim},    {batch, heads_kv, seq_k, head_dim},
         {batch, heads_kv, seq_k, head_dim_v},
     };
     for (int i = 0; i < ROLES; ++i) {
@@ -212,18 +239,31 @@ static void decode_problem(reader* r, call* c) {
         set_shape(&f->t, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
         decode_layout(r, &f->t);
     }
-    if (!c->backward) c->tensors[DOUT].present = c->tensors[DQ].present =
-                          c->tensors[DK].present = c->tensors[DV].present = false;
+    if (!c->backward)
+        c->tensors[DOUT].present = c->tensors[DQ].present = c->tensors[DK].present =
+            c->tensors[DV].present = false;
 }
 
 static void decode_params(reader* r, call* c) {
-    static const float scales[] = {0.0f, 0.125f, 0.5f, 1.0f, 2.0f, -0.75f, 1e-3f, 1e-30f,
-                                   __builtin_nanf(""), __builtin_inff(), -__builtin_inff()};
-    static const size_t struct_sizes[] = {sizeof(mfa_attention_params), 0, 8,
+    static const float scales[] = {0.0f,
+                                   0.125f,
+                                   0.5f,
+                                   1.0f,
+                                   2.0f,
+                                   -0.75f,
+                                   1e-3f,
+                                   1e-30f,
+                                   __builtin_nanf(""),
+                                   __builtin_inff(),
+                                   -__builtin_inff()};
+    static const size_t struct_sizes[] = {sizeof(mfa_attention_params),
+                                          0,
+                                          8,
                                           sizeof(mfa_attention_params) - 8,
-                                          sizeof(mfa_attention_params) + 8, (size_t)1 << 40};
-    static const int64_t windows[] = {-1, -1, 0, 1, 3, 17, -2, INT64_MIN, INT64_MAX,
-                                      INT64_MAX - 1, (int64_t)1 << 40};
+                                          sizeof(mfa_attention_params) + 8,
+                                          (size_t)1 << 40};
+    static const int64_t windows[] = {
+        -1, -1, 0, 1, 3, 17, -2, INT64_MIN, INT64_MAX, INT64_MAX - 1, (int64_t)1 << 40};
     const uint8_t flags = next_byte(r);
     c->null_params = (flags & 7) == 0;
     mfa_attention_params_init(&c->params);
@@ -238,8 +278,18 @@ static void decode_params(reader* r, call* c) {
 }
 
 /* Mutations that change what a tensor claims; applied before buffers are sized. */
-enum { M_NULL_TENSOR, M_NULL_DATA, M_DTYPE, M_SHAPE, M_SHAPE_NUDGE, M_STRIDE, M_MISALIGN,
-       M_ALIAS, M_WILD_POINTER, M_KINDS };
+enum {
+    M_NULL_TENSOR,
+    M_NULL_DATA,
+    M_DTYPE,
+    M_SHAPE,
+    M_SHAPE_NUDGE,
+    M_STRIDE,
+    M_MISALIGN,
+    M_ALIAS,
+    M_WILD_POINTER,
+    M_KINDS
+};
 
 typedef struct mutation {
     int kind, role, other, dim;
@@ -280,7 +330,10 @@ static const uintptr_t wild_pointers[] = {
 static void apply_pointer(call* c, const mutation* m) {
     fuzz_tensor* f = &c->tensors[m->role];
     switch (m->kind) {
-        case M_NULL_DATA: f->t.data = NULL; f->lives_in = -1; break;
+        case M_NULL_DATA:
+            f->t.data = NULL;
+            f->lives_in = -1;
+            break;
         case M_MISALIGN: f->t.data = (void*)((uintptr_t)f->t.data + 1); break;
         case M_ALIAS:
             if (m->other != m->role && c->tensors[m->other].lives_in >= 0) {
@@ -289,7 +342,8 @@ static void apply_pointer(call* c, const mutation* m) {
             }
             break;
         case M_WILD_POINTER:
-            f->t.data = (void*)wild_pointers[(uint64_t)m->value % (sizeof wild_pointers / sizeof wild_pointers[0])];
+            f->t.data = (void*)wild_pointers[(uint64_t)m->value %
+                                             (sizeof wild_pointers / sizeof wild_pointers[0])];
             f->lives_in = -1;
             break;
         default: break;
@@ -334,7 +388,8 @@ static bool listable(const fuzz_tensor* f) {
 static bool strides_nested(const mfa_tensor* t) {
     __int128 magnitude[4], extent = 0;
     int order[4] = {0, 1, 2, 3};
-    for (int d = 0; d < 4; ++d) magnitude[d] = t->strides[d] < 0 ? -(__int128)t->strides[d] : t->strides[d];
+    for (int d = 0; d < 4; ++d)
+        magnitude[d] = t->strides[d] < 0 ? -(__int128)t->strides[d] : t->strides[d];
     for (int i = 1; i < 4; ++i)
         for (int j = i; j > 0 && magnitude[order[j]] < magnitude[order[j - 1]]; --j) {
             const int swap = order[j];
@@ -360,9 +415,12 @@ static bool share_bytes(const fuzz_tensor* a, const fuzz_tensor* b) {
     bool shared = false;
     for (int64_t i = 0, j = 0; i < na && j < nb && !shared;) {
         const __int128 a0 = ba + oa[i] * ea, b0 = bb + ob[j] * eb;
-        if (a0 < b0 + eb && b0 < a0 + ea) shared = true;
-        else if (a0 < b0) ++i;
-        else ++j;
+        if (a0 < b0 + eb && b0 < a0 + ea)
+            shared = true;
+        else if (a0 < b0)
+            ++i;
+        else
+            ++j;
     }
     free(oa);
     free(ob);
@@ -398,12 +456,14 @@ static outcome expected_outcome(const call* c, const mfa_capabilities* caps) {
 
     if (!c->null_params) {
         const mfa_attention_params* p = &c->params;
-        if (p->struct_size != sizeof *p || !isfinite(p->scale) || (p->causal != 0 && p->causal != 1) ||
+        if (p->struct_size != sizeof *p || !isfinite(p->scale) ||
+            (p->causal != 0 && p->causal != 1) ||
             (p->alignment != MFA_ALIGN_BOTTOM_RIGHT && p->alignment != MFA_ALIGN_TOP_LEFT) ||
             p->window_left < -1 || p->window_right < -1)
             violation(&o, MFA_ERROR_INVALID_ARGUMENT);
     }
-    if (c->backward && !(caps->features & MFA_FEATURE_BACKWARD)) violation(&o, MFA_ERROR_UNSUPPORTED);
+    if (c->backward && !(caps->features & MFA_FEATURE_BACKWARD))
+        violation(&o, MFA_ERROR_UNSUPPORTED);
     if (f[Q].present && element_size(dtype) && !(caps->dtypes & (1u << dtype)))
         violation(&o, MFA_ERROR_UNSUPPORTED);
 
@@ -412,11 +472,17 @@ static outcome expected_outcome(const call* c, const mfa_capabilities* caps) {
     const int64_t* ks = f[K].t.shape;
     const int64_t* vs = f[V].t.shape;
     const int64_t expected[ROLES][4] = {
-        {-1, -1, -1, -1},          {qs[0], -1, -1, qs[3]},        {qs[0], ks[1], ks[2], -1},
-        {qs[0], qs[1], qs[2], vs[3]}, {qs[0], qs[1], qs[2], 1},     {qs[0], qs[1], qs[2], vs[3]},
-        {qs[0], qs[1], qs[2], qs[3]}, {qs[0], ks[1], ks[2], qs[3]}, {qs[0], ks[1], ks[2], vs[3]},
+        {-1, -1, -1, -1},
+        {qs[0], -1, -1, qs[3]},
+        {qs[0], ks[1], ks[2], -1},
+        {qs[0], qs[1], qs[2], vs[3]},
+        {qs[0], qs[1], qs[2], 1},
+        {qs[0], qs[1], qs[2], vs[3]},
+        {qs[0], qs[1], qs[2], qs[3]},
+        {qs[0], ks[1], ks[2], qs[3]},
+        {qs[0], ks[1], ks[2], vs[3]},
     };
-    const bool depends_on[ROLES][3] = {{0}, {1, 0, 0}, {1, 1, 0}, {1, 0, 1}, {1, 0, 0},
+    const bool depends_on[ROLES][3] = {{0},       {1, 0, 0}, {1, 1, 0}, {1, 0, 1}, {1, 0, 0},
                                        {1, 0, 1}, {1, 0, 0}, {1, 1, 0}, {1, 1, 1}};
     for (int i = 0; i < roles_used; ++i) {
         const fuzz_tensor* t = &f[i];
@@ -433,7 +499,8 @@ static outcome expected_outcome(const call* c, const mfa_capabilities* caps) {
         }
         for (int d = 0; d < 4; ++d) {
             const bool known = (!depends_on[i][0] || f[Q].present) &&
-                               (!depends_on[i][1] || f[K].present) && (!depends_on[i][2] || f[V].present);
+                               (!depends_on[i][1] || f[K].present) &&
+                               (!depends_on[i][2] || f[V].present);
             if (known && expected[i][d] != -1 && t->t.shape[d] != expected[i][d])
                 violation(&o, MFA_ERROR_INVALID_ARGUMENT);
         }
@@ -446,8 +513,10 @@ static outcome expected_outcome(const call* c, const mfa_capabilities* caps) {
             violation(&o, MFA_ERROR_INVALID_ARGUMENT);
         if (!output) continue;
         /* Exact self-overlap is an error; a quicker sufficient test may reject more. */
-        if (listable(t) && overlaps_itself(t)) violation(&o, MFA_ERROR_INVALID_ARGUMENT);
-        else if (!strides_nested(&t->t)) o.permitted |= STATUS_BIT(MFA_ERROR_INVALID_ARGUMENT);
+        if (listable(t) && overlaps_itself(t))
+            violation(&o, MFA_ERROR_INVALID_ARGUMENT);
+        else if (!strides_nested(&t->t))
+            o.permitted |= STATUS_BIT(MFA_ERROR_INVALID_ARGUMENT);
         for (int j = 0; j < roles_used; ++j) {
             const fuzz_tensor* u = &f[j];
             __int128 u_first, u_end;
@@ -455,8 +524,10 @@ static outcome expected_outcome(const call* c, const mfa_capabilities* caps) {
                 u->overflow || !shapes_positive(&u->t) || !byte_range(u, &u_first, &u_end))
                 continue;
             if (first < u_end && u_first < end) {
-                if (listable(t) && listable(u) && share_bytes(t, u)) violation(&o, MFA_ERROR_INVALID_ARGUMENT);
-                else o.permitted |= STATUS_BIT(MFA_ERROR_INVALID_ARGUMENT);
+                if (listable(t) && listable(u) && share_bytes(t, u))
+                    violation(&o, MFA_ERROR_INVALID_ARGUMENT);
+                else
+                    o.permitted |= STATUS_BIT(MFA_ERROR_INVALID_ARGUMENT);
             }
         }
     }
@@ -486,7 +557,6 @@ static void print_stats(void) {
             stats.rejected[1], stats.skipped[1], stats.contexts_created, stats.contexts_rejected);
 }
 
-
 static mfa_context* contexts[4]; /* cpu with 1 and 2 threads, then metal-sim ones if built */
 static int context_count;
 /* No fuzzed call passes a NULL context, so this message can only be left over. */
@@ -503,7 +573,8 @@ static void fill_inputs(call* c) {
     test_rng_state = c->value_seed | 1;
     for (int i = Q; i <= (c->backward ? DOUT : V); ++i) {
         const fuzz_tensor* f = &c->tensors[i];
-        if (f->lives_in == i && !(c->backward && (i == OUT || i == LSE))) test_fill_view_random(&f->t);
+        if (f->lives_in == i && !(c->backward && (i == OUT || i == LSE)))
+            test_fill_view_random(&f->t);
     }
 }
 
@@ -539,7 +610,8 @@ static void check_gaps(const call* c, int role) {
             for (int64_t s = 0; s < f->t.shape[2]; ++s)
                 for (int64_t d = 0; d < f->t.shape[3]; ++d)
                     memset(element + ((char*)f->t.data - (char*)f->own.bytes) +
-                               test_offset(&f->t, b, h, s, d) * es, 1, (size_t)es);
+                               test_offset(&f->t, b, h, s, d) * es,
+                           1, (size_t)es);
     for (size_t i = 0; i < f->own.size; ++i)
         if (!element[i] && f->own.bytes[i] != POISON)
             fail("%s: byte %zu between elements was written", role_names[role], i);
@@ -554,18 +626,22 @@ static void check_results(const call* c, const ref_problem* p, mfa_dtype dtype) 
         if (!ref_compare(&f[OUT].t, dtype, r.out, r.out_mag, p->seq_k + p->head_dim, r.max_score,
                          why, sizeof why))
             fail("forward out: %s", why);
-        if (f[LSE].present &&
-            !ref_compare(&f[LSE].t, MFA_DTYPE_F32, r.lse, r.lse_mag, p->seq_k + p->head_dim, r.max_score,
-                         why, sizeof why))
+        if (f[LSE].present && !ref_compare(&f[LSE].t, MFA_DTYPE_F32, r.lse, r.lse_mag,
+                                           p->seq_k + p->head_dim, r.max_score, why, sizeof why))
             fail("forward lse: %s", why);
         ref_free(&r);
         return;
     }
-    ref_result r = ref_backward(p, &f[Q].t, &f[K].t, &f[V].t, &f[OUT].t, &f[DOUT].t, &f[LSE].t, NULL);
-    const int64_t n = p->head_dim + p->head_dim_v + p->seq_k + p->seq_q * (p->heads_q / p->heads_kv);
-    if (!ref_compare(&f[DQ].t, dtype, r.dq, r.dq_mag, n, r.max_score, why, sizeof why)) fail("dq: %s", why);
-    if (!ref_compare(&f[DK].t, dtype, r.dk, r.dk_mag, n, r.max_score, why, sizeof why)) fail("dk: %s", why);
-    if (!ref_compare(&f[DV].t, dtype, r.dv, r.dv_mag, n, r.max_score, why, sizeof why)) fail("dv: %s", why);
+    ref_result r =
+        ref_backward(p, &f[Q].t, &f[K].t, &f[V].t, &f[OUT].t, &f[DOUT].t, &f[LSE].t, NULL);
+    const int64_t n =
+        p->head_dim + p->head_dim_v + p->seq_k + p->seq_q * (p->heads_q / p->heads_kv);
+    if (!ref_compare(&f[DQ].t, dtype, r.dq, r.dq_mag, n, r.max_score, why, sizeof why))
+        fail("dq: %s", why);
+    if (!ref_compare(&f[DK].t, dtype, r.dk, r.dk_mag, n, r.max_score, why, sizeof why))
+        fail("dk: %s", why);
+    if (!ref_compare(&f[DV].t, dtype, r.dv, r.dv_mag, n, r.max_score, why, sizeof why))
+        fail("dv: %s", why);
     ref_free(&r);
 }
 
@@ -593,7 +669,8 @@ static void run_attention(reader* r, bool backward) {
         measure(f);
         const int64_t es = element_size((int)f->t.dtype);
         const __int128 elements = (__int128)f->hi - f->lo + 1;
-        if (f->present && !f->overflow && es && shapes_positive(&f->t) && elements <= MAX_ELEMENTS) {
+        if (f->present && !f->overflow && es && shapes_positive(&f->t) &&
+            elements <= MAX_ELEMENTS) {
             f->own.size = (size_t)elements * (size_t)es;
             f->own.bytes = (unsigned char*)malloc(f->own.size);
             memset(f->own.bytes, POISON, f->own.size);
@@ -607,7 +684,8 @@ static void run_attention(reader* r, bool backward) {
 
     mfa_capabilities caps;
     caps.struct_size = sizeof caps;
-    if (mfa_context_capabilities(c.ctx, &caps) != MFA_OK) fail("capabilities: %s", mfa_last_error());
+    if (mfa_context_capabilities(c.ctx, &caps) != MFA_OK)
+        fail("capabilities: %s", mfa_last_error());
     const outcome expected = expected_outcome(&c, &caps);
 
     /* Runnable: every tensor lies inside memory we own, holding values of its own dtype, and
@@ -646,8 +724,8 @@ static void run_attention(reader* r, bool backward) {
     const mfa_attention_params* params = c.null_params ? NULL : &c.params;
     plant_stale_message();
     const mfa_status status =
-        backward ? mfa_attention_backward(c.ctx, params, arg[Q], arg[K], arg[V], arg[OUT], arg[DOUT],
-                                          arg[LSE], arg[DQ], arg[DK], arg[DV])
+        backward ? mfa_attention_backward(c.ctx, params, arg[Q], arg[K], arg[V], arg[OUT],
+                                          arg[DOUT], arg[LSE], arg[DQ], arg[DK], arg[DV])
                  : mfa_attention_forward(c.ctx, params, arg[Q], arg[K], arg[V], arg[OUT], arg[LSE]);
     const char* message = mfa_last_error();
     const unsigned allowed = expected.required | expected.permitted;
@@ -667,7 +745,8 @@ static void run_attention(reader* r, bool backward) {
         if ((status != MFA_OK || !is_output(&c, i) || !f->present) &&
             memcmp(f->own.bytes, f->own.snapshot, f->own.size) != 0)
             fail("%s: %s's buffer was modified (status %s; message: %s)",
-                 backward ? "backward" : "forward", role_names[i], mfa_status_string(status), message);
+                 backward ? "backward" : "forward", role_names[i], mfa_status_string(status),
+                 message);
     }
     ++(status == MFA_OK ? stats.checked : stats.rejected)[backward];
     if (status != MFA_OK) {
@@ -686,14 +765,18 @@ static void run_attention(reader* r, bool backward) {
 /* ---- Contexts ----------------------------------------------------------------------------- */
 
 static void run_context(reader* r) {
-    static const int backends[] = {MFA_BACKEND_AUTO, MFA_BACKEND_CPU, MFA_BACKEND_METAL,
-                                   MFA_BACKEND_METAL_SIM, 4, -1, 1000};
-    static const int families[] = {MFA_GPU_FAMILY_NONE, MFA_GPU_FAMILY_APPLE7, MFA_GPU_FAMILY_APPLE8,
-                                   MFA_GPU_FAMILY_APPLE9, 5, -1};
+    static const int backends[] = {
+        MFA_BACKEND_AUTO, MFA_BACKEND_CPU, MFA_BACKEND_METAL, MFA_BACKEND_METAL_SIM, 4, -1, 1000};
+    static const int families[] = {MFA_GPU_FAMILY_NONE,
+                                   MFA_GPU_FAMILY_APPLE7,
+                                   MFA_GPU_FAMILY_APPLE8,
+                                   MFA_GPU_FAMILY_APPLE9,
+                                   5,
+                                   -1};
     static const int32_t threads[] = {0, 1, 2, -1, 4097, INT32_MIN};
     static const size_t option_sizes[] = {sizeof(mfa_context_options), 0, 3,
                                           sizeof(mfa_context_options) + 8};
-    static const size_t caps_sizes[] = {sizeof(mfa_capabilities), 0, 4, 8, 12, 16, 24,
+    static const size_t caps_sizes[] = {sizeof(mfa_capabilities),     0, 4, 8, 12, 16, 24,
                                         sizeof(mfa_capabilities) + 16};
     const uint8_t flags = next_byte(r);
     const int backend = backends[next_byte(r) % 7];
@@ -708,9 +791,10 @@ static void run_context(reader* r) {
 
     /* The rules of mfa_context_create, restated. */
     const mfa_context_options* given = null_options ? NULL : &options;
-    const int resolved = backend == MFA_BACKEND_AUTO ? (mfa_backend_available(MFA_BACKEND_METAL)
-                                                            ? MFA_BACKEND_METAL : MFA_BACKEND_CPU)
-                                                     : backend;
+    const int resolved =
+        backend == MFA_BACKEND_AUTO
+            ? (mfa_backend_available(MFA_BACKEND_METAL) ? MFA_BACKEND_METAL : MFA_BACKEND_CPU)
+            : backend;
     unsigned required = 0;
     const bool known_backend = backend >= MFA_BACKEND_AUTO && backend <= MFA_BACKEND_METAL_SIM;
     if (null_out || !known_backend) required |= STATUS_BIT(MFA_ERROR_INVALID_ARGUMENT);
@@ -726,28 +810,34 @@ static void run_context(reader* r) {
 
     mfa_context* ctx = (mfa_context*)(uintptr_t)0x10; /* must become NULL on failure */
     plant_stale_message();
-    const mfa_status status = mfa_context_create((mfa_backend)backend, given, null_out ? NULL : &ctx);
+    const mfa_status status =
+        mfa_context_create((mfa_backend)backend, given, null_out ? NULL : &ctx);
     const char* message = mfa_last_error();
     if (required && (status == MFA_OK || !(STATUS_BIT(status) & required)))
         fail("context_create(%d) returned %s, rules require mask 0x%x: %s", backend,
              mfa_status_string(status), required, message);
     if (!required && status != MFA_OK)
         fail("context_create(%d) of valid options failed: %s", backend, message);
-    if (status == MFA_OK) ++stats.contexts_created;
-    else ++stats.contexts_rejected;
+    if (status == MFA_OK)
+        ++stats.contexts_created;
+    else
+        ++stats.contexts_rejected;
     if (status != MFA_OK) {
         if (!null_out && ctx != NULL) fail("failed context_create left *out = %p", (void*)ctx);
-        if (message[0] == '\0' || strncmp(message, stale_message_marker, sizeof stale_message_marker - 1) == 0)
+        if (message[0] == '\0' ||
+            strncmp(message, stale_message_marker, sizeof stale_message_marker - 1) == 0)
             fail("context_create: empty or stale message for %s", mfa_status_string(status));
         return;
     }
     /* A caller's capabilities struct of exactly caps_size bytes: nothing beyond is written. */
-    mfa_capabilities* caps = (mfa_capabilities*)malloc(caps_size < sizeof(size_t) ? sizeof(size_t) : caps_size);
+    mfa_capabilities* caps =
+        (mfa_capabilities*)malloc(caps_size < sizeof(size_t) ? sizeof(size_t) : caps_size);
     memset(caps, POISON, caps_size < sizeof(size_t) ? sizeof(size_t) : caps_size);
     caps->struct_size = caps_size;
     const mfa_status caps_status = mfa_context_capabilities(ctx, caps);
     if ((caps_size < sizeof(size_t)) != (caps_status != MFA_OK))
-        fail("capabilities with struct_size %zu returned %s", caps_size, mfa_status_string(caps_status));
+        fail("capabilities with struct_size %zu returned %s", caps_size,
+             mfa_status_string(caps_status));
     if (caps_status == MFA_OK && caps->struct_size != caps_size)
         fail("capabilities changed struct_size from %zu to %zu", caps_size, caps->struct_size);
     free(caps);
@@ -773,11 +863,13 @@ static void initialize(void) {
     if (mfa_backend_available(MFA_BACKEND_METAL_SIM)) {
         /* The default family, and Apple7's block sizes with simulated threads shuffled. */
         options.num_threads = 1;
-        if (mfa_context_create(MFA_BACKEND_METAL_SIM, &options, &contexts[context_count++]) != MFA_OK)
+        if (mfa_context_create(MFA_BACKEND_METAL_SIM, &options, &contexts[context_count++]) !=
+            MFA_OK)
             fail("metal-sim context: %s", mfa_last_error());
         options.gpu_family = MFA_GPU_FAMILY_APPLE7;
         options.sim_schedule_seed = 0x5EED;
-        if (mfa_context_create(MFA_BACKEND_METAL_SIM, &options, &contexts[context_count++]) != MFA_OK)
+        if (mfa_context_create(MFA_BACKEND_METAL_SIM, &options, &contexts[context_count++]) !=
+            MFA_OK)
             fail("metal-sim context: %s", mfa_last_error());
     }
 }

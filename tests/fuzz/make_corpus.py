@@ -15,14 +15,46 @@ CORPUS = pathlib.Path(__file__).resolve().parent / "corpus"
 FORWARD, BACKWARD, CONTEXT = 0, 1, 2
 ROLES = ("q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv")
 # Indices into the decoder's tables (fuzz_attention.c).
-MUTATIONS = ("null_tensor", "null_data", "dtype", "shape", "shape_nudge", "stride", "misalign",
-             "alias", "wild_pointer")
-HOSTILE = (0, 1, 2, 3, -1, -2, 7, 8, 64, 65, 1024, 1025, 2**31 - 1, 2**31, 2**32, 2**40, 2**62,
-           (2**63 - 1) // 2, -((2**63 - 1) // 4), 2**63 - 1, -2**63, -2**63 + 1, -2**31,
-           2**33 + 1)
+MUTATIONS = (
+    "null_tensor",
+    "null_data",
+    "dtype",
+    "shape",
+    "shape_nudge",
+    "stride",
+    "misalign",
+    "alias",
+    "wild_pointer",
+)
+HOSTILE = (
+    0,
+    1,
+    2,
+    3,
+    -1,
+    -2,
+    7,
+    8,
+    64,
+    65,
+    1024,
+    1025,
+    2**31 - 1,
+    2**31,
+    2**32,
+    2**40,
+    2**62,
+    (2**63 - 1) // 2,
+    -((2**63 - 1) // 4),
+    2**63 - 1,
+    -(2**63),
+    -(2**63) + 1,
+    -(2**31),
+    2**33 + 1,
+)
 SCALES = ("default", 0.125, 0.5, 1.0, 2.0, -0.75, 1e-3, 1e-30, "nan", "inf", "-inf")
 STRUCT_SIZES = ("sizeof", 0, 8, "sizeof-8", "sizeof+8", 2**40)
-WINDOWS = (-1, -1, 0, 1, 3, 17, -2, -2**63, 2**63 - 1, 2**63 - 2, 2**40)
+WINDOWS = (-1, -1, 0, 1, 3, 17, -2, -(2**63), 2**63 - 1, 2**63 - 2, 2**40)
 
 
 def hostile(value):
@@ -32,13 +64,32 @@ def hostile(value):
     return bytes([len(HOSTILE)]) + struct.pack("<q", value)
 
 
-def attention(op, *, context=0, dtype=0, batch=1, heads_kv=1, group=1, seq_q=5, seq_k=7,
-              head_dim=8, head_dim_v=8, layouts=None, null_params=False, struct_size="sizeof",
-              scale="default", causal=0, alignment=0, window=(-1, -1), mutations=()):
+def attention(
+    op,
+    *,
+    context=0,
+    dtype=0,
+    batch=1,
+    heads_kv=1,
+    group=1,
+    seq_q=5,
+    seq_k=7,
+    head_dim=8,
+    head_dim_v=8,
+    layouts=None,
+    null_params=False,
+    struct_size="sizeof",
+    scale="default",
+    causal=0,
+    alignment=0,
+    window=(-1, -1),
+    mutations=(),
+):
     data = bytes([op, context]) + struct.pack("<Q", 0x5EED0000 + seq_q * 131 + seq_k)
     data += bytes([dtype]) if dtype in (0, 1, 2) else bytes([3, dtype & 0xFF])
-    data += bytes([batch - 1, heads_kv - 1, group - 1, seq_q - 1, seq_k - 1, head_dim - 1,
-                   head_dim_v - 1])
+    data += bytes(
+        [batch - 1, heads_kv - 1, group - 1, seq_q - 1, seq_k - 1, head_dim - 1, head_dim_v - 1]
+    )
     layouts = layouts or {}
     for role in ROLES:
         order, padding, negative = layouts.get(role, (0, 0, 0))
@@ -46,9 +97,15 @@ def attention(op, *, context=0, dtype=0, batch=1, heads_kv=1, group=1, seq_q=5, 
     size_index = STRUCT_SIZES.index(struct_size)
     flags = 0 if null_params else (1 | (5 << 3 if size_index else 0))
     data += bytes([flags]) + (bytes([size_index]) if size_index else b"")
-    data += bytes([SCALES.index(scale), causal if causal in (0, 1) else causal & 0xFF,
-                   alignment if alignment in (0, 1) else alignment & 0xFF,
-                   WINDOWS.index(window[0]), WINDOWS.index(window[1])])
+    data += bytes(
+        [
+            SCALES.index(scale),
+            causal if causal in (0, 1) else causal & 0xFF,
+            alignment if alignment in (0, 1) else alignment & 0xFF,
+            WINDOWS.index(window[0]),
+            WINDOWS.index(window[1]),
+        ]
+    )
     data += bytes([len(mutations)])
     for kind, role, other, dim, value in mutations:
         data += bytes([MUTATIONS.index(kind), ROLES.index(role), ROLES.index(other), dim])
@@ -56,8 +113,17 @@ def attention(op, *, context=0, dtype=0, batch=1, heads_kv=1, group=1, seq_q=5, 
     return data
 
 
-def context(*, backend=1, null_options=False, null_out=False, struct_size=0, threads=1,
-            family=0, seed=None, caps_size=0):
+def context(
+    *,
+    backend=1,
+    null_options=False,
+    null_out=False,
+    struct_size=0,
+    threads=1,
+    family=0,
+    seed=None,
+    caps_size=0,
+):
     flags = (1 if null_options else 0) | (6 if null_out else 0)
     data = bytes([CONTEXT, flags, backend, struct_size, threads, family])
     data += bytes([1]) + struct.pack("<Q", seed) if seed is not None else bytes([0])
@@ -71,25 +137,48 @@ def mutation(kind, role, value=0, dim=0, other="q"):
 def seeds():
     yield "fwd-f32", attention(FORWARD)
     yield "fwd-f16-gqa-causal", attention(FORWARD, dtype=1, heads_kv=2, group=3, causal=1)
-    yield "fwd-bf16-window-topleft", attention(FORWARD, dtype=2, alignment=1, window=(3, 1),
-                                               seq_q=20, seq_k=9)
-    yield "fwd-bshd-negative-padded", attention(
-        FORWARD, layouts={role: (7, 0x55, 0b0101) for role in ROLES}, batch=2)
-    yield "fwd-null-params-no-lse", attention(
-        FORWARD, null_params=True, mutations=[mutation("null_tensor", "lse")])
+    yield (
+        "fwd-bf16-window-topleft",
+        attention(FORWARD, dtype=2, alignment=1, window=(3, 1), seq_q=20, seq_k=9),
+    )
+    yield (
+        "fwd-bshd-negative-padded",
+        attention(FORWARD, layouts={role: (7, 0x55, 0b0101) for role in ROLES}, batch=2),
+    )
+    yield (
+        "fwd-null-params-no-lse",
+        attention(FORWARD, null_params=True, mutations=[mutation("null_tensor", "lse")]),
+    )
     yield "fwd-tile-edges", attention(FORWARD, seq_q=48, seq_k=47, head_dim=24, head_dim_v=17)
     yield "fwd-masked-rows", attention(FORWARD, seq_q=12, seq_k=4, causal=1)
     yield "bwd-f32", attention(BACKWARD)
     yield "bwd-f16-mqa", attention(BACKWARD, dtype=1, heads_kv=1, group=3, seq_q=9, seq_k=30)
-    yield "bwd-bf16-causal-window", attention(BACKWARD, dtype=2, causal=1, window=(17, -1),
-                                              layouts={"dq": (5, 0xFF, 0b1000)})
+    yield (
+        "bwd-bf16-causal-window",
+        attention(BACKWARD, dtype=2, causal=1, window=(17, -1), layouts={"dq": (5, 0xFF, 0b1000)}),
+    )
     # Context 2 and 3 are metal-sim (two GPU families) where it is built, else cpu again.
-    yield "sim-fwd-f16-window", attention(FORWARD, context=2, dtype=1, window=(3, 1), seq_q=33,
-                                          seq_k=40, head_dim=16, head_dim_v=24)
-    yield "sim-bwd-bf16-gqa", attention(BACKWARD, context=3, dtype=2, heads_kv=2, group=2,
-                                        causal=1, alignment=1)
-    yield "sim-bwd-f32-strided", attention(BACKWARD, context=2,
-                                           layouts={role: (11, 0xAA, 0b0110) for role in ROLES})
+    yield (
+        "sim-fwd-f16-window",
+        attention(
+            FORWARD,
+            context=2,
+            dtype=1,
+            window=(3, 1),
+            seq_q=33,
+            seq_k=40,
+            head_dim=16,
+            head_dim_v=24,
+        ),
+    )
+    yield (
+        "sim-bwd-bf16-gqa",
+        attention(BACKWARD, context=3, dtype=2, heads_kv=2, group=2, causal=1, alignment=1),
+    )
+    yield (
+        "sim-bwd-f32-strided",
+        attention(BACKWARD, context=2, layouts={role: (11, 0xAA, 0b0110) for role in ROLES}),
+    )
     yield "bad-dtype", attention(FORWARD, dtype=7)
     yield "bad-params-struct-size", attention(FORWARD, struct_size="sizeof+8")
     yield "bad-params-scale-nan", attention(FORWARD, scale="nan")
@@ -105,21 +194,44 @@ def seeds():
     yield "shape-zero", attention(FORWARD, mutations=[mutation("shape", "k", 0, dim=2)])
     yield "shape-negative", attention(FORWARD, mutations=[mutation("shape", "out", -1, dim=3)])
     yield "shape-mismatch", attention(BACKWARD, mutations=[mutation("shape_nudge", "dv", 1, 1)])
-    yield "heads-not-divisible", attention(
-        FORWARD, heads_kv=2, mutations=[mutation("shape", "k", 3, dim=1),
-                                        mutation("shape", "v", 3, dim=1)])
-    yield "head-dim-too-large", attention(
-        FORWARD, mutations=[mutation("shape", r, 2**31, dim=3) for r in ("q", "k")] +
-        [mutation("stride", r, 0, dim=3) for r in ("q", "k")])
-    yield "element-count-overflow", attention(
-        FORWARD, mutations=[mutation("shape", "q", 2**40, dim=0),
-                            mutation("stride", "q", 0, dim=0),
-                            mutation("shape", "q", 2**40, dim=2)])
-    yield "offset-overflow", attention(FORWARD, mutations=[mutation("stride", "k", 2**62, 0),
-                                                           mutation("shape", "k", 3, dim=0)])
+    yield (
+        "heads-not-divisible",
+        attention(
+            FORWARD,
+            heads_kv=2,
+            mutations=[mutation("shape", "k", 3, dim=1), mutation("shape", "v", 3, dim=1)],
+        ),
+    )
+    yield (
+        "head-dim-too-large",
+        attention(
+            FORWARD,
+            mutations=[mutation("shape", r, 2**31, dim=3) for r in ("q", "k")]
+            + [mutation("stride", r, 0, dim=3) for r in ("q", "k")],
+        ),
+    )
+    yield (
+        "element-count-overflow",
+        attention(
+            FORWARD,
+            mutations=[
+                mutation("shape", "q", 2**40, dim=0),
+                mutation("stride", "q", 0, dim=0),
+                mutation("shape", "q", 2**40, dim=2),
+            ],
+        ),
+    )
+    yield (
+        "offset-overflow",
+        attention(
+            FORWARD, mutations=[mutation("stride", "k", 2**62, 0), mutation("shape", "k", 3, dim=0)]
+        ),
+    )
     yield "byte-count-overflow", attention(FORWARD, mutations=[mutation("stride", "v", 2**62, 2)])
-    yield "negative-address", attention(FORWARD,
-                                        mutations=[mutation("stride", "q", -(2**62), dim=2)])
+    yield (
+        "negative-address",
+        attention(FORWARD, mutations=[mutation("stride", "q", -(2**62), dim=2)]),
+    )
     yield "broadcast-input", attention(FORWARD, mutations=[mutation("stride", "k", 0, dim=2)])
     yield "broadcast-output", attention(FORWARD, mutations=[mutation("stride", "out", 0, dim=2)])
     yield "broadcast-dq", attention(BACKWARD, mutations=[mutation("stride", "dq", 0, dim=1)])
@@ -128,8 +240,10 @@ def seeds():
     yield "misaligned-lse", attention(FORWARD, mutations=[mutation("misalign", "lse")])
     yield "alias-out-q", attention(FORWARD, mutations=[mutation("alias", "out", other="q")])
     yield "alias-dk-dv", attention(BACKWARD, mutations=[mutation("alias", "dv", other="dk")])
-    yield "alias-k-q", attention(FORWARD, seq_q=7, seq_k=5,
-                                 mutations=[mutation("alias", "k", other="q")])
+    yield (
+        "alias-k-q",
+        attention(FORWARD, seq_q=7, seq_k=5, mutations=[mutation("alias", "k", other="q")]),
+    )
     yield "alias-dout-out", attention(BACKWARD, mutations=[mutation("alias", "dout", other="out")])
     yield "wild-pointer-top", attention(FORWARD, mutations=[mutation("wild_pointer", "v", 3)])
     yield "context-cpu", context()

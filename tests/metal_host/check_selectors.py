@@ -20,6 +20,7 @@ stubs declare, as found in metal-cpp, and this script:
 metal-cpp comes from the pymetal-cpp sdist on PyPI:
   pip download --no-deps --no-binary :all: pymetal-cpp -d /tmp/x   (thirdparty/metal-cpp/)
 """
+
 import argparse
 import pathlib
 import re
@@ -50,7 +51,7 @@ def method_selector(declaration):
         name = IDENTIFIER.match(text)
         if not name:
             break
-        rest = text[name.end():].lstrip()
+        rest = text[name.end() :].lstrip()
         if not rest.startswith(":"):
             if not selector:
                 selector = name.group(0)  # unary selector; what follows is attributes
@@ -82,7 +83,7 @@ def property_selectors(declaration):
 
 
 def stub_entries(stub_dir):
-    """{(kind, name): value} declared by the stub headers (value None for selectors and functions)."""
+    """{(kind, name): value} declared by the stub headers (None for selectors and functions)."""
     entries = {}
     for header in sorted(pathlib.Path(stub_dir).rglob("*.h")):
         for line in header.read_text().splitlines():
@@ -96,7 +97,8 @@ def stub_entries(stub_dir):
                 entries[("function", re.search(r"\b(MTL\w+)\(void\)", stripped).group(1))] = None
             else:
                 for name, expression in re.findall(
-                        r"\b((?:MTL|NS)\w+)\s*(?:MFA_STUB_\w+\([^)]*\)\s*)?=\s*([^,;}]+)", stripped):
+                    r"\b((?:MTL|NS)\w+)\s*(?:MFA_STUB_\w+\([^)]*\)\s*)?=\s*([^,;}]+)", stripped
+                ):
                     if not re.fullmatch(r"[\d\s()<+]+", expression):
                         raise ValueError(f"{header}: cannot evaluate {name} = {expression}")
                     entries[("enum", name)] = str(eval(expression))  # digits, <<, + only
@@ -110,15 +112,19 @@ def metal_cpp_entries(metal_cpp_dir):
     for framework, prefix in (("Metal", "MTL"), ("Foundation", "NS")):
         for header in sorted((root / framework).glob("*.hpp")):
             text = header.read_text()
-            for selector in re.findall(r"_(?:MTL|NS)_PRIVATE_DEF_SEL\(\s*\w+\s*,\s*\"([^\"]+)\"", text):
+            for selector in re.findall(
+                r"_(?:MTL|NS)_PRIVATE_DEF_SEL\(\s*\w+\s*,\s*\"([^\"]+)\"", text
+            ):
                 entries[("selector", selector)] = None
             for name, value in re.findall(r"^\s*(\w+)\s*=\s*(-?\d+)\s*,?\s*$", text, re.MULTILINE):
                 entries[("enum", prefix + name)] = str(int(value))
             for name in re.findall(r"extern \"C\"[^;(]*?\b(MTL\w+)\(", text):
                 entries[("function", name)] = None
-    version = re.search(r"METALCPP_VERSION_MAJOR (\d+)\s+#define METALCPP_VERSION_MINOR (\d+)\s+"
-                        r"#define METALCPP_VERSION_PATCH (\d+)",
-                        (root / "Metal" / "MTLVersion.hpp").read_text())
+    version = re.search(
+        r"METALCPP_VERSION_MAJOR (\d+)\s+#define METALCPP_VERSION_MINOR (\d+)\s+"
+        r"#define METALCPP_VERSION_PATCH (\d+)",
+        (root / "Metal" / "MTLVersion.hpp").read_text(),
+    )
     return entries, ".".join(version.groups()) if version else "unknown"
 
 
@@ -146,9 +152,13 @@ def compare(stubs, reference, reference_name):
     problems = []
     for key, value in sorted(stubs.items()):
         if key not in reference:
-            problems.append(f"{key[0]} {key[1]}: declared by the stubs, absent from {reference_name}")
+            problems.append(
+                f"{key[0]} {key[1]}: declared by the stubs, absent from {reference_name}"
+            )
         elif reference[key] != value:
-            problems.append(f"{key[0]} {key[1]}: stubs say {value}, {reference_name} says {reference[key]}")
+            problems.append(
+                f"{key[0]} {key[1]}: stubs say {value}, {reference_name} says {reference[key]}"
+            )
     return problems
 
 
@@ -174,8 +184,10 @@ def main():
     else:
         subset = parse_subset(args.subset)
         problems += compare(stubs, subset, args.subset)
-        problems += [f"{kind} {name}: listed in {args.subset} but no longer declared by the stubs"
-                     for kind, name in sorted(set(subset) - set(stubs))]
+        problems += [
+            f"{kind} {name}: listed in {args.subset} but no longer declared by the stubs"
+            for kind, name in sorted(set(subset) - set(stubs))
+        ]
     for problem in problems:
         print(problem, file=sys.stderr)
     print(f"{len(stubs)} stub entries checked, {len(problems)} problems")

@@ -61,16 +61,20 @@ int main(void) {
     expect(strncmp(first->text, "#include <metal_stdlib>\n", 24) == 0, "<...> includes stay");
     expect(occurrences(first->text, "SHARED_MARKER = 1") == 1, "common/shared.h inlined");
     expect(occurrences(first->text, "#line 1 \"common/shared.h\"\n") == 1, "#line into a header");
-    expect(occurrences(first->text, "#line 1 \"local.h\"\n") == 1, "../local.h resolved as local.h");
-    expect(occurrences(first->text, "#line 4 \"common/shared.h\"\n") == 1, "#line back into shared.h");
-    expect(occurrences(first->text, "#line 3 \"first.metal\"\n") == 1, "#line back into the source");
+    expect(occurrences(first->text, "#line 1 \"local.h\"\n") == 1,
+           "../local.h resolved as local.h");
+    expect(occurrences(first->text, "#line 4 \"common/shared.h\"\n") == 1,
+           "#line back into shared.h");
+    expect(occurrences(first->text, "#line 3 \"first.metal\"\n") == 1,
+           "#line back into the source");
     expect(occurrences(first->text, "// #include \"never_resolved.h\" stays") == 1,
            "a commented-out directive is left alone");
     const char* tail = "kernel void first_kernel() {}\n";
     const size_t length = strlen(first->text);
     expect(length >= strlen(tail) && strcmp(first->text + length - strlen(tail), tail) == 0,
            "the source ends as the file does");
-    expect(occurrences(second->text, "#line 2 \"second.metal\"\nkernel void second_kernel() {}\n") == 1,
+    expect(occurrences(second->text,
+                       "#line 2 \"second.metal\"\nkernel void second_kernel() {}\n") == 1,
            "second.metal resumes at its line 2");
 
     expect(strncmp(mfa_metal_source_stamp, "mfa_source_", 11) == 0 &&

@@ -25,9 +25,8 @@ static id<MTLLibrary> _Nullable library_from_embedded_source(id<MTLDevice> devic
         MTLCompileOptions* options = [[MTLCompileOptions alloc] init];
         options.languageVersion = MTLLanguageVersion3_1;
         NSError* error = nil;
-        id<MTLLibrary> library = text == nil ? nil : [device newLibraryWithSource:text
-                                                                          options:options
-                                                                            error:&error];
+        id<MTLLibrary> library =
+            text == nil ? nil : [device newLibraryWithSource:text options:options error:&error];
         if (library == nil) {
             printf("compiling the embedded lane_layout_probe.metal failed: %s\n",
                    error != nil ? error.localizedDescription.UTF8String : "not UTF-8");
@@ -41,9 +40,10 @@ static id<MTLLibrary> _Nullable library_from_embedded_source(id<MTLDevice> devic
 static id<MTLLibrary> _Nullable library_from_metallib(id<MTLDevice> device, const char* path) {
     NSString* file = [NSString stringWithCString:path encoding:NSUTF8StringEncoding];
     NSError* error = nil;
-    id<MTLLibrary> library = file == nil ? nil : [device newLibraryWithURL:[NSURL fileURLWithPath:file]
-                                                                     error:&error];
-    if (library == nil) printf("loading %s failed: %s\n", path, error.localizedDescription.UTF8String);
+    id<MTLLibrary> library =
+        file == nil ? nil : [device newLibraryWithURL:[NSURL fileURLWithPath:file] error:&error];
+    if (library == nil)
+        printf("loading %s failed: %s\n", path, error.localizedDescription.UTF8String);
     return library;
 }
 
@@ -51,7 +51,8 @@ static id<MTLLibrary> _Nullable library_from_metallib(id<MTLDevice> device, cons
 static BOOL run_probe(id<MTLDevice> device, id<MTLLibrary> library, float* out) {
     NSError* error = nil;
     MTLFunctionConstantValues* none = [[MTLFunctionConstantValues alloc] init];
-    NSString* name = [NSString stringWithCString:"mfa_lane_layout_probe" encoding:NSUTF8StringEncoding];
+    NSString* name = [NSString stringWithCString:"mfa_lane_layout_probe"
+                                        encoding:NSUTF8StringEncoding];
     id<MTLFunction> function = [library newFunctionWithName:name constantValues:none error:&error];
     id<MTLComputePipelineState> pipeline =
         function == nil ? nil : [device newComputePipelineStateWithFunction:function error:&error];
@@ -79,7 +80,8 @@ static BOOL run_probe(id<MTLDevice> device, id<MTLLibrary> library, float* out) 
     [commands waitUntilCompleted];
     if (commands.status != MTLCommandBufferStatusCompleted) {
         printf("the probe failed on the GPU: %s\n",
-               commands.error != nil ? commands.error.localizedDescription.UTF8String : "no detail");
+               commands.error != nil ? commands.error.localizedDescription.UTF8String
+                                     : "no detail");
         return NO;
     }
     memcpy(out, result.contents, OUT_FLOATS * sizeof(float));
@@ -96,7 +98,8 @@ static int count_mismatches(const float* out) {
             const int slot = 2 * lane + e;
             const int position = (int)out[64 + slot]; // row * 8 + col + e per fragment.h
             if (position < 0 || position >= MATRIX_FLOATS) {
-                printf("lane %d element %d: fragment.h position %d is outside 8x8\n", lane, e, position);
+                printf("lane %d element %d: fragment.h position %d is outside 8x8\n", lane, e,
+                       position);
                 mismatches++;
                 continue;
             }

@@ -9,12 +9,12 @@
 
 static int failures = 0;
 
-#define EXPECT(condition)                                                      \
-    do {                                                                       \
-        if (!(condition)) {                                                    \
-            fprintf(stderr, "%s:%d: FAILED: %s\n", __FILE__, __LINE__, #condition); \
-            failures++;                                                        \
-        }                                                                      \
+#define EXPECT(condition)                                                                          \
+    do {                                                                                           \
+        if (!(condition)) {                                                                        \
+            fprintf(stderr, "%s:%d: FAILED: %s\n", __FILE__, __LINE__, #condition);                \
+            failures++;                                                                            \
+        }                                                                                          \
     } while (0)
 
 static void test_page_span(void) {
@@ -35,7 +35,8 @@ static void test_page_span(void) {
                 EXPECT(mfa_metal_page_span(first, length, page, &span));
                 EXPECT(span.start % page == 0 && span.length % page == 0);
                 EXPECT(span.start + span.offset == first);
-                EXPECT(span.offset + length <= span.length && span.length - (span.offset + length) < page);
+                EXPECT(span.offset + length <= span.length &&
+                       span.length - (span.offset + length) < page);
             }
         }
         // Rounding past the end of the address space is refused, not wrapped.
@@ -70,7 +71,8 @@ static void check_copy_back(const char* what, const int64_t shape[4], const int6
                     const int64_t element = b * stride[0] + h * stride[1] + s * stride[2] +
                                             (shape[3] == 1 ? 0 : d * stride[3]);
                     const int64_t at = element * (int64_t)element_size;
-                    for (size_t k = 0; k < element_size; k++, value = (unsigned char)(value % 250 + 1)) {
+                    for (size_t k = 0; k < element_size;
+                         k++, value = (unsigned char)(value % 250 + 1)) {
                         staged[at - byte_offset + (int64_t)k] = value;
                         expected[data_offset + at + (int64_t)k] = value;
                     }
@@ -90,7 +92,8 @@ static void test_copy_back(void) {
     // Feature stride 2 (every other column), bf16.
     check_copy_back("strided features", (int64_t[]){1, 2, 3, 4}, (int64_t[]){48, 24, 8, 2}, 2, 0);
     // Sequence reversed: negative stride, the first element is not the lowest address.
-    check_copy_back("reversed rows", (int64_t[]){2, 2, 6, 3}, (int64_t[]){40, 20, -3, 1}, 4, 40 + 20 + 15);
+    check_copy_back("reversed rows", (int64_t[]){2, 2, 6, 3}, (int64_t[]){40, 20, -3, 1}, 4,
+                    40 + 20 + 15);
     // lse: [B, H, N, 1], stride[3] meaningless.
     check_copy_back("lse", (int64_t[]){2, 3, 7, 1}, (int64_t[]){21, 7, 1, 12345}, 4, 0);
 }
@@ -120,8 +123,10 @@ static void test_pipeline_key(void) {
     EXPECT(mfa_metal_pipeline_key(&pass, other, sizeof other) && strcmp(key, other) != 0);
     // Too small a buffer is reported, whether the name or a constant overflows it.
     EXPECT(!mfa_metal_pipeline_key(&pass, key, 10));
-    EXPECT(!mfa_metal_pipeline_key(&pass, key, strlen("mfa_attention_backward_query|100:33=11") + 1));
-    EXPECT(mfa_metal_pipeline_key(&pass, key, strlen("mfa_attention_backward_query|100:33=11|101:33=1") + 1));
+    EXPECT(
+        !mfa_metal_pipeline_key(&pass, key, strlen("mfa_attention_backward_query|100:33=11") + 1));
+    EXPECT(mfa_metal_pipeline_key(&pass, key,
+                                  strlen("mfa_attention_backward_query|100:33=11|101:33=1") + 1));
 }
 
 int main(void) {

@@ -14,7 +14,7 @@ void test_builtins_3d() {
     mfa::sim::Dispatch d;
     d.kernel = "builtins_3d";
     d.threadgroups = {3, 2, 2};
-    d.threads_per_threadgroup = {5, 4, 3};  // 60 threads: SIMD-groups of 32 and 28
+    d.threads_per_threadgroup = {5, 4, 3}; // 60 threads: SIMD-groups of 32 and 28
     const uint32_t gx = 15, gy = 8, gz = 6;
     std::vector<uint32_t> out(gx * gy * gz * 12, 0xFFFFFFFFu);
     d.buffers[0] = bind(out);
@@ -25,11 +25,18 @@ void test_builtins_3d() {
                 const uint32_t* o = &out[((z * gy + y) * gx + x) * 12];
                 const uint32_t lx = x % 5, ly = y % 4, lz = z % 3;
                 const uint32_t flat = lx + 5 * ly + 20 * lz;
-                const uint32_t expected[12] = {x, y, z, lx + 100 * ly + 10000 * lz,
+                const uint32_t expected[12] = {x,
+                                               y,
+                                               z,
+                                               lx + 100 * ly + 10000 * lz,
                                                x / 5 + 100 * (y / 4) + 10000 * (z / 3),
-                                               5 + 100 * 4 + 10000 * 3, 3 + 100 * 2 + 10000 * 2,
-                                               flat, flat % 32 + 100 * (flat / 32), 2,
-                                               lx + 100 * ly, 32};
+                                               5 + 100 * 4 + 10000 * 3,
+                                               3 + 100 * 2 + 10000 * 2,
+                                               flat,
+                                               flat % 32 + 100 * (flat / 32),
+                                               2,
+                                               lx + 100 * ly,
+                                               32};
                 for (int i = 0; i < 12; ++i)
                     CHECK_MSG(o[i] == expected[i], "thread (%u, %u, %u) value %d: %u, expected %u",
                               x, y, z, i, o[i], expected[i]);
@@ -58,8 +65,9 @@ void test_function_constants() {
             FunctionConstant::of_bool(0, true), FunctionConstant::of_int(1, -7),
             FunctionConstant::of_float(2, 1.5f), FunctionConstant::of_half(3, 0.1f)};
         CHECK(run_constants(c, &r, true) == MFA_OK);
-        const float expected[9] = {1, -7, 1.5f, (float)sim_test::decode_half(sim_test::reference_half(0.1f)),
-                                   -13, 0, 1, 0.25f, 1};
+        const float expected[9] = {
+            1, -7,    1.5f, (float)sim_test::decode_half(sim_test::reference_half(0.1f)), -13, 0,
+            1, 0.25f, 1};
         for (int i = 0; i < 9; ++i)
             CHECK_MSG(r.out[i] == expected[i], "constant slot %d: %g, expected %g", i, r.out[i],
                       expected[i]);
@@ -90,8 +98,9 @@ void test_function_constants() {
         // The optional buffer is required when its constant is true.
         ConstantsResult r;
         CHECK(run_constants({FunctionConstant::of_bool(0, true)}, &r, false) == MFA_ERROR_DEVICE);
-        CHECK_MSG(sim_test::contains(mfa_last_error(), "parameter 'optional': buffer(1) is not bound"),
-                  "%s", mfa_last_error());
+        CHECK_MSG(
+            sim_test::contains(mfa_last_error(), "parameter 'optional': buffer(1) is not bound"),
+            "%s", mfa_last_error());
     }
     {
         // A value of the wrong type is refused, as Metal's pipeline creation refuses it.
@@ -159,8 +168,9 @@ void test_struct_argument() {
     // A binding too small for the struct the kernel reads is an error, not a wild read.
     d.buffers[0].length = sizeof(uint32_t);
     CHECK(mfa::sim::dispatch(d) == MFA_ERROR_DEVICE);
-    CHECK_MSG(sim_test::contains(mfa_last_error(), "buffer(0) is smaller than the parameter's type"),
-              "%s", mfa_last_error());
+    CHECK_MSG(
+        sim_test::contains(mfa_last_error(), "buffer(0) is smaller than the parameter's type"),
+        "%s", mfa_last_error());
     // So is an offset that leaves too little.
     d.buffers[0].length = sizeof(params);
     d.buffers[0].offset = 4;
@@ -184,8 +194,9 @@ void test_kernel_forms() {
         const float factor = triple ? 3.0f : 1.0f;
         Count count{5};
         std::vector<float> input = {1, 2, 3, 4, 5, 6}, output(6, -1.0f);
-        for (auto [kernel, multiplier] : {std::pair<const char*, float>{"scaled_by_2_float", 2.0f},
-                                          std::pair<const char*, float>{"scaled_by_5_float", 5.0f}}) {
+        for (auto [kernel, multiplier] :
+             {std::pair<const char*, float>{"scaled_by_2_float", 2.0f},
+              std::pair<const char*, float>{"scaled_by_5_float", 5.0f}}) {
             std::fill(output.begin(), output.end(), -1.0f);
             auto d = sim_test::one_group(kernel, 6);
             d.constants = &constant;
@@ -236,14 +247,15 @@ void test_dispatch_validation() {
     d.threadgroups = {0, 1, 1};
     CHECK(mfa::sim::dispatch(d) == MFA_ERROR_INVALID_ARGUMENT);
     d = sim_test::one_group("struct_argument", 32);
-    const FunctionConstant twice[2] = {FunctionConstant::of_int(1, 1), FunctionConstant::of_int(1, 2)};
+    const FunctionConstant twice[2] = {FunctionConstant::of_int(1, 1),
+                                       FunctionConstant::of_int(1, 2)};
     d.constants = twice;
     d.num_constants = 2;
     CHECK(mfa::sim::dispatch(d) == MFA_ERROR_INVALID_ARGUMENT);
     CHECK(sim_test::contains(mfa_last_error(), "function constant 1 is set twice"));
 }
 
-}  // namespace
+} // namespace
 
 int main() {
     test_builtins_3d();

@@ -68,8 +68,8 @@ void expect_fault(const char* kernel, uint32_t threads, std::vector<const char*>
 
 void test_divergence_reported() {
     expect_fault("barrier_in_branch", 64,
-                 {"reached by only part of its group", "threads 0-15: waiting in threadgroup_barrier",
-                  "threads 16-63: returned"});
+                 {"reached by only part of its group",
+                  "threads 0-15: waiting in threadgroup_barrier", "threads 16-63: returned"});
     expect_fault("barriers_in_both_branches", 64, {"different barriers", "threadgroup_barrier at"});
     expect_fault("return_before_barrier", 64, {"threads 5: returned"}, 3);
     expect_fault("simd_sum_in_branch", 64,
@@ -92,7 +92,8 @@ void test_threadgroup_memory_is_garbage() {
     if (!sim_test::run(d)) return;
     int zeros = 0;
     for (uint32_t v : output) zeros += v == 0;
-    CHECK_MSG(zeros < 4, "%d of %zu words of fresh threadgroup memory are zero", zeros, output.size());
+    CHECK_MSG(zeros < 4, "%d of %zu words of fresh threadgroup memory are zero", zeros,
+              output.size());
     // Each threadgroup gets its own memory, not the previous group's leftovers.
     CHECK(!std::equal(output.begin(), output.begin() + threads, output.begin() + threads));
 }
@@ -103,7 +104,7 @@ void test_threadgroup_memory_limits() {
     d.buffers[0] = bind(output);
     d.threadgroup_memory_lengths[0] = 16384;
     d.threadgroup_memory_lengths[1] = 16384;
-    CHECK(sim_test::run(d));  // exactly 32 KB is allowed
+    CHECK(sim_test::run(d)); // exactly 32 KB is allowed
     d.threadgroup_memory_lengths[2] = 16;
     CHECK(mfa::sim::dispatch(d) == MFA_ERROR_INVALID_ARGUMENT);
     CHECK_MSG(contains(mfa_last_error(), "32784 bytes of threadgroup memory exceed the 32768-byte"),
@@ -178,7 +179,7 @@ void test_workers_agree() {
     CHECK(one == many);
 }
 
-}  // namespace
+} // namespace
 
 int main() {
     test_missing_barrier_detected();

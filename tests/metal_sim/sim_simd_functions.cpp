@@ -13,14 +13,14 @@ struct PermuteParams {
 // The lane whose value `lane` receives, or -1 for its own (definitions from the MSL spec).
 int permute_source(int function, int lane, int argument, int width) {
     switch (function) {
-    case 0: return (lane * 7 + argument) % 32;                             // simd_shuffle
-    case 1: return lane ^ argument;                                        // simd_shuffle_xor
-    case 2: return lane - argument >= 0 ? lane - argument : -1;            // simd_shuffle_up
-    case 3: return lane + argument < width ? lane + argument : -1;         // simd_shuffle_down
-    case 4: return ((lane - argument) % width + width) % width;            // rotate_up
-    case 5: return (lane + argument) % width;                              // rotate_down
-    case 6: return argument;                                               // simd_broadcast
-    case 7: return 0;                                                      // broadcast_first
+        case 0: return (lane * 7 + argument) % 32;                     // simd_shuffle
+        case 1: return lane ^ argument;                                // simd_shuffle_xor
+        case 2: return lane - argument >= 0 ? lane - argument : -1;    // simd_shuffle_up
+        case 3: return lane + argument < width ? lane + argument : -1; // simd_shuffle_down
+        case 4: return ((lane - argument) % width + width) % width;    // rotate_up
+        case 5: return (lane + argument) % width;                      // rotate_down
+        case 6: return argument;                                       // simd_broadcast
+        case 7: return 0;                                              // broadcast_first
     }
     return -1;
 }
@@ -51,8 +51,7 @@ void test_permutations() {
         }
         for (uint32_t tid = 0; tid < threads; ++tid) {
             const uint32_t from = (tid & ~31u) | ((tid % 32) ^ argument);
-            for (int c = 0; c < 4; ++c)
-                CHECK(output4[tid * 4 + c] == input[from] + c);
+            for (int c = 0; c < 4; ++c) CHECK(output4[tid * 4 + c] == input[from] + c);
         }
     }
 }
@@ -64,7 +63,7 @@ void test_reductions(uint32_t threads) {
         state = state * 1103515245u + 12345u;
         input[i] = (int)((state >> 16) % 201) - 100;
     }
-    input[threads / 2] = 7;  // simd_any(x == 7) is true in that SIMD-group only
+    input[threads / 2] = 7; // simd_any(x == 7) is true in that SIMD-group only
     std::vector<int> output(11 * threads, -999);
     std::vector<uint32_t> products(threads);
     std::vector<float> float_sums(threads);
@@ -93,12 +92,13 @@ void test_reductions(uint32_t threads) {
         for (uint32_t i = first; i < last; ++i) {
             const int exclusive = running;
             running += input[i];
-            const int expected[11] = {sum, max, min, all_and, all_or, all_xor, running, exclusive,
-                                      1, any7 ? 1 : 0, i == first ? 1 : 0};
+            const int expected[11] = {
+                sum,       max, min,          all_and,           all_or, all_xor, running,
+                exclusive, 1,   any7 ? 1 : 0, i == first ? 1 : 0};
             for (int f = 0; f < 11; ++f)
                 CHECK_MSG(output[f * threads + i] == expected[f],
-                          "threads %u, reduction %d, thread %u: got %d, expected %d", threads, f,
-                          i, output[f * threads + i], expected[f]);
+                          "threads %u, reduction %d, thread %u: got %d, expected %d", threads, f, i,
+                          output[f * threads + i], expected[f]);
             CHECK(products[i] == product);
             CHECK_MSG(std::fabs(float_sums[i] - 0.5f * sum) <= 1e-3f, "float sum %g vs %g",
                       float_sums[i], 0.5 * sum);
@@ -106,12 +106,12 @@ void test_reductions(uint32_t threads) {
     }
 }
 
-}  // namespace
+} // namespace
 
 int main() {
     test_permutations();
     test_reductions(64);
-    test_reductions(48);  // a SIMD-group of 16 lanes at the end
+    test_reductions(48); // a SIMD-group of 16 lanes at the end
     test_reductions(7);
     return sim_test::finish("sim_simd_functions");
 }

@@ -15,7 +15,7 @@ int owner_index(int column) { return column % 2; }
 
 void test_lane_layout() {
     std::vector<float> matrix(64), elements(64, -1.0f);
-    for (int i = 0; i < 64; ++i) matrix[i] = (float)i;  // element (r, c) = 8r + c
+    for (int i = 0; i < 64; ++i) matrix[i] = (float)i; // element (r, c) = 8r + c
     auto d = sim_test::one_group("matrix_lane_layout", 32);
     d.buffers[0] = bind(matrix);
     d.buffers[1] = bind(elements);
@@ -25,10 +25,10 @@ void test_lane_layout() {
             CHECK_MSG(elements[owner_lane(r, c) * 2 + owner_index(c)] == (float)(8 * r + c),
                       "element (%d, %d) is not in lane %d", r, c, owner_lane(r, c));
     // Spot checks straight from the table in the reference.
-    CHECK(elements[1 * 2 + 0] == 2.0f);       // lane 1 holds row 0, columns 2-3
-    CHECK(elements[8 * 2 + 0] == 4.0f);       // lane 8 holds row 0, columns 4-5
-    CHECK(elements[16 * 2 + 0] == 32.0f);     // lane 16 holds row 4, columns 0-1
-    CHECK(elements[31 * 2 + 1] == 63.0f);     // lane 31 holds row 7, columns 6-7
+    CHECK(elements[1 * 2 + 0] == 2.0f);   // lane 1 holds row 0, columns 2-3
+    CHECK(elements[8 * 2 + 0] == 4.0f);   // lane 8 holds row 0, columns 4-5
+    CHECK(elements[16 * 2 + 0] == 32.0f); // lane 16 holds row 4, columns 0-1
+    CHECK(elements[31 * 2 + 1] == 63.0f); // lane 31 holds row 7, columns 6-7
 
     std::vector<float> tagged(64, -1.0f);
     auto t = sim_test::one_group("matrix_lane_tags", 32);
@@ -45,7 +45,7 @@ struct TransferParams {
 };
 
 void test_transfer(const TransferParams& p) {
-    const uint32_t rows = 20, columns = 24;  // both source and destination are 20 x 24
+    const uint32_t rows = 20, columns = 24; // both source and destination are 20 x 24
     std::vector<float> source(rows * columns), destination(rows * columns, -1.0f);
     for (size_t i = 0; i < source.size(); ++i) source[i] = (float)i;
     TransferParams params = p;
@@ -59,12 +59,14 @@ void test_transfer(const TransferParams& p) {
     std::vector<float> expected(rows * columns, -1.0f);
     for (uint32_t r = 0; r < 8; ++r) {
         for (uint32_t c = 0; c < 8; ++c) {
-            const size_t from = p.load_transpose
-                ? (size_t)(p.load_origin_x + c) * p.load_stride + p.load_origin_y + r
-                : (size_t)(p.load_origin_y + r) * p.load_stride + p.load_origin_x + c;
-            const size_t to = p.store_transpose
-                ? (size_t)(p.store_origin_x + c) * p.store_stride + p.store_origin_y + r
-                : (size_t)(p.store_origin_y + r) * p.store_stride + p.store_origin_x + c;
+            const size_t from =
+                p.load_transpose
+                    ? (size_t)(p.load_origin_x + c) * p.load_stride + p.load_origin_y + r
+                    : (size_t)(p.load_origin_y + r) * p.load_stride + p.load_origin_x + c;
+            const size_t to =
+                p.store_transpose
+                    ? (size_t)(p.store_origin_x + c) * p.store_stride + p.store_origin_y + r
+                    : (size_t)(p.store_origin_y + r) * p.store_stride + p.store_origin_x + c;
             expected[to] = source[from];
         }
     }
@@ -72,9 +74,9 @@ void test_transfer(const TransferParams& p) {
         CHECK_MSG(destination[i] == expected[i],
                   "transfer (stride %u, origin %u,%u, transpose %u) -> (stride %u, origin %u,%u, "
                   "transpose %u): element %zu is %g, expected %g",
-                  p.load_stride, p.load_origin_x, p.load_origin_y, p.load_transpose,
-                  p.store_stride, p.store_origin_x, p.store_origin_y, p.store_transpose, i,
-                  destination[i], expected[i]);
+                  p.load_stride, p.load_origin_x, p.load_origin_y, p.load_transpose, p.store_stride,
+                  p.store_origin_x, p.store_origin_y, p.store_transpose, i, destination[i],
+                  expected[i]);
 }
 
 // Plain products in double.
@@ -93,7 +95,8 @@ void reference_products(const std::vector<float>& a, const std::vector<float>& b
 }
 
 template <class Store>
-void test_products(const char* kernel, double tolerance, Store to_memory, float (*from_memory)(typename Store::result_type)) {
+void test_products(const char* kernel, double tolerance, Store to_memory,
+                   float (*from_memory)(typename Store::result_type)) {
     std::vector<float> a(64), b(64), c(64);
     for (int i = 0; i < 64; ++i) {
         a[i] = (float)((i * 37) % 17 - 8) / 4.0f;
@@ -115,11 +118,13 @@ void test_products(const char* kernel, double tolerance, Store to_memory, float 
     d.buffers[4] = bind(E);
     if (!sim_test::run(d)) return;
     std::vector<double> expected_d, expected_e;
-    reference_products(a, b, c, &expected_d, &expected_e);  // inputs are exact in every type
+    reference_products(a, b, c, &expected_d, &expected_e); // inputs are exact in every type
     for (int i = 0; i < 64; ++i) {
-        CHECK_MSG(std::fabs(from_memory(D[i]) - expected_d[i]) <= tolerance * (1 + std::fabs(expected_d[i])),
+        CHECK_MSG(std::fabs(from_memory(D[i]) - expected_d[i]) <=
+                      tolerance * (1 + std::fabs(expected_d[i])),
                   "%s: d[%d] = %g, expected %g", kernel, i, from_memory(D[i]), expected_d[i]);
-        CHECK_MSG(std::fabs(from_memory(E[i]) - expected_e[i]) <= tolerance * (1 + std::fabs(expected_e[i])),
+        CHECK_MSG(std::fabs(from_memory(E[i]) - expected_e[i]) <=
+                      tolerance * (1 + std::fabs(expected_e[i])),
                   "%s: e[%d] = %g, expected %g", kernel, i, from_memory(E[i]), expected_e[i]);
     }
 }
@@ -176,15 +181,15 @@ void test_constructors() {
         }
 }
 
-}  // namespace
+} // namespace
 
 int main() {
     test_lane_layout();
     test_transfer({24, 0, 0, 0, 24, 0, 0, 0});
-    test_transfer({24, 5, 3, 0, 24, 16, 12, 0});    // origins, row-major both ways
-    test_transfer({20, 2, 7, 1, 24, 1, 9, 0});      // transposed load
-    test_transfer({24, 3, 1, 0, 20, 4, 10, 1});     // transposed store
-    test_transfer({13, 1, 2, 1, 17, 6, 3, 1});      // odd strides, both transposed
+    test_transfer({24, 5, 3, 0, 24, 16, 12, 0}); // origins, row-major both ways
+    test_transfer({20, 2, 7, 1, 24, 1, 9, 0});   // transposed load
+    test_transfer({24, 3, 1, 0, 20, 4, 10, 1});  // transposed store
+    test_transfer({13, 1, 2, 1, 17, 6, 3, 1});   // odd strides, both transposed
     test_products("matrix_products_float", 1e-6, FloatStore(), float_value);
     test_products("matrix_products_half", 1e-3, HalfStore(), half_value);
     test_products("matrix_products_bfloat", 8e-3, BfloatStore(), bfloat_value);

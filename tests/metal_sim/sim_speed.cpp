@@ -70,7 +70,7 @@ void run_attention(uint32_t d, const char* kernel) {
     if (sim_test::run(dispatch)) CHECK(std::memcmp(shuffled.data(), o.data(), o.size() * 4) == 0);
 }
 
-}  // namespace
+} // namespace
 
 int main() {
     run_attention(64, "attention_forward_d64");

@@ -21,22 +21,22 @@ inline int& failures() {
     return count;
 }
 
-#define CHECK(condition)                                                                 \
-    do {                                                                                 \
-        if (!(condition)) {                                                              \
-            std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #condition); \
-            ++sim_test::failures();                                                      \
-        }                                                                                \
+#define CHECK(condition)                                                                           \
+    do {                                                                                           \
+        if (!(condition)) {                                                                        \
+            std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #condition);     \
+            ++sim_test::failures();                                                                \
+        }                                                                                          \
     } while (0)
 
-#define CHECK_MSG(condition, ...)                                                        \
-    do {                                                                                 \
-        if (!(condition)) {                                                              \
-            std::fprintf(stderr, "%s:%d: CHECK failed: %s: ", __FILE__, __LINE__, #condition); \
-            std::fprintf(stderr, __VA_ARGS__);                                           \
-            std::fprintf(stderr, "\n");                                                  \
-            ++sim_test::failures();                                                      \
-        }                                                                                \
+#define CHECK_MSG(condition, ...)                                                                  \
+    do {                                                                                           \
+        if (!(condition)) {                                                                        \
+            std::fprintf(stderr, "%s:%d: CHECK failed: %s: ", __FILE__, __LINE__, #condition);     \
+            std::fprintf(stderr, __VA_ARGS__);                                                     \
+            std::fprintf(stderr, "\n");                                                            \
+            ++sim_test::failures();                                                                \
+        }                                                                                          \
     } while (0)
 
 inline int finish(const char* name) {
@@ -106,8 +106,8 @@ inline float bits_float(uint32_t u) {
 
 inline double decode_half(uint16_t h) {
     const int sign = h >> 15, exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF;
-    double magnitude = exponent == 0 ? std::ldexp(mantissa, -24)
-                                     : std::ldexp(1024 + mantissa, exponent - 25);
+    double magnitude =
+        exponent == 0 ? std::ldexp(mantissa, -24) : std::ldexp(1024 + mantissa, exponent - 25);
     return sign ? -magnitude : magnitude;
 }
 
@@ -118,10 +118,10 @@ inline double decode_bfloat(uint16_t b) { return (double)bits_float((uint32_t)b 
 template <class Decode>
 uint16_t reference_round(float value, Decode decode, uint16_t infinity_bits,
                          uint16_t largest_finite_bits) {
-    if (std::isnan(value)) return 0;  // callers do not pass NaN
+    if (std::isnan(value)) return 0; // callers do not pass NaN
     const double x = value;
     const double largest = decode(largest_finite_bits);
-    const double next_step = 2 * largest - decode(largest_finite_bits - 1);  // one ulp above
+    const double next_step = 2 * largest - decode(largest_finite_bits - 1); // one ulp above
     const uint16_t sign = std::signbit(value) ? 0x8000 : 0;
     if (std::fabs(x) >= (largest + next_step) / 2) return sign | infinity_bits;
     uint16_t best = 0;
@@ -144,6 +144,6 @@ inline uint16_t reference_bfloat(float value) {
     return reference_round(value, decode_bfloat, 0x7F80, 0x7F7F);
 }
 
-}  // namespace sim_test
+} // namespace sim_test
 
-#endif  // MFA_TESTS_METAL_SIM_SIM_TEST_H
+#endif // MFA_TESTS_METAL_SIM_SIM_TEST_H

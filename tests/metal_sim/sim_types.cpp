@@ -19,7 +19,7 @@ void test_rounding() {
         // just above and below the bfloat tie
         bits_float(0x3F808001), bits_float(0x3F807FFF)};
     uint32_t state = 99;
-    for (int i = 0; i < 300; ++i) {  // random patterns across every exponent
+    for (int i = 0; i < 300; ++i) { // random patterns across every exponent
         state = state * 1664525u + 1013904223u;
         const uint32_t bits = state & 0xFFFFFFFFu;
         const float f = bits_float(bits);
@@ -39,11 +39,12 @@ void test_rounding() {
     for (uint32_t i = 0; i < n; ++i) {
         const uint16_t h = sim_test::reference_half(input[i]);
         const uint16_t b = sim_test::reference_bfloat(input[i]);
-        CHECK_MSG(half_bits[i] == h, "half(%a) = 0x%04x, expected 0x%04x", input[i], half_bits[i], h);
+        CHECK_MSG(half_bits[i] == h, "half(%a) = 0x%04x, expected 0x%04x", input[i], half_bits[i],
+                  h);
         CHECK_MSG(bfloat_bits[i] == b, "bfloat(%a) = 0x%04x, expected 0x%04x", input[i],
                   bfloat_bits[i], b);
-        const double hv = (h & 0x7C00) == 0x7C00 ? std::copysign(INFINITY, input[i])
-                                                 : sim_test::decode_half(h);
+        const double hv =
+            (h & 0x7C00) == 0x7C00 ? std::copysign(INFINITY, input[i]) : sim_test::decode_half(h);
         CHECK(widened[2 * i] == (float)hv);
         CHECK(widened[2 * i + 1] == (float)sim_test::decode_bfloat(b));
     }
@@ -77,21 +78,48 @@ void test_vectors_and_math() {
     d.buffers[1] = bind(out);
     if (!sim_test::run(d)) return;
     const double expected[] = {
-        1.0, c, 2 * a + 2 * b, b, std::exp(a), std::exp2(a), std::log(c), std::log2(c),
-        std::exp2(b), std::exp(b), 1 / std::sqrt(c), std::fma(a, b, c), std::max(a, b),
-        std::min(a, b), std::clamp(a, -0.5f, 0.5f), c, 5, 3, 3, std::max(a, b),
-        3.0, 2.0,  // select picks b's components where (a, b) > 0: (a > 0 -> 3, b > 0 -> 2)
-        std::exp2(b), c, FLT_MAX, INFINITY, 65504.0, 1.5, 2.5, INFINITY, a, 0.0};
+        1.0,
+        c,
+        2 * a + 2 * b,
+        b,
+        std::exp(a),
+        std::exp2(a),
+        std::log(c),
+        std::log2(c),
+        std::exp2(b),
+        std::exp(b),
+        1 / std::sqrt(c),
+        std::fma(a, b, c),
+        std::max(a, b),
+        std::min(a, b),
+        std::clamp(a, -0.5f, 0.5f),
+        c,
+        5,
+        3,
+        3,
+        std::max(a, b),
+        3.0,
+        2.0, // select picks b's components where (a, b) > 0: (a > 0 -> 3, b > 0 -> 2)
+        std::exp2(b),
+        c,
+        FLT_MAX,
+        INFINITY,
+        65504.0,
+        1.5,
+        2.5,
+        INFINITY,
+        a,
+        0.0};
     const size_t count = sizeof(expected) / sizeof(expected[0]);
     for (size_t i = 0; i < count; ++i) {
         const double tolerance = std::isinf(expected[i]) ? 0 : 1e-6 * (1 + std::fabs(expected[i]));
         CHECK_MSG(out[i] == expected[i] || std::fabs(out[i] - expected[i]) <= tolerance,
                   "slot %zu: got %.9g, expected %.9g", i, out[i], expected[i]);
     }
-    CHECK(out[count] == -12345.0f);  // the kernel wrote exactly count slots
+    CHECK(out[count] == -12345.0f); // the kernel wrote exactly count slots
 }
 
-}  // namespace
+} // namespace
 
 int main() {
     test_rounding();

@@ -23,13 +23,13 @@ void check(bool ok, const char* what, int lane, int e, float got, float expected
 const int kOwner[8][4] = {{0, 1, 8, 9},     {2, 3, 10, 11},   {4, 5, 12, 13},   {6, 7, 14, 15},
                           {16, 17, 24, 25}, {18, 19, 26, 27}, {20, 21, 28, 29}, {22, 23, 30, 31}};
 
-}  // namespace
+} // namespace
 
 int main() {
     float matrix[64];
     for (int i = 0; i < 64; ++i) matrix[i] = float(i);
     float out[256];
-    std::memset(out, 0xff, sizeof out);  // NaN: unwritten elements cannot pass
+    std::memset(out, 0xff, sizeof out); // NaN: unwritten elements cannot pass
 
     mfa::sim::Dispatch d;
     d.kernel = "mfa_lane_layout_probe";
@@ -51,8 +51,8 @@ int main() {
                 const int lane = kOwner[row][pair];
                 const int position = row * 8 + pair * 2 + e;
                 ++owner_seen[2 * lane + e];
-                check(out[64 + 2 * lane + e] == float(position), "fragment.h coordinates", lane,
-                      e, out[64 + 2 * lane + e], float(position));
+                check(out[64 + 2 * lane + e] == float(position), "fragment.h coordinates", lane, e,
+                      out[64 + 2 * lane + e], float(position));
                 check(out[2 * lane + e] == matrix[position], "plain load", lane, e,
                       out[2 * lane + e], matrix[position]);
                 check(out[128 + position] == float(2 * lane + e), "store", lane, e,

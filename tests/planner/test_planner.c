@@ -17,16 +17,16 @@
 static int failures = 0;
 static char last_error[512];
 
-#define CHECK(cond, ...)                                                               \
-    do {                                                                               \
-        if (!(cond)) {                                                                 \
-            if (failures < 40) {                                                       \
-                fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, #cond); \
-                fprintf(stderr, __VA_ARGS__);                                          \
-                fprintf(stderr, "\n");                                                 \
-            }                                                                          \
-            ++failures;                                                                \
-        }                                                                              \
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            if (failures < 40) {                                                                   \
+                fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, #cond);           \
+                fprintf(stderr, __VA_ARGS__);                                                      \
+                fprintf(stderr, "\n");                                                             \
+            }                                                                                      \
+            ++failures;                                                                            \
+        }                                                                                          \
     } while (0)
 
 mfa_status mfa_set_error(mfa_status status, const char* format, ...) {
@@ -109,12 +109,13 @@ static void check_pass(const mfa_problem* p, const mfa_pass_plan* pass, uint32_t
           pass->threads_per_threadgroup);
     CHECK(pass->threads_per_threadgroup <= max_threads, "threads %u > %u",
           pass->threads_per_threadgroup, max_threads);
-    CHECK(pass->block_parallel % 8 == 0 && pass->block_parallel <= MFA_MAX_BLOCK_PARALLEL,
-          "P %u", pass->block_parallel);
+    CHECK(pass->block_parallel % 8 == 0 && pass->block_parallel <= MFA_MAX_BLOCK_PARALLEL, "P %u",
+          pass->block_parallel);
     CHECK(pass->block_traversal % 8 == 0 && pass->block_traversal <= MFA_MAX_BLOCK_TRAVERSAL,
           "T %u", pass->block_traversal);
     CHECK(pass->block_head % 8 == 0 && pass->block_head > 0 &&
-              pass->block_head <= MFA_MAX_BLOCK_HEAD, "head %u", pass->block_head);
+              pass->block_head <= MFA_MAX_BLOCK_HEAD,
+          "head %u", pass->block_head);
     CHECK(pass->block_out % pass->block_head == 0 && pass->block_out <= MFA_MAX_BLOCK_OUT,
           "out %u head %u", pass->block_out, pass->block_head);
     CHECK(pass->params_index == MFA_BUFFER_PARAMS, "params index");
@@ -138,10 +139,12 @@ static void check_pass(const mfa_problem* p, const mfa_pass_plan* pass, uint32_t
         {MFA_FC_BLOCK_OUT, pass->block_out},
         {MFA_FC_CACHE_PARALLEL,
          (pass->cached_operands &
-          (1u << (pass->kind == MFA_PASS_BACKWARD_KEY_VALUE ? MFA_OPERAND_K : MFA_OPERAND_Q))) != 0},
+          (1u << (pass->kind == MFA_PASS_BACKWARD_KEY_VALUE ? MFA_OPERAND_K : MFA_OPERAND_Q))) !=
+             0},
         {MFA_FC_CACHE_PARALLEL2,
          (pass->cached_operands &
-          (1u << (pass->kind == MFA_PASS_BACKWARD_KEY_VALUE ? MFA_OPERAND_V : MFA_OPERAND_DOUT))) != 0},
+          (1u << (pass->kind == MFA_PASS_BACKWARD_KEY_VALUE ? MFA_OPERAND_V : MFA_OPERAND_DOUT))) !=
+             0},
     };
     for (size_t i = 0; i < sizeof expect / sizeof expect[0]; ++i) {
         uint32_t value = constant_value(pass, expect[i].index, &found);
@@ -177,26 +180,29 @@ static void check_pass(const mfa_problem* p, const mfa_pass_plan* pass, uint32_t
     uint32_t want;
     uint32_t writes;
     switch (pass->kind) {
-    case MFA_PASS_FORWARD:
-        want = 1u << MFA_OPERAND_Q | 1u << MFA_OPERAND_K | 1u << MFA_OPERAND_V | 1u << MFA_OPERAND_O |
-               (p->lse.data ? 1u << MFA_OPERAND_L : 0);
-        writes = 1u << MFA_OPERAND_O | (p->lse.data ? 1u << MFA_OPERAND_L : 0);
-        break;
-    case MFA_PASS_BACKWARD_QUERY:
-        want = 1u << MFA_OPERAND_Q | 1u << MFA_OPERAND_K | 1u << MFA_OPERAND_V | 1u << MFA_OPERAND_O |
-               1u << MFA_OPERAND_L | 1u << MFA_OPERAND_D | 1u << MFA_OPERAND_DOUT | 1u << MFA_OPERAND_DQ;
-        writes = 1u << MFA_OPERAND_D | 1u << MFA_OPERAND_DQ;
-        break;
-    default:
-        want = 1u << MFA_OPERAND_Q | 1u << MFA_OPERAND_K | 1u << MFA_OPERAND_V | 1u << MFA_OPERAND_L |
-               1u << MFA_OPERAND_D | 1u << MFA_OPERAND_DOUT | 1u << MFA_OPERAND_DK | 1u << MFA_OPERAND_DV;
-        writes = 1u << MFA_OPERAND_DK | 1u << MFA_OPERAND_DV;
-        break;
+        case MFA_PASS_FORWARD:
+            want = 1u << MFA_OPERAND_Q | 1u << MFA_OPERAND_K | 1u << MFA_OPERAND_V |
+                   1u << MFA_OPERAND_O | (p->lse.data ? 1u << MFA_OPERAND_L : 0);
+            writes = 1u << MFA_OPERAND_O | (p->lse.data ? 1u << MFA_OPERAND_L : 0);
+            break;
+        case MFA_PASS_BACKWARD_QUERY:
+            want = 1u << MFA_OPERAND_Q | 1u << MFA_OPERAND_K | 1u << MFA_OPERAND_V |
+                   1u << MFA_OPERAND_O | 1u << MFA_OPERAND_L | 1u << MFA_OPERAND_D |
+                   1u << MFA_OPERAND_DOUT | 1u << MFA_OPERAND_DQ;
+            writes = 1u << MFA_OPERAND_D | 1u << MFA_OPERAND_DQ;
+            break;
+        default:
+            want = 1u << MFA_OPERAND_Q | 1u << MFA_OPERAND_K | 1u << MFA_OPERAND_V |
+                   1u << MFA_OPERAND_L | 1u << MFA_OPERAND_D | 1u << MFA_OPERAND_DOUT |
+                   1u << MFA_OPERAND_DK | 1u << MFA_OPERAND_DV;
+            writes = 1u << MFA_OPERAND_DK | 1u << MFA_OPERAND_DV;
+            break;
     }
     uint32_t seen_ops = 0, seen_index = 0;
     for (uint32_t i = 0; i < pass->num_bindings; ++i) {
         const mfa_buffer_binding* b = &pass->bindings[i];
-        CHECK(!(seen_ops & (1u << b->operand)), "operand %s bound twice", mfa_operand_name(b->operand));
+        CHECK(!(seen_ops & (1u << b->operand)), "operand %s bound twice",
+              mfa_operand_name(b->operand));
         CHECK(!(seen_index & (1u << b->index)), "index %u bound twice", b->index);
         CHECK(b->index != pass->params_index, "binding at the params index");
         CHECK(b->index < 31, "index %u", b->index);
@@ -214,11 +220,11 @@ static void check_pass(const mfa_problem* p, const mfa_pass_plan* pass, uint32_t
 static void check_coverage(const mfa_problem* p, const mfa_pass_plan* pass) {
     const int kv = pass->kind == MFA_PASS_BACKWARD_KEY_VALUE;
     int found;
-    const int packed = pass->kind == MFA_PASS_FORWARD &&
-                       constant_value(pass, MFA_FC_PACK_GROUP, &found) != 0;
+    const int packed =
+        pass->kind == MFA_PASS_FORWARD && constant_value(pass, MFA_FC_PACK_GROUP, &found) != 0;
     CHECK(pass->kind != MFA_PASS_FORWARD || found == 1, "pack_group constant in forward");
     CHECK(pass->kind == MFA_PASS_FORWARD || found == 0, "pack_group only in forward");
-    const int64_t seq = kv ? p->seq_k : p->seq_q;      /* rows per output head */
+    const int64_t seq = kv ? p->seq_k : p->seq_q;        /* rows per output head */
     const int64_t heads = kv ? p->heads_kv : p->heads_q; /* output heads */
     const int64_t grid_heads = kv || packed ? p->heads_kv : p->heads_q;
     const int64_t grid_rows = packed ? p->group * seq : seq;
@@ -269,21 +275,24 @@ static void test_table_rows(void) {
                     CHECK(r->block_parallel % 8 == 0 && r->block_parallel <= MFA_MAX_BLOCK_PARALLEL,
                           "P");
                     CHECK(r->block_traversal % 8 == 0 &&
-                              r->block_traversal <= MFA_MAX_BLOCK_TRAVERSAL, "T");
+                              r->block_traversal <= MFA_MAX_BLOCK_TRAVERSAL,
+                          "T");
                     CHECK(r->block_head % 8 == 0 && r->block_head <= MFA_MAX_BLOCK_HEAD, "head");
                     uint32_t bytes = 4 * mfa_staging_floats(r->block_parallel, r->block_traversal,
                                                             r->block_head, 2);
                     CHECK(bytes <= MFA_PLAN_THREADGROUP_MEMORY_LIMIT,
-                          "row %u of table (%zu,%d,%d) needs %u bytes", i, f, precision, kind, bytes);
+                          "row %u of table (%zu,%d,%d) needs %u bytes", i, f, precision, kind,
+                          bytes);
                 }
             }
 }
 
 /* Every family x dtype x head dims up to the maximum plans within limits. */
 static void test_all_head_dims(void) {
-    static const int64_t dims[] = {1, 2, 3, 7, 8, 9, 15, 16, 17, 24, 31, 32, 33, 40, 48, 56,
-                                   63, 64, 65, 72, 80, 96, 100, 127, 128, 129, 144, 160, 192,
-                                   224, 255, 256, 257, 320, 384, 385, 512, 640, 777, 1024};
+    static const int64_t dims[] = {1,   2,   3,   7,   8,   9,   15,  16,  17,  24,
+                                   31,  32,  33,  40,  48,  56,  63,  64,  65,  72,
+                                   80,  96,  100, 127, 128, 129, 144, 160, 192, 224,
+                                   255, 256, 257, 320, 384, 385, 512, 640, 777, 1024};
     const size_t n = sizeof dims / sizeof dims[0];
     for (size_t f = 0; f < 3; ++f)
         for (size_t t = 0; t < 3; ++t)
@@ -312,16 +321,17 @@ static void test_all_head_dims(void) {
 static void test_coverage(void) {
     static const int64_t shapes[][7] = {
         /* b, hq, hkv, nq, nk, d, dv */
-        {1, 1, 1, 1, 1, 1, 1},     {2, 4, 2, 33, 17, 64, 64}, {3, 6, 1, 100, 129, 40, 24},
-        {1, 2, 2, 31, 64, 300, 520}, {2, 3, 3, 17, 5, 129, 8},
-        {2, 8, 2, 1, 40, 64, 64},  /* decode with GQA: packed forward */
-        {1, 6, 1, 5, 9, 16, 200},  /* packed rows spanning heads, split output columns */
+        {1, 1, 1, 1, 1, 1, 1},       {2, 4, 2, 33, 17, 64, 64},
+        {3, 6, 1, 100, 129, 40, 24}, {1, 2, 2, 31, 64, 300, 520},
+        {2, 3, 3, 17, 5, 129, 8},    {2, 8, 2, 1, 40, 64, 64}, /* decode with GQA: packed forward */
+        {1, 6, 1, 5, 9, 16, 200}, /* packed rows spanning heads, split output columns */
     };
     for (size_t f = 0; f < 3; ++f)
         for (size_t t = 0; t < 3; ++t)
             for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; ++s) {
                 const int64_t* x = shapes[s];
-                mfa_problem p = make_problem(dtypes[t], x[0], x[1], x[2], x[3], x[4], x[5], x[6], 0);
+                mfa_problem p =
+                    make_problem(dtypes[t], x[0], x[1], x[2], x[3], x[4], x[5], x[6], 0);
                 mfa_plan plan;
                 if (mfa_plan_forward(&p, families[f], 1024, &plan) == MFA_OK)
                     check_coverage(&p, &plan.passes[0]);
@@ -361,12 +371,15 @@ static void test_band(void) {
                             for (int64_t j = 0; j < nk; ++j) {
                                 /* backend.h, in 128-bit-safe form: lo/hi may be huge. */
                                 int lo_ok = p.window_left < 0 ||
-                                            (double)j >= (double)(i + p.diag_offset) - (double)p.window_left;
-                                int hi_ok = p.window_right < 0 ||
-                                            (double)j <= (double)(i + p.diag_offset) + (double)p.window_right;
+                                            (double)j >=
+                                                (double)(i + p.diag_offset) - (double)p.window_left;
+                                int hi_ok =
+                                    p.window_right < 0 || (double)j <= (double)(i + p.diag_offset) +
+                                                                           (double)p.window_right;
                                 int expected = lo_ok && hi_ok;
                                 int got = i + k->band_lo <= j && j <= i + k->band_hi;
-                                CHECK(expected == got, "nq=%lld nk=%lld wl=%lld wr=%lld i=%lld j=%lld",
+                                CHECK(expected == got,
+                                      "nq=%lld nk=%lld wl=%lld wr=%lld i=%lld j=%lld",
                                       (long long)nq, (long long)nk, (long long)p.window_left,
                                       (long long)p.window_right, (long long)i, (long long)j);
                             }
@@ -379,10 +392,10 @@ static void test_strided_bindings(void) {
     mfa_problem p = make_problem(MFA_DTYPE_F16, 2, 3, 3, 5, 6, 4, 4, 1);
     p.q.data = memory + 40000;
     p.q.stride[0] = -3 * 5 * 4;
-    p.q.stride[1] = 4;       /* bshd */
+    p.q.stride[1] = 4; /* bshd */
     p.q.stride[2] = -3 * 4;
     p.q.stride[3] = 1;
-    p.k.stride[0] = 0;       /* broadcast over batch */
+    p.k.stride[0] = 0; /* broadcast over batch */
     mfa_plan plan;
     CHECK(mfa_plan_forward(&p, MFA_GPU_FAMILY_APPLE7, 1024, &plan) == MFA_OK, "%s", last_error);
     const mfa_pass_plan* pass = &plan.passes[0];
@@ -394,7 +407,8 @@ static void test_strided_bindings(void) {
             CHECK(b->byte_offset == lowest * 2, "q offset %lld", (long long)b->byte_offset);
             CHECK(b->byte_length == (highest - lowest + 1) * 2, "q length %lld",
                   (long long)b->byte_length);
-            CHECK(pass->params.q.origin == -lowest, "q origin %lld", (long long)pass->params.q.origin);
+            CHECK(pass->params.q.origin == -lowest, "q origin %lld",
+                  (long long)pass->params.q.origin);
         }
         if (b->operand == MFA_OPERAND_K)
             CHECK(b->byte_length == 3 * 6 * 4 * 2 && b->byte_offset == 0, "k extent %lld",

@@ -6,15 +6,17 @@ import dataclasses
 import functools
 import zlib
 
+import mfa_native
 import ml_dtypes
 import numpy as np
 import pytest
-
-import mfa_native
 import reference
 
-DTYPES = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16),
-          "bf16": np.dtype(ml_dtypes.bfloat16)}
+DTYPES = {
+    "f32": np.dtype(np.float32),
+    "f16": np.dtype(np.float16),
+    "bf16": np.dtype(ml_dtypes.bfloat16),
+}
 
 # Unit roundoff 2^-p of a p-bit significand: f32 p = 24, f16 p = 11, bf16 p = 8.
 UNIT_ROUNDOFF = {"f32": 2.0**-24, "f16": 2.0**-11, "bf16": 2.0**-8}
@@ -46,8 +48,9 @@ class Backend:
 @functools.cache
 def _context(backend):
     # One context per backend for the whole session: creating one starts worker threads.
-    return mfa_native.Context(backend.name, gpu_family=backend.gpu_family,
-                              sim_seed=backend.sim_seed)
+    return mfa_native.Context(
+        backend.name, gpu_family=backend.gpu_family, sim_seed=backend.sim_seed
+    )
 
 
 def _available_backends():
@@ -72,12 +75,17 @@ SIMULATOR_MAX_SCORES = 150_000
 def backend_params(cases, simulator_cases):
     """pytest params (backend, case): `cases` on the native backends; on every metal-sim run,
     `simulator_cases` (chosen for its kernels) and the affordable ones among `cases`."""
-    affordable = [case for case in cases if case.batch * case.query_heads * case.num_queries
-                  * case.num_keys <= SIMULATOR_MAX_SCORES]
+    affordable = [
+        case
+        for case in cases
+        if case.batch * case.query_heads * case.num_queries * case.num_keys <= SIMULATOR_MAX_SCORES
+    ]
     on_simulator = list(dict.fromkeys(simulator_cases + affordable))
-    return [pytest.param(backend, case, id=f"{backend.id}-{case.id}")
-            for backend in BACKENDS
-            for case in (on_simulator if backend.is_simulator else cases)]
+    return [
+        pytest.param(backend, case, id=f"{backend.id}-{case.id}")
+        for backend in BACKENDS
+        for case in (on_simulator if backend.is_simulator else cases)
+    ]
 
 
 def backend_only_params():
@@ -104,8 +112,10 @@ class Case:
 
     @property
     def id(self):
-        text = (f"{self.dtype}-b{self.batch}h{self.query_heads}/{self.kv_heads}"
-                f"-n{self.num_queries}x{self.num_keys}-d{self.head_dim}x{self.value_dim}")
+        text = (
+            f"{self.dtype}-b{self.batch}h{self.query_heads}/{self.kv_heads}"
+            f"-n{self.num_queries}x{self.num_keys}-d{self.head_dim}x{self.value_dim}"
+        )
         if self.causal:
             text += "-causal"
         if self.causal or self.window is not None:
@@ -119,8 +129,12 @@ class Case:
     @property
     def options(self):
         """Keyword arguments shared by mfa_native.attention and the reference."""
-        return {"causal": self.causal, "causal_alignment": self.causal_alignment,
-                "window": self.window, "scale": self.scale}
+        return {
+            "causal": self.causal,
+            "causal_alignment": self.causal_alignment,
+            "window": self.window,
+            "scale": self.scale,
+        }
 
     def rng(self):
         # Seeded by the case so that a failure reproduces alone and in any test order.
@@ -169,18 +183,22 @@ def assert_close(name, actual, expected, allowed):
     assert actual.shape == expected.shape, f"{name}: shape {actual.shape} != {expected.shape}"
     finite = np.isfinite(expected)
     broken = finite & ~np.isfinite(actual)
-    assert not broken.any(), (f"{name}: {broken.sum()} non-finite values where the reference is "
-                              f"finite, first at {tuple(np.argwhere(broken)[0])}")
+    assert not broken.any(), (
+        f"{name}: {broken.sum()} non-finite values where the reference is "
+        f"finite, first at {tuple(np.argwhere(broken)[0])}"
+    )
     assert np.array_equal(actual[~finite], expected[~finite]), (
         f"{name}: {np.sum(actual[~finite] != expected[~finite])} values differ where the "
-        f"reference is infinite")
+        f"reference is infinite"
+    )
     error = np.abs(np.subtract(actual, expected, out=np.zeros_like(actual), where=finite))
     excess = np.where(finite, error - allowed, -np.inf)
     worst = np.unravel_index(np.argmax(excess), excess.shape)
     assert excess[worst] <= 0, (
         f"{name}: got {actual[worst]!r} at {worst}, expected {expected[worst]!r} within "
         f"{np.broadcast_to(allowed, excess.shape)[worst]:.3g}; {np.sum(excess > 0)} of "
-        f"{excess.size} elements are off")
+        f"{excess.size} elements are off"
+    )
 
 
 def check_forward(case, out, lse, q, k, v):
@@ -190,13 +208,20 @@ def check_forward(case, out, lse, q, k, v):
     # Scores sum over the head dimension, out over the visible keys.
     reduction_length = case.head_dim + case.num_keys
     largest_score = np.max(score_size)
-    assert_close("out", out, expected_out,
-                 allowed_error(case.dtype, expected_out, out_magnitude, reduction_length,
-                               largest_score))
+    assert_close(
+        "out",
+        out,
+        expected_out,
+        allowed_error(case.dtype, expected_out, out_magnitude, reduction_length, largest_score),
+    )
     # lse is fp32 whatever the dtype: score errors plus the rounding of lse itself.
     lse_magnitude = score_size + np.abs(np.where(np.isfinite(expected_lse), expected_lse, 0))
-    assert_close("lse", lse, expected_lse,
-                 allowed_error("f32", expected_lse, lse_magnitude, reduction_length, 0.0))
+    assert_close(
+        "lse",
+        lse,
+        expected_lse,
+        allowed_error("f32", expected_lse, lse_magnitude, reduction_length, 0.0),
+    )
     empty_rows = np.isneginf(expected_lse)
     assert np.all(out[empty_rows] == 0), "rows that see no key must be exactly 0"
 
@@ -209,18 +234,25 @@ def check_backward(case, gradients, dout, q, k, v, out):
     # dq sums over keys, dk and dv over queries and the query heads of a group; dP, delta and
     # the scores over a head dimension.
     group = case.query_heads // case.kv_heads
-    reduction_length = (case.head_dim + case.value_dim + case.num_keys
-                        + case.num_queries * group)
-    for name, actual, wanted, magnitude in zip(("dq", "dk", "dv"), gradients, expected,
-                                               magnitudes):
-        assert_close(name, actual, wanted,
-                     allowed_error(case.dtype, wanted, magnitude, reduction_length,
-                                   np.max(score_size)))
+    reduction_length = case.head_dim + case.value_dim + case.num_keys + case.num_queries * group
+    for name, actual, wanted, magnitude in zip(("dq", "dk", "dv"), gradients, expected, magnitudes):
+        assert_close(
+            name,
+            actual,
+            wanted,
+            allowed_error(case.dtype, wanted, magnitude, reduction_length, np.max(score_size)),
+        )
     # Exact zeros: queries that see no key (the contract), keys that no query sees (no terms).
-    visible = reference.visible_keys(case.num_queries, case.num_keys, causal=case.causal,
-                                     causal_alignment=case.causal_alignment, window=case.window)
+    visible = reference.visible_keys(
+        case.num_queries,
+        case.num_keys,
+        causal=case.causal,
+        causal_alignment=case.causal_alignment,
+        window=case.window,
+    )
     dq, dk, dv = gradients
     assert np.all(dq[:, :, ~visible.any(axis=1)] == 0), "queries without keys need dq = 0"
     unseen_keys = ~visible.any(axis=0)
     assert np.all(dk[:, :, unseen_keys] == 0) and np.all(dv[:, :, unseen_keys] == 0), (
-        "keys that no query sees need dk = dv = 0")
+        "keys that no query sees need dk = dv = 0"
+    )

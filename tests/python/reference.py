@@ -5,7 +5,8 @@ Arrays are [B, H, N, D] ("bhsd"); callers convert other layouts before calling.
 
 The visibility rule is the one of native/include/mfa.h: query row i has the aligned position
 p(i) = i + (Nk - Nq) (bottom-right) or p(i) = i (top-left), and key j is visible when
-    (not causal or j <= p(i)) and (left < 0 or j >= p(i) - left) and (right < 0 or j <= p(i) + right).
+    (not causal or j <= p(i)) and (left < 0 or j >= p(i) - left)
+    and (right < 0 or j <= p(i) + right).
 """
 
 import numpy as np
@@ -22,8 +23,9 @@ def window_bounds(window):
     return (-1 if left is None else left), (-1 if right is None else right)
 
 
-def visible_keys(num_queries, num_keys, *, causal=False, causal_alignment="bottom_right",
-                 window=None):
+def visible_keys(
+    num_queries, num_keys, *, causal=False, causal_alignment="bottom_right", window=None
+):
     """Boolean [Nq, Nk]: True where query row i may attend to key j."""
     if causal_alignment not in ALIGNMENTS:
         raise ValueError(f"causal_alignment must be one of {ALIGNMENTS}, got {causal_alignment!r}")
@@ -45,8 +47,10 @@ def _repeat_kv_heads(tensor, num_query_heads):
     """Give every query head its own copy of the key/value head it reads (h // group)."""
     num_kv_heads = tensor.shape[1]
     if num_query_heads % num_kv_heads:
-        raise ValueError(f"query heads ({num_query_heads}) must be a multiple of key/value heads "
-                         f"({num_kv_heads})")
+        raise ValueError(
+            f"query heads ({num_query_heads}) must be a multiple of key/value heads "
+            f"({num_kv_heads})"
+        )
     return np.repeat(tensor, num_query_heads // num_kv_heads, axis=1)
 
 
@@ -64,8 +68,9 @@ def _probabilities(q, k, *, causal, causal_alignment, window, scale):
     k = _repeat_kv_heads(np.asarray(k, dtype=np.float64), q.shape[1])
     if scale is None:
         scale = 1.0 / np.sqrt(q.shape[-1])
-    visible = visible_keys(q.shape[2], k.shape[2], causal=causal,
-                           causal_alignment=causal_alignment, window=window)
+    visible = visible_keys(
+        q.shape[2], k.shape[2], causal=causal, causal_alignment=causal_alignment, window=window
+    )
     scores = np.where(visible, scale * (q @ np.swapaxes(k, -1, -2)), -np.inf)
     row_max = scores.max(axis=-1, keepdims=True)
     # Rows that see nothing have max -inf; shifting them by 0 keeps exp(-inf) = 0 instead of NaN.
@@ -78,23 +83,27 @@ def _probabilities(q, k, *, causal, causal_alignment, window, scale):
     return probs, lse, scale
 
 
-def attention_forward(q, k, v, *, causal=False, causal_alignment="bottom_right", window=None,
-                      scale=None):
+def attention_forward(
+    q, k, v, *, causal=False, causal_alignment="bottom_right", window=None, scale=None
+):
     """(out [B, Hq, Nq, Dv], lse [B, Hq, Nq]) in float64. Rows that see no key: out 0, lse -inf."""
-    probs, lse, _ = _probabilities(q, k, causal=causal, causal_alignment=causal_alignment,
-                                   window=window, scale=scale)
+    probs, lse, _ = _probabilities(
+        q, k, causal=causal, causal_alignment=causal_alignment, window=window, scale=scale
+    )
     v = _repeat_kv_heads(np.asarray(v, dtype=np.float64), probs.shape[1])
     return probs @ v, lse
 
 
-def forward_magnitudes(q, k, v, *, causal=False, causal_alignment="bottom_right", window=None,
-                       scale=None):
+def forward_magnitudes(
+    q, k, v, *, causal=False, causal_alignment="bottom_right", window=None, scale=None
+):
     """Sizes for bounding floating-point errors, 0 on rows that see no key:
     out evaluated on absolute values, P |V| (the sum of the absolute values of its terms), and
     per row [B, Hq, Nq] the P-weighted mean of |scale| |q| |k|^T, the size of the terms of the
     scores, whose rounding errors reach lse, P and everything computed from P."""
-    probs, _, scale = _probabilities(q, k, causal=causal, causal_alignment=causal_alignment,
-                                     window=window, scale=scale)
+    probs, _, scale = _probabilities(
+        q, k, causal=causal, causal_alignment=causal_alignment, window=window, scale=scale
+    )
     num_query_heads = probs.shape[1]
     k = _repeat_kv_heads(np.abs(np.asarray(k, dtype=np.float64)), num_query_heads)
     v = _repeat_kv_heads(np.abs(np.asarray(v, dtype=np.float64)), num_query_heads)
@@ -102,8 +111,18 @@ def forward_magnitudes(q, k, v, *, causal=False, causal_alignment="bottom_right"
     return probs @ v, np.sum(probs * score_terms, axis=-1)
 
 
-def attention_backward(dout, q, k, v, *, out=None, causal=False, causal_alignment="bottom_right",
-                       window=None, scale=None):
+def attention_backward(
+    dout,
+    q,
+    k,
+    v,
+    *,
+    out=None,
+    causal=False,
+    causal_alignment="bottom_right",
+    window=None,
+    scale=None,
+):
     """(dq, dk, dv) in float64 for the loss <out, dout>, by the softmax-gradient formulas
         dP = dO V^T,  delta = rowsum(dO * O),  dS = P * (dP - delta),
         dQ = scale dS K,  dK = scale dS^T Q,  dV = P^T dO,
@@ -111,30 +130,60 @@ def attention_backward(dout, q, k, v, *, out=None, causal=False, causal_alignmen
 
     `out` is the forward output the gradient is taken around; pass the (rounded) array a backend
     received so that delta is computed from the same numbers. None recomputes it exactly."""
-    parts = _Backward(dout, q, k, v, out, causal=causal, causal_alignment=causal_alignment,
-                      window=window, scale=scale)
+    parts = _Backward(
+        dout,
+        q,
+        k,
+        v,
+        out,
+        causal=causal,
+        causal_alignment=causal_alignment,
+        window=window,
+        scale=scale,
+    )
     return parts.gradients(parts.probs * (parts.dprobs - parts.delta))
 
 
-def gradient_magnitudes(dout, q, k, v, *, out=None, causal=False,
-                        causal_alignment="bottom_right", window=None, scale=None):
+def gradient_magnitudes(
+    dout,
+    q,
+    k,
+    v,
+    *,
+    out=None,
+    causal=False,
+    causal_alignment="bottom_right",
+    window=None,
+    scale=None,
+):
     """(dq, dk, dv) evaluated on absolute values: every sum replaced by the sum of the absolute
     values of its terms, including those of dP - delta, which cancel exactly when a row sees one
     key. Floating-point evaluation errors of a sum are bounded relative to these magnitudes,
     not to the (possibly cancelling) result."""
-    parts = _Backward(dout, q, k, v, out, causal=causal, causal_alignment=causal_alignment,
-                      window=window, scale=scale, absolute=True)
+    parts = _Backward(
+        dout,
+        q,
+        k,
+        v,
+        out,
+        causal=causal,
+        causal_alignment=causal_alignment,
+        window=window,
+        scale=scale,
+        absolute=True,
+    )
     return parts.gradients(parts.probs * (parts.dprobs + parts.delta))
 
 
 class _Backward:
     """The intermediate tensors both backward functions share, per query head."""
 
-    def __init__(self, dout, q, k, v, out, *, causal, causal_alignment, window, scale,
-                 absolute=False):
-        self.probs, _, self.scale = _probabilities(q, k, causal=causal,
-                                                   causal_alignment=causal_alignment,
-                                                   window=window, scale=scale)
+    def __init__(
+        self, dout, q, k, v, out, *, causal, causal_alignment, window, scale, absolute=False
+    ):
+        self.probs, _, self.scale = _probabilities(
+            q, k, causal=causal, causal_alignment=causal_alignment, window=window, scale=scale
+        )
         num_query_heads = self.probs.shape[1]
         self.num_kv_heads = np.asarray(k).shape[1]
         magnitude = np.abs if absolute else np.asarray

@@ -12,11 +12,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import mfa_native
 import ml_dtypes
 import numpy as np
 import pytest
-
-import mfa_native
 import reference
 from mfa_native import MFAError
 
@@ -31,12 +30,24 @@ F32_TOLERANCE = 1e-5
 SENTINEL = 1234.5
 
 
-def _arrays(rng, layout="bhsd", dtype=np.float32, batch=B, heads_q=HQ, heads_kv=HKV,
-            seq_q=NQ, seq_k=NK, dim=D, dim_v=DV):
+def _arrays(
+    rng,
+    layout="bhsd",
+    dtype=np.float32,
+    batch=B,
+    heads_q=HQ,
+    heads_kv=HKV,
+    seq_q=NQ,
+    seq_k=NK,
+    dim=D,
+    dim_v=DV,
+):
     """q, k, v in the given layout (rank 4), C-contiguous."""
+
     def make(heads, seq, width):
         shape = (batch, heads, seq, width) if layout == "bhsd" else (batch, seq, heads, width)
         return rng.standard_normal(shape).astype(dtype)
+
     return make(heads_q, seq_q, dim), make(heads_kv, seq_k, dim), make(heads_kv, seq_k, dim_v)
 
 
@@ -50,6 +61,7 @@ def _raises(error, message):
 
 
 # ---- attention(): array arguments -------------------------------------------------------------
+
 
 @pytest.mark.parametrize("position, name", [(0, "q"), (1, "k"), (2, "v")])
 def test_array_arguments_must_be_numpy_arrays(rng, position, name):
@@ -90,21 +102,51 @@ def test_k_and_v_rank_must_equal_q_rank(rng, position, name):
 
 # (what is changed, keyword arguments of _arrays for k or v, message per layout)
 _SHAPE_MISMATCHES = [
-    ("k batch", dict(batch=3), "k", {
-        "bhsd": "k.shape[0] (batch) must equal q.shape[0] = 2, got 3",
-        "bshd": "k.shape[0] (batch) must equal q.shape[0] = 2, got 3"}),
-    ("v batch", dict(batch=3), "v", {
-        "bhsd": "v.shape[0] (batch) must equal q.shape[0] = 2, got 3",
-        "bshd": "v.shape[0] (batch) must equal q.shape[0] = 2, got 3"}),
-    ("v heads", dict(heads_kv=1), "v", {
-        "bhsd": "v.shape[1] (heads) must equal k.shape[1] = 2, got 1",
-        "bshd": "v.shape[2] (heads) must equal k.shape[2] = 2, got 1"}),
-    ("k head dim", dict(dim=9), "k", {
-        "bhsd": "k.shape[3] (head dim) must equal q.shape[3] = 8, got 9",
-        "bshd": "k.shape[3] (head dim) must equal q.shape[3] = 8, got 9"}),
-    ("v sequence", dict(seq_k=3), "v", {
-        "bhsd": "v.shape[2] (sequence length) must equal k.shape[2] = 7, got 3",
-        "bshd": "v.shape[1] (sequence length) must equal k.shape[1] = 7, got 3"}),
+    (
+        "k batch",
+        dict(batch=3),
+        "k",
+        {
+            "bhsd": "k.shape[0] (batch) must equal q.shape[0] = 2, got 3",
+            "bshd": "k.shape[0] (batch) must equal q.shape[0] = 2, got 3",
+        },
+    ),
+    (
+        "v batch",
+        dict(batch=3),
+        "v",
+        {
+            "bhsd": "v.shape[0] (batch) must equal q.shape[0] = 2, got 3",
+            "bshd": "v.shape[0] (batch) must equal q.shape[0] = 2, got 3",
+        },
+    ),
+    (
+        "v heads",
+        dict(heads_kv=1),
+        "v",
+        {
+            "bhsd": "v.shape[1] (heads) must equal k.shape[1] = 2, got 1",
+            "bshd": "v.shape[2] (heads) must equal k.shape[2] = 2, got 1",
+        },
+    ),
+    (
+        "k head dim",
+        dict(dim=9),
+        "k",
+        {
+            "bhsd": "k.shape[3] (head dim) must equal q.shape[3] = 8, got 9",
+            "bshd": "k.shape[3] (head dim) must equal q.shape[3] = 8, got 9",
+        },
+    ),
+    (
+        "v sequence",
+        dict(seq_k=3),
+        "v",
+        {
+            "bhsd": "v.shape[2] (sequence length) must equal k.shape[2] = 7, got 3",
+            "bshd": "v.shape[1] (sequence length) must equal k.shape[1] = 7, got 3",
+        },
+    ),
 ]
 
 
@@ -122,14 +164,18 @@ def test_shapes_must_agree_naming_the_axis_in_the_layout(rng, layout, case):
 @pytest.mark.parametrize("layout, axis", [("bhsd", 1), ("bshd", 2)])
 def test_query_heads_must_be_a_multiple_of_key_heads(rng, layout, axis):
     q, k, v = _arrays(rng, layout, heads_kv=3)
-    with _raises(ValueError, f"q.shape[{axis}] (query heads) = 4 must be a multiple of "
-                             f"k.shape[{axis}] (key/value heads) = 3"):
+    with _raises(
+        ValueError,
+        f"q.shape[{axis}] (query heads) = 4 must be a multiple of "
+        f"k.shape[{axis}] (key/value heads) = 3",
+    ):
         mfa_native.attention(q, k, v, layout=layout)
 
 
-@pytest.mark.parametrize("layout, axis, name", [("bhsd", 2, "sequence length"),
-                                                ("bshd", 1, "sequence length"),
-                                                ("bshd", 2, "heads")])
+@pytest.mark.parametrize(
+    "layout, axis, name",
+    [("bhsd", 2, "sequence length"), ("bshd", 1, "sequence length"), ("bshd", 2, "heads")],
+)
 def test_empty_axes_are_rejected(rng, layout, axis, name):
     q, k, v = _arrays(rng, layout)
     empty_k = np.take(k, [], axis=axis)
@@ -167,8 +213,11 @@ _BAD_OPTIONS = [
     (dict(window="ab"), ValueError, "window must be None or a pair (left, right)"),
     (dict(window=(1.5, 2)), TypeError, "window[0] must be an int or None, got float"),
     (dict(window=(0, True)), TypeError, "window[1] must be an int or None, got bool"),
-    (dict(window=(0, -2)), ValueError,
-     "window[1] must be >= 0, or -1 / None for unbounded, got -2"),
+    (
+        dict(window=(0, -2)),
+        ValueError,
+        "window[1] must be >= 0, or -1 / None for unbounded, got -2",
+    ),
     (dict(window=(2**64, 0)), ValueError, "window[0] must be >= 0, or -1 / None for unbounded"),
     (dict(scale="0.5"), TypeError, "scale must be None or a real number, got str"),
     (dict(scale=True), TypeError, "scale must be None or a real number, got bool"),
@@ -186,8 +235,10 @@ _BAD_OPTIONS = [
 
 
 def _option_ids(cases):
-    return [", ".join(f"{key}={value!r}"[:32] for key, value in options.items())
-            for options, _, _ in cases]
+    return [
+        ", ".join(f"{key}={value!r}"[:32] for key, value in options.items())
+        for options, _, _ in cases
+    ]
 
 
 @pytest.mark.parametrize("options, error, message", _BAD_OPTIONS, ids=_option_ids(_BAD_OPTIONS))
@@ -225,6 +276,7 @@ def test_out_must_be_writable(rng):
 
 
 # ---- attention(): errors reported by the library ------------------------------------------------
+
 
 def test_output_overlapping_an_input_is_a_library_error(rng):
     q, k, v = _arrays(rng, dim_v=D)
@@ -271,6 +323,7 @@ def test_unavailable_backend_is_an_error_not_a_fallback(rng, name):
 
 # ---- attention_backward() -----------------------------------------------------------------------
 
+
 def _backward_arguments(rng, layout="bhsd"):
     q, k, v = _arrays(rng, layout)
     out, lse = mfa_native.attention(q, k, v, layout=layout, return_lse=True)
@@ -294,8 +347,10 @@ def test_backward_dout_and_out_must_match_q_and_v(rng, name):
     with _raises(TypeError, f"{name}.dtype must be float32, got float16"):
         mfa_native.attention_backward(**arguments)
     arguments[name] = correct[:, :, :-1]
-    with _raises(ValueError, f"{name}.shape must be {(B, HQ, NQ, DV)} (from q and v), "
-                             f"got {(B, HQ, NQ - 1, DV)}"):
+    with _raises(
+        ValueError,
+        f"{name}.shape must be {(B, HQ, NQ, DV)} (from q and v), got {(B, HQ, NQ - 1, DV)}",
+    ):
         mfa_native.attention_backward(**arguments)
 
 
@@ -337,12 +392,15 @@ def test_backward_gradient_outputs_are_checked(rng, name, like):
 _BAD_BACKWARD_OPTIONS = [case for case in _BAD_OPTIONS if "return_lse" not in case[0]]
 
 
-@pytest.mark.parametrize("options, error, message", _BAD_BACKWARD_OPTIONS,
-                         ids=_option_ids(_BAD_BACKWARD_OPTIONS))
+@pytest.mark.parametrize(
+    "options, error, message", _BAD_BACKWARD_OPTIONS, ids=_option_ids(_BAD_BACKWARD_OPTIONS)
+)
 def test_backward_bad_options_raise_before_writing(rng, options, error, message):
     arguments = _backward_arguments(rng)
-    gradients = {name: _filled(arguments[like].shape)
-                 for name, like in (("dq", "q"), ("dk", "k"), ("dv", "v"))}
+    gradients = {
+        name: _filled(arguments[like].shape)
+        for name, like in (("dq", "q"), ("dk", "k"), ("dv", "v"))
+    }
     with _raises(error, message):
         mfa_native.attention_backward(**arguments, **gradients, **options)
     assert all(np.all(gradient == SENTINEL) for gradient in gradients.values())
@@ -361,10 +419,13 @@ def test_backward_overlapping_gradients_are_a_library_error(rng):
 
 # ---- layouts, ranks, views and out=, against the float64 reference ------------------------------
 
+
 def _reference_forward(q, k, v, layout="bhsd", **options):
     """The float64 reference in the caller's layout (the reference itself works in bhsd)."""
+
     def to_bhsd(array):
         return array if layout == "bhsd" else np.swapaxes(array, -3, -2)
+
     rank3 = q.ndim == 3
     q, k, v = (to_bhsd(array)[None] if rank3 else to_bhsd(array) for array in (q, k, v))
     out, lse = reference.attention_forward(q, k, v, **options)
@@ -399,13 +460,16 @@ def test_backward_layout_and_rank(rng, layout, rank):
     def to_bhsd(array):
         array = array if layout == "bhsd" else np.swapaxes(array, -3, -2)
         return array[None] if rank == 3 else array
-    expected = reference.attention_backward(*map(to_bhsd, (dout, q, k, v)), out=to_bhsd(out),
-                                            window=(2, -1))
+
+    expected = reference.attention_backward(
+        *map(to_bhsd, (dout, q, k, v)), out=to_bhsd(out), window=(2, -1)
+    )
     for got, like, want in zip(grads, (q, k, v), expected):
         assert got.shape == like.shape and got.dtype == np.float32
         want = want if layout == "bhsd" else np.swapaxes(want, -3, -2)
-        np.testing.assert_allclose(got, want[0] if rank == 3 else want,
-                                   rtol=F32_TOLERANCE, atol=F32_TOLERANCE)
+        np.testing.assert_allclose(
+            got, want[0] if rank == 3 else want, rtol=F32_TOLERANCE, atol=F32_TOLERANCE
+        )
 
 
 def test_strided_views_are_read_in_place(rng):
@@ -428,8 +492,9 @@ def test_out_view_is_written_in_place_and_returned(rng):
     result = mfa_native.attention(q, k, v, out=out_view)
     assert result is out_view
     expected, _ = _reference_forward(q, k, v)
-    np.testing.assert_allclose(storage[:, :, ::-1, 1::2], expected,
-                               rtol=F32_TOLERANCE, atol=F32_TOLERANCE)
+    np.testing.assert_allclose(
+        storage[:, :, ::-1, 1::2], expected, rtol=F32_TOLERANCE, atol=F32_TOLERANCE
+    )
     assert np.all(storage[..., 0::2] == SENTINEL)
 
 
@@ -453,16 +518,20 @@ def test_scale_none_is_one_over_sqrt_head_dim_and_a_given_scale_is_used(rng):
     default = mfa_native.attention(q, k, v)
     np.testing.assert_array_equal(default, mfa_native.attention(q, k, v, scale=1 / math.sqrt(D)))
     expected, _ = _reference_forward(q, k, v, scale=0.25)
-    np.testing.assert_allclose(mfa_native.attention(q, k, v, scale=0.25), expected,
-                               rtol=F32_TOLERANCE, atol=F32_TOLERANCE)
+    np.testing.assert_allclose(
+        mfa_native.attention(q, k, v, scale=0.25), expected, rtol=F32_TOLERANCE, atol=F32_TOLERANCE
+    )
 
 
 def test_window_none_and_minus_one_both_mean_unbounded(rng):
     q, k, v = _arrays(rng)
-    np.testing.assert_array_equal(mfa_native.attention(q, k, v, window=(None, 1)),
-                                  mfa_native.attention(q, k, v, window=[-1, 1]))
-    np.testing.assert_array_equal(mfa_native.attention(q, k, v, window=(None, None)),
-                                  mfa_native.attention(q, k, v))
+    np.testing.assert_array_equal(
+        mfa_native.attention(q, k, v, window=(None, 1)),
+        mfa_native.attention(q, k, v, window=[-1, 1]),
+    )
+    np.testing.assert_array_equal(
+        mfa_native.attention(q, k, v, window=(None, None)), mfa_native.attention(q, k, v)
+    )
 
 
 def test_top_left_alignment_is_passed_through(rng):
@@ -483,6 +552,7 @@ def test_outputs_keep_the_input_dtype(rng, dtype):
 
 
 # ---- backends and Context -----------------------------------------------------------------------
+
 
 def test_backend_may_be_a_name_a_context_or_none(rng):
     q, k, v = _arrays(rng)
@@ -507,7 +577,14 @@ def test_context_properties():
         assert "cpu" in repr(context)
     assert capabilities["dtypes"] == ["float32", "float16", "bfloat16"]
     assert set(capabilities["features"]) == {
-        "backward", "lse", "causal", "window", "gqa", "value_head_dim", "strides"}
+        "backward",
+        "lse",
+        "causal",
+        "window",
+        "gqa",
+        "value_head_dim",
+        "strides",
+    }
     assert capabilities["max_head_dim"] >= 512
     assert capabilities["gpu_family"] is None
     assert capabilities["num_threads"] == 2
@@ -526,7 +603,7 @@ def test_closed_context_raises_on_use(rng):
     with _raises(ValueError, "the Context is closed"):
         mfa_native.attention(*_arrays(rng), backend=context)
     with _raises(ValueError, "the Context is closed"):
-        context.capabilities
+        _ = context.capabilities
     with mfa_native.Context("cpu") as scoped:
         pass
     assert scoped.closed
@@ -574,8 +651,15 @@ def test_metal_sim_context_options():
 
 def test_info():
     details = mfa_native.info()
-    assert set(details) == {"version", "library", "header", "backends", "default_backend",
-                            "device", "capabilities"}
+    assert set(details) == {
+        "version",
+        "library",
+        "header",
+        "backends",
+        "default_backend",
+        "device",
+        "capabilities",
+    }
     assert re.fullmatch(r"\d+\.\d+\.\d+", details["version"])
     assert details["version"] == mfa_native.__version__
     assert details["backends"] == mfa_native.available_backends()
@@ -588,8 +672,11 @@ def test_info():
 def test_mfa_error_is_an_exception_with_the_library_status():
     error = MFAError(3, "no such device")
     assert isinstance(error, Exception)
-    assert (error.status, error.status_name, error.message) == (3, "BACKEND_UNAVAILABLE",
-                                                               "no such device")
+    assert (error.status, error.status_name, error.message) == (
+        3,
+        "BACKEND_UNAVAILABLE",
+        "no such device",
+    )
     copy = pickle.loads(pickle.dumps(error))
     assert (copy.status, copy.message, str(copy)) == (3, "no such device", str(error))
 
@@ -601,11 +688,17 @@ def test_package_docstring_example_runs():
 
 # ---- loading the library ------------------------------------------------------------------------
 
+
 def _import_with(**environment):
     """Import mfa_native in a fresh interpreter with extra environment variables."""
     script = "import json, mfa_native; print(json.dumps(mfa_native.info()))"
-    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=60, env={**os.environ, **environment})
+    return subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **environment},
+    )
 
 
 def test_mfa_library_and_mfa_header_select_the_library():
@@ -630,8 +723,9 @@ def test_missing_override_files_fail_the_import(tmp_path, variable):
 def test_a_header_of_another_version_fails_the_import(tmp_path):
     details = mfa_native.info()
     header = Path(details["header"]).read_text()
-    other, count = re.subn(r"#define MFA_VERSION_NUMBER \d+", "#define MFA_VERSION_NUMBER 999999",
-                           header)
+    other, count = re.subn(
+        r"#define MFA_VERSION_NUMBER \d+", "#define MFA_VERSION_NUMBER 999999", header
+    )
     assert count == 1
     (tmp_path / "mfa.h").write_text(other)
     result = _import_with(MFA_LIBRARY=details["library"], MFA_HEADER=str(tmp_path / "mfa.h"))
@@ -640,6 +734,7 @@ def test_a_header_of_another_version_fails_the_import(tmp_path):
 
 
 # ---- empty() ------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16])
 def test_empty_is_page_aligned_writable_and_contiguous(dtype):
@@ -665,12 +760,15 @@ def test_empty_accepts_an_int_and_zero_sizes():
     assert mfa_native.empty((0, 3)).size == 0
 
 
-@pytest.mark.parametrize("shape, error, message", [
-    ((2, -1), ValueError, "shape must not have negative sizes"),
-    ((2.0, 3), TypeError, "shape must be an int or a tuple of ints"),
-    ("23", TypeError, "shape must be an int or a tuple of ints"),
-    ((2**40, 2**40), ValueError, "shape (1099511627776, 1099511627776) of float32 needs"),
-])
+@pytest.mark.parametrize(
+    "shape, error, message",
+    [
+        ((2, -1), ValueError, "shape must not have negative sizes"),
+        ((2.0, 3), TypeError, "shape must be an int or a tuple of ints"),
+        ("23", TypeError, "shape must be an int or a tuple of ints"),
+        ((2**40, 2**40), ValueError, "shape (1099511627776, 1099511627776) of float32 needs"),
+    ],
+)
 def test_empty_rejects_bad_shapes(shape, error, message):
     with _raises(error, message):
         mfa_native.empty(shape)

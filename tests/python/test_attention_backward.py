@@ -1,11 +1,10 @@
 """mfa_native.attention_backward against the float64 reference and against finite differences of
 mfa's own forward pass, on every available backend."""
 
-import numpy as np
-import pytest
-
 import _cases
 import mfa_native
+import numpy as np
+import pytest
 import reference
 from _backends import DTYPES, Case, backend_only_params, backend_params, check_backward
 
@@ -32,8 +31,9 @@ def test_backward_matches_reference(backend, case):
     exact_out, exact_lse = reference.attention_forward(q, k, v, **case.options)
     out = exact_out.astype(q.dtype)
     lse = exact_lse.astype(np.float32)
-    gradients = mfa_native.attention_backward(dout, q, k, v, out, lse, **case.options,
-                                              backend=backend.context())
+    gradients = mfa_native.attention_backward(
+        dout, q, k, v, out, lse, **case.options, backend=backend.context()
+    )
     assert all(gradient.dtype == q.dtype for gradient in gradients)
     check_backward(case, gradients, dout, q, k, v, out)
 
@@ -50,8 +50,9 @@ def check_forward_then_backward(case, context):
     q, k, v = case.inputs(rng)
     dout = case.output_gradient(rng)
     out, lse = mfa_native.attention(q, k, v, **case.options, return_lse=True, backend=context)
-    gradients = mfa_native.attention_backward(dout, q, k, v, out, lse, **case.options,
-                                              backend=context)
+    gradients = mfa_native.attention_backward(
+        dout, q, k, v, out, lse, **case.options, backend=context
+    )
     check_backward(case, gradients, dout, q, k, v, out)
 
 
@@ -99,8 +100,9 @@ def test_backward_matches_central_differences(backend, case):
     dout = case.output_gradient(rng).astype(np.float64)
     context = backend.context()
     out, lse = mfa_native.attention(q, k, v, **case.options, return_lse=True, backend=context)
-    gradients = mfa_native.attention_backward(dout.astype(np.float32), q, k, v, out, lse,
-                                              **case.options, backend=context)
+    gradients = mfa_native.attention_backward(
+        dout.astype(np.float32), q, k, v, out, lse, **case.options, backend=context
+    )
     exact_gradients = reference.attention_backward(dout, q, k, v, **case.options)
     step = 1e-2
     for index, (name, gradient) in enumerate(zip(("dq", "dk", "dv"), gradients)):
@@ -116,4 +118,5 @@ def test_backward_matches_central_differences(backend, case):
         # Relative to |exact gradient| |change|, the bound of an exact directional derivative.
         size = np.sqrt(np.sum(exact**2) * np.sum(actual_change**2))
         assert abs(predicted - measured) <= 1e-3 * size, (
-            f"{name}: directional derivative {predicted:.6g}, finite difference {measured:.6g}")
+            f"{name}: directional derivative {predicted:.6g}, finite difference {measured:.6g}"
+        )

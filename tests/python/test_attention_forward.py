@@ -1,11 +1,10 @@
 """mfa_native.attention against the float64 reference, on every available backend, on the cases
 of _cases.py and a few of its own."""
 
-import numpy as np
-import pytest
-
 import _cases
 import mfa_native
+import numpy as np
+import pytest
 import reference
 from _backends import DTYPES, Case, backend_only_params, backend_params, check_forward
 
@@ -24,8 +23,9 @@ SIMULATOR_CASES = _cases.SIMULATOR_CASES
 @pytest.mark.parametrize("backend, case", backend_params(CASES, SIMULATOR_CASES))
 def test_forward_matches_reference(backend, case):
     q, k, v = case.inputs(case.rng())
-    out, lse = mfa_native.attention(q, k, v, **case.options, return_lse=True,
-                                    backend=backend.context())
+    out, lse = mfa_native.attention(
+        q, k, v, **case.options, return_lse=True, backend=backend.context()
+    )
     assert out.dtype == q.dtype and lse.dtype == np.float32
     check_forward(case, out, lse, q, k, v)
 
@@ -39,8 +39,9 @@ def test_masks_hold_when_every_score_is_far_below_zero(backend, dtype):
     rng = case.rng()
     q, k, v = case.inputs(rng)
     q, k = np.abs(q) + DTYPES[dtype].type(0.5), -np.abs(k) - DTYPES[dtype].type(0.5)
-    out, lse = mfa_native.attention(q, k, v, **case.options, return_lse=True,
-                                    backend=backend.context())
+    out, lse = mfa_native.attention(
+        q, k, v, **case.options, return_lse=True, backend=backend.context()
+    )
     check_forward(case, out, lse, q, k, v)
 
 
@@ -60,8 +61,7 @@ def test_rows_whose_scores_all_lie_below_minus_1e30_still_see_their_keys(backend
     q = np.ones((1, 1, 2, 1), dtype=np.float32)
     k = np.array([-1e30, -3e30, -2e30], dtype=np.float32).reshape(1, 1, 3, 1)
     v = np.array([1.0, 2.0, 3.0], dtype=np.float32).reshape(1, 1, 3, 1)
-    out, lse = mfa_native.attention(q, k, v, scale=1.0, return_lse=True,
-                                    backend=backend.context())
+    out, lse = mfa_native.attention(q, k, v, scale=1.0, return_lse=True, backend=backend.context())
     expected_out, expected_lse = reference.attention_forward(q, k, v, scale=1.0)
     np.testing.assert_array_equal(out, expected_out)
     np.testing.assert_allclose(lse, expected_lse, rtol=1e-6)

@@ -8,10 +8,9 @@ the sentinel check)."""
 
 import dataclasses
 
+import mfa_native
 import numpy as np
 import pytest
-
-import mfa_native
 from _backends import BACKENDS, DTYPES, Case, check_backward, check_forward
 
 
@@ -83,15 +82,20 @@ def assert_only_view_written(buffer, index):
     assert np.all(outside == OUTPUT_SENTINEL), "an output was written outside its view"
 
 
-PARAMS = [pytest.param(backend, name, dtype, id=f"{backend.id}-{name}-{dtype}")
-          for backend in BACKENDS for name in ARRANGEMENTS for dtype in DTYPES]
+PARAMS = [
+    pytest.param(backend, name, dtype, id=f"{backend.id}-{name}-{dtype}")
+    for backend in BACKENDS
+    for name in ARRANGEMENTS
+    for dtype in DTYPES
+]
 
 
 @pytest.mark.parametrize("backend, arrangement_name, dtype", PARAMS)
 def test_layout_forward_and_backward(backend, arrangement_name, dtype):
     arrangement = ARRANGEMENTS[arrangement_name]
-    case = Case(33, 40, 33, 8, query_heads=4, kv_heads=2, batch=2, dtype=dtype,
-                **CASE_OPTIONS[dtype])
+    case = Case(
+        33, 40, 33, 8, query_heads=4, kv_heads=2, batch=2, dtype=dtype, **CASE_OPTIONS[dtype]
+    )
     rng = case.rng()
     q, k, v = case.inputs(rng)
     dout = case.output_gradient(rng)
@@ -104,8 +108,9 @@ def test_layout_forward_and_backward(backend, arrangement_name, dtype):
         k, v = (np.broadcast_to(x[:1], x.shape) for x in (k, v))
         inputs[1:] = k, v
     out_view, out_buffer, out_index = output_slot(dout.shape, q.dtype, arrangement)
-    out, lse = mfa_native.attention(*inputs, **case.options, layout=layout, return_lse=True,
-                                    out=out_view, backend=context)
+    out, lse = mfa_native.attention(
+        *inputs, **case.options, layout=layout, return_lse=True, out=out_view, backend=context
+    )
     if out_view is not None:
         assert out is out_view
         assert_only_view_written(out_buffer, out_index)
@@ -114,9 +119,17 @@ def test_layout_forward_and_backward(backend, arrangement_name, dtype):
 
     gradient_slots = [output_slot(x.shape, q.dtype, arrangement) for x in (q, k, v)]
     gradients = mfa_native.attention_backward(
-        place_input(dout, arrangement), *inputs, out, lse, **case.options, layout=layout,
-        dq=gradient_slots[0][0], dk=gradient_slots[1][0], dv=gradient_slots[2][0],
-        backend=context)
+        place_input(dout, arrangement),
+        *inputs,
+        out,
+        lse,
+        **case.options,
+        layout=layout,
+        dq=gradient_slots[0][0],
+        dk=gradient_slots[1][0],
+        dv=gradient_slots[2][0],
+        backend=context,
+    )
     for gradient, (view, buffer, index) in zip(gradients, gradient_slots):
         if view is not None:
             assert gradient is view

@@ -2,14 +2,16 @@
 arithmetic computes exactly (or nearly, for the backward), so that the rounding that matters
 is the store's."""
 
+import mfa_native
 import numpy as np
 import pytest
-
-import mfa_native
 from _backends import BACKENDS, DTYPES
 
-PARAMS = [pytest.param(backend, dtype, id=f"{backend.id}-{dtype}")
-          for backend in BACKENDS for dtype in ("f16", "bf16")]
+PARAMS = [
+    pytest.param(backend, dtype, id=f"{backend.id}-{dtype}")
+    for backend in BACKENDS
+    for dtype in ("f16", "bf16")
+]
 
 
 def ties(exact, dtype):
@@ -40,11 +42,13 @@ def test_low_precision_stores_round_to_nearest_even(backend, dtype_name):
 
     context = backend.context()
     out, lse = mfa_native.attention(q, k, v, return_lse=True, backend=context)
-    np.testing.assert_array_equal(out.astype(np.float64),
-                                  exact_out.astype(dtype).astype(np.float64))
+    np.testing.assert_array_equal(
+        out.astype(np.float64), exact_out.astype(dtype).astype(np.float64)
+    )
     _, _, dv = mfa_native.attention_backward(dout, q, k, v, out, lse, backend=context)
     # The backward recomputes P from the stored fp32 lse, 1/4 only to within ~1e-7, which may
     # tip a tie either way but no other value past a midpoint (>= 1e-3 away).
     not_tie = ~ties(exact_dv, dtype)
-    np.testing.assert_array_equal(dv.astype(np.float64)[not_tie],
-                                  exact_dv.astype(dtype).astype(np.float64)[not_tie])
+    np.testing.assert_array_equal(
+        dv.astype(np.float64)[not_tie], exact_dv.astype(dtype).astype(np.float64)[not_tie]
+    )

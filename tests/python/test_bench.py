@@ -9,10 +9,9 @@ import sys
 import types
 from argparse import Namespace
 
+import mfa_native
 import numpy as np
 import pytest
-
-import mfa_native
 from mfa_native import MFAError, bench
 
 _BACKENDS = [name for name in ("cpu", "metal-sim") if name in mfa_native.available_backends()]
@@ -21,10 +20,34 @@ _BACKENDS = [name for name in ("cpu", "metal-sim") if name in mfa_native.availab
 def _run_bench(tmp_path, *arguments):
     path = tmp_path / "out.json"
     result = subprocess.run(
-        [sys.executable, "-m", "mfa_native", "bench", "--seq", "64", "--head-dims", "8",
-         "--window", "16,0", "--repeats", "1", "--no-gemm", "--no-memory-check",
-         "--peers", "mfa", "numpy", "--dtypes", "f32", "--json", str(path), *arguments],
-        capture_output=True, text=True, timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "mfa_native",
+            "bench",
+            "--seq",
+            "64",
+            "--head-dims",
+            "8",
+            "--window",
+            "16,0",
+            "--repeats",
+            "1",
+            "--no-gemm",
+            "--no-memory-check",
+            "--peers",
+            "mfa",
+            "numpy",
+            "--dtypes",
+            "f32",
+            "--json",
+            str(path),
+            *arguments,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout, json.loads(path.read_text())
 
@@ -35,7 +58,9 @@ def test_runs_end_to_end_and_agrees_with_numpy(tmp_path, backend):
     assert document["backend"] == backend
     assert [(row["config_label"], row["pass"]) for row in document["rows"]] == [
         (f"f32 B1 H8 N64 D8 {mask}", which)
-        for mask in ("full", "causal", "full window16,0") for which in ("fwd", "fwd+bwd")]
+        for mask in ("full", "causal", "full window16,0")
+        for which in ("fwd", "fwd+bwd")
+    ]
     for row in document["rows"]:
         mfa, numpy = row["results"]["mfa"], row["results"]["numpy"]
         assert mfa["ms"] > 0 and mfa["gflops"] > 0 and mfa["ginstrs"] > 0
@@ -54,13 +79,17 @@ def test_a_backend_that_cannot_run_here_is_a_clear_error(capsys):
 
 # ---- Counting work --------------------------------------------------------------------------
 
-@pytest.mark.parametrize("causal, window, pairs", [
-    (False, None, 16),       # N^2
-    (True, None, 10),        # 1 + 2 + 3 + 4
-    (False, (1, 0), 7),      # 1 + 2 + 2 + 2
-    (False, (1, 1), 10),     # 2 + 3 + 3 + 2
-    (True, (2, -1), 9),      # 1 + 2 + 3 + 3: a negative side is unbounded
-])
+
+@pytest.mark.parametrize(
+    "causal, window, pairs",
+    [
+        (False, None, 16),  # N^2
+        (True, None, 10),  # 1 + 2 + 3 + 4
+        (False, (1, 0), 7),  # 1 + 2 + 2 + 2
+        (False, (1, 1), 10),  # 2 + 3 + 3 + 2
+        (True, (2, -1), 9),  # 1 + 2 + 3 + 3: a negative side is unbounded
+    ],
+)
 def test_visible_pairs_are_counted_exactly(causal, window, pairs):
     assert bench.Config(2, 3, 4, 8, "f32", causal, window).visible_pairs() == pairs
 
@@ -77,6 +106,7 @@ def test_flops_and_instructions_follow_the_documented_formulas():
 
 
 # ---- Defaults per backend -------------------------------------------------------------------
+
 
 def _defaults(backend, *argv):
     arguments = bench._parser().parse_args(list(argv))
@@ -103,20 +133,19 @@ def test_quick_trims_and_explicit_options_win():
     quick = _defaults("cpu", "--quick")
     assert (quick.seq, quick.head_dims, quick.repeats) == ([1024, 2048], [64], 3)
     assert not quick.memory_check
-    given = _defaults("metal", "--quick", "--seq", "32", "--repeats", "7", "--window",
-                      "--no-gemm")
+    given = _defaults("metal", "--quick", "--seq", "32", "--repeats", "7", "--window", "--no-gemm")
     assert (given.seq, given.repeats, given.window, given.gemm) == ([32], 7, [], False)
     assert given.head_dims == [64] and given.dispatches == 5
 
 
 # ---- Peers ----------------------------------------------------------------------------------
 
+
 class _FakePeer(bench.Peer):
     """Returns a fixed result; optionally records GPU time, raises (when run or when prepared)
     or skips."""
 
-    def __init__(self, name, result=None, gpu_step=None, error=None, skip=None,
-                 prepare_error=None):
+    def __init__(self, name, result=None, gpu_step=None, error=None, skip=None, prepare_error=None):
         self.name, self.result, self.error, self.skip = name, result, error, skip
         self.prepare_error = prepare_error
         self.gpu_step = gpu_step
@@ -202,8 +231,10 @@ def test_mfa_gpu_time_adds_forward_and_backward(monkeypatch):
     monkeypatch.setattr(mfa_native.Context, "backend", property(lambda self: "metal"))
     monkeypatch.setattr(mfa_native.Context, "last_gpu_time", lambda self: 0.25)
     peer = bench.MfaPeer("cpu", 1)
-    functions = peer.prepare(bench.Config(1, 1, 8, 8, "f32", False),
-                             *bench._inputs(bench.Config(1, 1, 8, 8, "f32", False)))
+    functions = peer.prepare(
+        bench.Config(1, 1, 8, 8, "f32", False),
+        *bench._inputs(bench.Config(1, 1, 8, 8, "f32", False)),
+    )
     assert peer.gpu_seconds() == 0.0
     functions["fwd"]()
     assert peer.gpu_seconds() == 0.25
@@ -230,18 +261,29 @@ def test_last_gpu_time_of_a_closed_context_raises():
 def _fake_torch(mps_available):
     synchronize = types.SimpleNamespace(synchronize=lambda: None)
     return types.SimpleNamespace(
-        __version__="0.fake", set_num_threads=lambda count: None, cpu=synchronize,
-        mps=synchronize, backends=types.SimpleNamespace(
-            mps=types.SimpleNamespace(is_available=lambda: mps_available)))
+        __version__="0.fake",
+        set_num_threads=lambda count: None,
+        cpu=synchronize,
+        mps=synchronize,
+        backends=types.SimpleNamespace(
+            mps=types.SimpleNamespace(is_available=lambda: mps_available)
+        ),
+    )
 
 
 def _fake_mlx():
-    return types.SimpleNamespace(__version__="0.fake", float32="f32", float16="f16",
-                                 bfloat16="bf16", default_device=lambda: "gpu")
+    return types.SimpleNamespace(
+        __version__="0.fake",
+        float32="f32",
+        float16="f16",
+        bfloat16="bf16",
+        default_device=lambda: "gpu",
+    )
 
 
-@pytest.mark.parametrize("backend, device", [("metal", "mps"), ("cpu", "cpu"),
-                                             ("metal-sim", "cpu")])
+@pytest.mark.parametrize(
+    "backend, device", [("metal", "mps"), ("cpu", "cpu"), ("metal-sim", "cpu")]
+)
 def test_torch_runs_on_the_gpu_beside_metal_only(monkeypatch, backend, device):
     modules = {"torch": _fake_torch(True), "mlx.core": _fake_mlx()}
     monkeypatch.setattr(bench, "_optional_module", modules.get)
@@ -266,21 +308,31 @@ def test_torch_on_mps_skips_scores_of_4_gib():
     peer = bench.TorchPeer(_fake_torch(True), "mps", 1)
     assert peer.skip_reason(bench.Config(1, 8, 8192, 64, "f16", False)) is None
     assert "4 GiB" in peer.skip_reason(bench.Config(1, 8, 16384, 64, "f16", False))
-    assert bench.TorchPeer(_fake_torch(True), "cpu", 1).skip_reason(
-        bench.Config(1, 8, 16384, 64, "f16", False)) is None
+    assert (
+        bench.TorchPeer(_fake_torch(True), "cpu", 1).skip_reason(
+            bench.Config(1, 8, 16384, 64, "f16", False)
+        )
+        is None
+    )
 
 
-@pytest.mark.parametrize("module, make_peer", [
-    ("mlx.core", lambda module: bench.MlxPeer(module)),
-    ("torch", lambda module: bench.TorchPeer(module, "cpu", 1)),
-])
+@pytest.mark.parametrize(
+    "module, make_peer",
+    [
+        ("mlx.core", lambda module: bench.MlxPeer(module)),
+        ("torch", lambda module: bench.TorchPeer(module, "cpu", 1)),
+    ],
+)
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
 def test_installed_peers_agree_with_mfa(module, make_peer, dtype):
     # Where MLX or torch is installed (on Linux: their CPU builds), their code paths run for real.
     peer = make_peer(pytest.importorskip(module))
     configs = [bench.Config(1, 2, 32, 16, dtype, causal) for causal in (False, True)]
-    rows = _run(configs, [bench.MfaPeer("cpu", 1), peer],
-                _arguments(passes=["fwd", "fwd+bwd"], repeats=1, dispatches=1))
+    rows = _run(
+        configs,
+        [bench.MfaPeer("cpu", 1), peer],
+        _arguments(passes=["fwd", "fwd+bwd"], repeats=1, dispatches=1),
+    )
     for row in rows:
         result = row["results"][peer.name]
         assert not result["disagrees"], (row["config_label"], row["pass"], result)
@@ -292,8 +344,10 @@ def test_the_docstring_table_shows_the_defaults():
         backend = line.split(" ", 1)[0]
         if backend in bench._DEFAULTS:
             # Columns: backend, N, D, dtypes, repeats, dispatches, peers (at fixed offsets).
-            cells = [line[start:end].split() for start, end in
-                     ((10, 37), (37, 48), (48, 63), (63, 71), (71, 82), (82, None))]
+            cells = [
+                line[start:end].split()
+                for start, end in ((10, 37), (37, 48), (48, 63), (63, 71), (71, 82), (82, None))
+            ]
             table[backend] = cells
     assert set(table) == set(bench._DEFAULTS)
     for backend, defaults in bench._DEFAULTS.items():

@@ -16,9 +16,8 @@ from pathlib import Path
 import cffi
 import pycparser
 import pytest
-from pycparser import c_ast, c_generator
-
 from mfa_native import _library
+from pycparser import c_ast, c_generator
 
 # Standard typedefs the header uses; pycparser only needs to know they name types.
 _STANDARD_TYPEDEFS = ("size_t", "ptrdiff_t", "intptr_t", "uintptr_t") + tuple(
@@ -39,8 +38,11 @@ def _function_declarations(cdef):
     declarations = "\n".join(line for line in cdef.splitlines() if not line.startswith("#"))
     prelude = "".join(f"typedef int {name};\n" for name in _STANDARD_TYPEDEFS)
     tree = pycparser.CParser().parse(prelude + declarations, "cdef")
-    return [node for node in tree.ext
-            if isinstance(node, c_ast.Decl) and isinstance(node.type, c_ast.FuncDecl)]
+    return [
+        node
+        for node in tree.ext
+        if isinstance(node, c_ast.Decl) and isinstance(node.type, c_ast.FuncDecl)
+    ]
 
 
 def _pointer_check(declaration):
@@ -52,9 +54,16 @@ def _pointer_check(declaration):
         innermost = innermost.type
     name = declaration.name
     innermost.declname = f"chk_{name}"
-    pointer = c_ast.Decl(f"chk_{name}", [], [], ["static"], [],
-                         c_ast.PtrDecl(["const"], function_type),
-                         c_ast.UnaryOp("&", c_ast.ID(name)), None)
+    pointer = c_ast.Decl(
+        f"chk_{name}",
+        [],
+        [],
+        ["static"],
+        [],
+        c_ast.PtrDecl(["const"], function_type),
+        c_ast.UnaryOp("&", c_ast.ID(name)),
+        None,
+    )
     return "__attribute__((unused)) " + c_generator.CGenerator().visit(pointer) + ";"
 
 
@@ -71,19 +80,26 @@ def _check_source(cdef):
         c_type = ffi.typeof(f"struct {struct}")
         if c_type.fields is None:
             continue  # opaque, such as mfa_context
-        lines.append(f"_Static_assert(sizeof(struct {struct}) == {ffi.sizeof(c_type)} && "
-                     f"_Alignof(struct {struct}) == {ffi.alignof(c_type)}, "
-                     f'"size of struct {struct}");')
+        lines.append(
+            f"_Static_assert(sizeof(struct {struct}) == {ffi.sizeof(c_type)} && "
+            f"_Alignof(struct {struct}) == {ffi.alignof(c_type)}, "
+            f'"size of struct {struct}");'
+        )
         for field, _ in c_type.fields:
-            lines.append(f"_Static_assert(offsetof(struct {struct}, {field}) == "
-                         f'{ffi.offsetof(c_type, field)}, "offset of {struct}.{field}");')
+            lines.append(
+                f"_Static_assert(offsetof(struct {struct}, {field}) == "
+                f'{ffi.offsetof(c_type, field)}, "offset of {struct}.{field}");'
+            )
     for typedef in typedef_names:
         c_type = ffi.typeof(typedef)
         if c_type.kind == "enum":
-            lines.append(f"_Static_assert(sizeof({typedef}) == {ffi.sizeof(c_type)}, "
-                         f'"size of {typedef}");')
-            lines += [f'_Static_assert({name} == {value}, "value of {name}");'
-                      for name, value in c_type.relements.items()]
+            lines.append(
+                f'_Static_assert(sizeof({typedef}) == {ffi.sizeof(c_type)}, "size of {typedef}");'
+            )
+            lines += [
+                f'_Static_assert({name} == {value}, "value of {name}");'
+                for name, value in c_type.relements.items()
+            ]
     for name in re.findall(r"^#define (\w+) ", cdef, re.MULTILINE):
         lines.append(f'_Static_assert({name} == {getattr(constants, name)}, "value of {name}");')
     return "\n".join(lines) + "\n"
@@ -93,9 +109,18 @@ def _compile(source, tmp_path):
     path = tmp_path / "cdef_check.c"
     path.write_text(source)
     return subprocess.run(
-        [_compiler(), "-std=c11", "-Wall", "-Wextra", "-Werror", "-fsyntax-only",
-         f"-I{_library.header_path.parent}", str(path)],
-        capture_output=True, text=True,
+        [
+            _compiler(),
+            "-std=c11",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-fsyntax-only",
+            f"-I{_library.header_path.parent}",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
     )
 
 
@@ -117,8 +142,10 @@ def test_every_declaration_matches_the_compiled_header(cdef, tmp_path):
 # Each mutation changes one declaration the way a stale copy of the header would.
 _MUTATIONS = {
     "parameter width": (r"void\* mfa_alloc\(size_t bytes\)", "void* mfa_alloc(uint32_t bytes)"),
-    "dropped const": (r"mfa_context_backend\(const mfa_context\* ctx\)",
-                      "mfa_context_backend(mfa_context* ctx)"),
+    "dropped const": (
+        r"mfa_context_backend\(const mfa_context\* ctx\)",
+        "mfa_context_backend(mfa_context* ctx)",
+    ),
     "return type": (r"unsigned mfa_version_number\(void\)", "int mfa_version_number(void)"),
     "arity": (r"void mfa_free\(void\* ptr\)", "void mfa_free(void* ptr, size_t bytes)"),
     "struct field width": (r"int32_t causal;", "int64_t causal;"),
@@ -142,13 +169,22 @@ def test_every_declared_function_is_exported(cdef):
     assert not missing, f"declared in mfa.h but not exported by {_library.library_path}"
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux") or not shutil.which("nm"),
-                    reason="reads the ELF dynamic symbol table with nm")
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or not shutil.which("nm"),
+    reason="reads the ELF dynamic symbol table with nm",
+)
 def test_every_exported_function_is_declared(cdef):
-    listing = subprocess.run(["nm", "-D", "--defined-only", str(_library.library_path)],
-                             capture_output=True, text=True, check=True).stdout
-    exported = {fields[-1] for fields in map(str.split, listing.splitlines())
-                if len(fields) == 3 and fields[1] in "TW" and fields[2].startswith("mfa_")}
+    listing = subprocess.run(
+        ["nm", "-D", "--defined-only", str(_library.library_path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    exported = {
+        fields[-1]
+        for fields in map(str.split, listing.splitlines())
+        if len(fields) == 3 and fields[1] in "TW" and fields[2].startswith("mfa_")
+    }
     declared = {declaration.name for declaration in _function_declarations(cdef)}
     assert exported, "nm found no mfa_ functions: the listing was not understood"
     assert exported == declared
@@ -157,7 +193,8 @@ def test_every_exported_function_is_declared(cdef):
 @pytest.mark.skipif(not _REPOSITORY_HEADER.is_file(), reason="not run from a source tree")
 def test_installed_header_is_the_repository_header():
     assert _library.header_path.read_bytes() == _REPOSITORY_HEADER.read_bytes(), (
-        f"{_library.header_path} differs from {_REPOSITORY_HEADER}: reinstall mfa_native")
+        f"{_library.header_path} differs from {_REPOSITORY_HEADER}: reinstall mfa_native"
+    )
 
 
 def test_header_parsing_rejects_what_it_cannot_bind():
@@ -167,5 +204,6 @@ def test_header_parsing_rejects_what_it_cannot_bind():
         _library.cdef_from_header("#ifdef X\n#else\n#endif\n")
     kept = _library.cdef_from_header(
         '#ifndef G\n#define G\n#define MFA_A 0x10 /* note */\n#ifdef __cplusplus\nextern "C" {\n'
-        "#endif\nint f(void);\n#ifdef __cplusplus\n}\n#endif\n#endif\n")
+        "#endif\nint f(void);\n#ifdef __cplusplus\n}\n#endif\n#endif\n"
+    )
     assert kept.split("\n") == ["#define MFA_A 0x10", "int f(void);", ""]

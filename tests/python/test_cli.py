@@ -6,24 +6,28 @@ import subprocess
 import sys
 import types
 
+import mfa_native
 import numpy as np
 import pytest
-
-import mfa_native
 from mfa_native.__main__ import main
 
 
 def _run(*arguments):
-    return subprocess.run([sys.executable, "-m", "mfa_native", *arguments],
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "mfa_native", *arguments],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_info_prints_version_and_backends():
     result = _run("info")
     assert result.returncode == 0, result.stderr
     assert re.search(rf"^version\s+{re.escape(mfa_native.__version__)}$", result.stdout, re.M)
-    assert re.search(rf"^backends\s+{', '.join(mfa_native.available_backends())}$",
-                     result.stdout, re.M)
+    assert re.search(
+        rf"^backends\s+{', '.join(mfa_native.available_backends())}$", result.stdout, re.M
+    )
 
 
 def test_info_json_is_info():
@@ -40,8 +44,9 @@ def test_demo_small_passes_and_reports_time_memory_and_errors(backend, options):
     assert "B=1 H=2 N=128 D=32 float32" in result.stdout
     assert f"backend {backend} (" in result.stdout
     for label in ("mfa forward", "naive forward", "mfa backward", "naive backward"):
-        assert re.search(rf"^{label}\s+\d+\.\d+s\s+[\d.]+ MiB\s+([\d.]+ MiB|n/a)$",
-                         result.stdout, re.M), label
+        assert re.search(
+            rf"^{label}\s+\d+\.\d+s\s+[\d.]+ MiB\s+([\d.]+ MiB|n/a)$", result.stdout, re.M
+        ), label
     errors = re.findall(r"^max abs error (\w+)\s+(\S+)\s+\(tolerance (\S+)\)$", result.stdout, re.M)
     assert [name for name, _, _ in errors] == ["out", "lse", "dq", "dk", "dv"]
     assert all(float(error) <= float(bound) for _, error, bound in errors)
@@ -61,6 +66,7 @@ def test_demo_fails_when_results_are_out_of_tolerance(monkeypatch, capsys):
         out, lse = exact(*args, return_lse=True, **kwargs)
         out += np.float32(1e-2)
         return (out, lse) if return_lse else out
+
     monkeypatch.setattr(mfa_native, "attention", off_by_a_little)
     assert main(["demo", "--size", "small", "--backend", "cpu"]) == 1
     printed = capsys.readouterr().out
@@ -103,6 +109,9 @@ def test_missing_bench_is_a_clear_error(monkeypatch, capsys):
 def test_importing_the_package_does_not_import_bench():
     result = subprocess.run(
         [sys.executable, "-c", "import sys, mfa_native; print('mfa_native.bench' in sys.modules)"],
-        capture_output=True, text=True, timeout=60)
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"

@@ -17,34 +17,46 @@ import numpy as np
 import pytest
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
-
 import mfa_native  # noqa: E402
 import reference  # noqa: E402
 from _backends import DTYPES, UNIT_ROUNDOFF  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
 EXAMPLES = int(os.environ.get("MFA_HYPOTHESIS_EXAMPLES", "40"))
 # Derandomized and without an example database: the same examples on every run, and no
 # .hypothesis directory left in the checkout.
-SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+SETTINGS = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 BACKENDS = mfa_native.available_backends()
 
 
 # ---- The float64 reference and the error bound ----------------------------------------------
 
+
 def expected(q, k, v, dout, *, causal, alignment, window, scale):
     """{name: (value, magnitude)} for out, lse, dq, dk, dv in float64, from [B, H, N, D] arrays,
     the scale rounded to float32 as the API rounds it."""
-    options = {"causal": causal, "causal_alignment": alignment, "window": window,
-               "scale": None if scale is None else float(np.float32(scale))}
+    options = {
+        "causal": causal,
+        "causal_alignment": alignment,
+        "window": window,
+        "scale": None if scale is None else float(np.float32(scale)),
+    }
     out, lse = reference.attention_forward(q, k, v, **options)
     out_magnitude, _ = reference.forward_magnitudes(q, k, v, **options)
     gradients = reference.attention_backward(dout, q, k, v, **options)
     magnitudes = reference.gradient_magnitudes(dout, q, k, v, **options)
-    return {"out": (out, out_magnitude),
-            "lse": (lse, 1 + np.abs(np.where(np.isfinite(lse), lse, 0))),
-            **dict(zip(("dq", "dk", "dv"), zip(gradients, magnitudes)))}
+    return {
+        "out": (out, out_magnitude),
+        "lse": (lse, 1 + np.abs(np.where(np.isfinite(lse), lse, 0))),
+        **dict(zip(("dq", "dk", "dv"), zip(gradients, magnitudes))),
+    }
 
 
 def assert_close(name, got, want, dtype, magnitude, terms):
@@ -60,11 +72,14 @@ def assert_close(name, got, want, dtype, magnitude, terms):
     allowed = 4 * UNIT_ROUNDOFF[dtype] * largest + per_magnitude * magnitude
     excess = np.where(finite, np.abs(got - np.where(finite, want, 0)) - allowed, -np.inf)
     worst = np.unravel_index(np.argmax(excess), excess.shape)
-    assert excess[worst] <= 0, (f"{name}{worst}: got {got[worst]!r}, reference {want[worst]!r}, "
-                                f"allowed error {np.broadcast_to(allowed, want.shape)[worst]:.3g}")
+    assert excess[worst] <= 0, (
+        f"{name}{worst}: got {got[worst]!r}, reference {want[worst]!r}, "
+        f"allowed error {np.broadcast_to(allowed, want.shape)[worst]:.3g}"
+    )
 
 
 # ---- Drawing problems -----------------------------------------------------------------------
+
 
 @st.composite
 def problems(draw):
@@ -99,7 +114,7 @@ def make_array(rng, problem, heads, length, dim):
     """A [B, H, N, D] array in the problem's dtype, returned as the view the API gets: in its
     layout and rank, every `step`-th sequence position of a larger buffer, maybe reversed."""
     base = rng.uniform(-1, 1, (problem["batch"], heads, length * problem["step"], dim))
-    logical = base.astype(DTYPES[problem["dtype"]])[:, :, ::problem["step"]]
+    logical = base.astype(DTYPES[problem["dtype"]])[:, :, :: problem["step"]]
     if problem["reverse"]:
         logical = logical[:, :, ::-1]
     return logical, to_api(logical, problem)
@@ -118,9 +133,14 @@ def from_api(array, problem):
 
 
 def options(problem):
-    return {"causal": problem["causal"], "causal_alignment": problem["alignment"],
-            "window": problem["window"], "scale": problem["scale"], "layout": problem["layout"],
-            "backend": problem["backend"]}
+    return {
+        "causal": problem["causal"],
+        "causal_alignment": problem["alignment"],
+        "window": problem["window"],
+        "scale": problem["scale"],
+        "layout": problem["layout"],
+        "backend": problem["backend"],
+    }
 
 
 def inputs(problem):
@@ -134,6 +154,7 @@ def inputs(problem):
 
 # ---- Valid calls ----------------------------------------------------------------------------
 
+
 @pytest.mark.skipif(not BACKENDS, reason="no backend available")
 @SETTINGS
 @given(problems())
@@ -141,23 +162,39 @@ def test_valid_calls_match_the_reference(problem):
     (q, q_api), (k, k_api), (v, v_api), (dout, dout_api) = inputs(problem)
     before = [x.copy() for x in (q_api, k_api, v_api, dout_api)]
     out, lse = mfa_native.attention(q_api, k_api, v_api, return_lse=True, **options(problem))
-    dq, dk, dv = mfa_native.attention_backward(dout_api, q_api, k_api, v_api, out, lse,
-                                               **options(problem))
+    dq, dk, dv = mfa_native.attention_backward(
+        dout_api, q_api, k_api, v_api, out, lse, **options(problem)
+    )
     for given_array, copy in zip((q_api, k_api, v_api, dout_api), before):
         assert np.array_equal(given_array.view(np.uint8), copy.view(np.uint8)), "an input changed"
 
-    want = expected(q, k, v, dout, causal=problem["causal"], alignment=problem["alignment"],
-                    window=problem["window"], scale=problem["scale"])
+    want = expected(
+        q,
+        k,
+        v,
+        dout,
+        causal=problem["causal"],
+        alignment=problem["alignment"],
+        window=problem["window"],
+        scale=problem["scale"],
+    )
     terms = problem["nk"] + problem["d"] + problem["dv"] + problem["nq"] * 3
     lse4 = lse[None] if problem["rank3"] else lse
-    got = {"out": from_api(out, problem), "lse": lse4, "dq": from_api(dq, problem),
-           "dk": from_api(dk, problem), "dv": from_api(dv, problem)}
+    got = {
+        "out": from_api(out, problem),
+        "lse": lse4,
+        "dq": from_api(dq, problem),
+        "dk": from_api(dk, problem),
+        "dv": from_api(dv, problem),
+    }
     for name, (value, magnitude) in want.items():
-        assert_close(name, got[name], value, "f32" if name == "lse" else problem["dtype"],
-                     magnitude, terms)
+        assert_close(
+            name, got[name], value, "f32" if name == "lse" else problem["dtype"], magnitude, terms
+        )
 
 
 # ---- Invalid calls --------------------------------------------------------------------------
+
 
 def breakages(problem, q, k, v):
     """(description, keyword changes to attention(), exception types, text the message names)."""
@@ -191,8 +228,9 @@ def test_invalid_calls_raise_and_write_nothing(problem, data):
     arguments = {"q": q, "k": k, "v": v, **options(problem), "out": out}
     arguments.update(change)
     with pytest.raises(errors) as raised:
-        mfa_native.attention(arguments.pop("q"), arguments.pop("k"), arguments.pop("v"),
-                             **arguments)
+        mfa_native.attention(
+            arguments.pop("q"), arguments.pop("k"), arguments.pop("v"), **arguments
+        )
     message = str(raised.value)
     assert message, f"{description}: empty message"
     assert names in message, f"{description}: message {message!r} does not name {names!r}"
@@ -209,10 +247,10 @@ def test_out_overlapping_an_input_is_refused(problem, victim):
     # out carved from the same memory as the input: a flat buffer holding both.
     needed = int(np.prod(shape)) + arrays[victim].size
     buffer = np.zeros(needed, DTYPES[problem["dtype"]])
-    shared = buffer[:arrays[victim].size].reshape(arrays[victim].shape)
+    shared = buffer[: arrays[victim].size].reshape(arrays[victim].shape)
     shared[...] = arrays[victim]
     arrays[victim] = shared
-    out = buffer[:int(np.prod(shape))].reshape(shape)
+    out = buffer[: int(np.prod(shape))].reshape(shape)
     snapshot = buffer.copy()
     with pytest.raises((ValueError, mfa_native.MFAError)) as raised:
         mfa_native.attention(arrays["q"], arrays["k"], arrays["v"], out=out, **options(problem))
@@ -229,8 +267,14 @@ def backward_breakages(problem, dout, lse, dq, dk, dv, v):
         ("lse in float64", {"lse": lse.astype(np.float64)}, (TypeError,), "lse"),
         ("lse one row short", {"lse": lse[..., :-1]}, (ValueError,), "lse"),
         ("dout of another dtype", {"dout": dout.astype(other)}, (TypeError,), "dout"),
-        ("dq shaped like dk", {"dq": np.zeros_like(dk)} if dk.shape != dq.shape else
-         {"dq": np.zeros(dq.shape[:-1] + (dq.shape[-1] + 1,), dq.dtype)}, (ValueError,), "dq"),
+        (
+            "dq shaped like dk",
+            {"dq": np.zeros_like(dk)}
+            if dk.shape != dq.shape
+            else {"dq": np.zeros(dq.shape[:-1] + (dq.shape[-1] + 1,), dq.dtype)},
+            (ValueError,),
+            "dq",
+        ),
         ("dk read-only", {"dk": read_only}, (ValueError,), "dk"),
         ("dv is v", {"dv": v}, (ValueError, mfa_native.MFAError), "overlap"),
     ]
@@ -245,9 +289,20 @@ def test_invalid_backward_calls_raise_and_write_nothing(problem, data):
     dq, dk, dv = (np.full_like(x, 7) for x in (q, k, v))
     v_before = v.copy()
     description, change, errors, names = data.draw(
-        st.sampled_from(backward_breakages(problem, dout, lse, dq, dk, dv, v)))
-    arguments = {"dout": dout, "q": q, "k": k, "v": v, "out": out, "lse": lse, "dq": dq,
-                 "dk": dk, "dv": dv, **options(problem)}
+        st.sampled_from(backward_breakages(problem, dout, lse, dq, dk, dv, v))
+    )
+    arguments = {
+        "dout": dout,
+        "q": q,
+        "k": k,
+        "v": v,
+        "out": out,
+        "lse": lse,
+        "dq": dq,
+        "dk": dk,
+        "dv": dv,
+        **options(problem),
+    }
     arguments.update(change)
     positional = [arguments.pop(name) for name in ("dout", "q", "k", "v", "out", "lse")]
     with pytest.raises(errors) as raised:

@@ -4,7 +4,6 @@ import builtins
 
 import numpy as np
 import pytest
-
 from mfa_native import _measure, bench
 
 # 64 MiB: above glibc's largest mmap threshold (32 MiB), so the array is always fresh memory
@@ -28,6 +27,7 @@ def test_without_proc_there_is_no_resident_rise_and_the_benchmark_skips_its_call
         if str(path).startswith("/proc/"):
             raise FileNotFoundError(path)
         return builtins.open(path, *args, **kwargs)
+
     monkeypatch.setattr(_measure, "open", open_without_proc, raising=False)
 
     result, cost = _measure.measure(lambda: np.ones(4))

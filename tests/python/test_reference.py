@@ -6,12 +6,12 @@ import math
 
 import numpy as np
 import pytest
-
 import reference
 
 
-def brute_force_attention(q, k, v, *, causal=False, causal_alignment="bottom_right", window=None,
-                          scale=None):
+def brute_force_attention(
+    q, k, v, *, causal=False, causal_alignment="bottom_right", window=None, scale=None
+):
     """Attention one output element at a time, with the visible keys of each row taken as the
     range [first, last] rather than as a boolean mask."""
     batch, num_query_heads, num_queries, head_dim = q.shape
@@ -40,15 +40,22 @@ def brute_force_attention(q, k, v, *, causal=False, causal_alignment="bottom_rig
                 keys = range(first, last + 1)
                 if not keys:
                     continue
-                scores = [scale * math.fsum(float(q[b, h, i, d]) * float(k[b, kv_head, j, d])
-                                            for d in range(head_dim)) for j in keys]
+                scores = [
+                    scale
+                    * math.fsum(
+                        float(q[b, h, i, d]) * float(k[b, kv_head, j, d]) for d in range(head_dim)
+                    )
+                    for j in keys
+                ]
                 largest = max(scores)
                 weights = [math.exp(s - largest) for s in scores]
                 total = math.fsum(weights)
                 lse[b, h, i] = largest + math.log(total)
                 for e in range(value_dim):
-                    out[b, h, i, e] = math.fsum(
-                        w * float(v[b, kv_head, j, e]) for w, j in zip(weights, keys)) / total
+                    out[b, h, i, e] = (
+                        math.fsum(w * float(v[b, kv_head, j, e]) for w, j in zip(weights, keys))
+                        / total
+                    )
     return out, lse
 
 
@@ -67,12 +74,15 @@ SMALL_CASES = [
     (1, 2, 2, 4, 4, 5, 2, {"scale": 1.7, "window": (-1, 2)}),
     (2, 4, 1, 3, 3, 2, 3, {"scale": -0.4, "causal": True}),
 ]
-SMALL_IDS = [f"{b}x{hq}/{hkv}x{nq}x{nk}x{d}x{dv}-{sorted(o.items())}"
-             for b, hq, hkv, nq, nk, d, dv, o in SMALL_CASES]
+SMALL_IDS = [
+    f"{b}x{hq}/{hkv}x{nq}x{nk}x{d}x{dv}-{sorted(o.items())}"
+    for b, hq, hkv, nq, nk, d, dv, o in SMALL_CASES
+]
 
 
-def small_inputs(seed, batch, num_query_heads, num_kv_heads, num_queries, num_keys, head_dim,
-                 value_dim):
+def small_inputs(
+    seed, batch, num_query_heads, num_kv_heads, num_queries, num_keys, head_dim, value_dim
+):
     rng = np.random.default_rng(seed)
     q = rng.standard_normal((batch, num_query_heads, num_queries, head_dim))
     k = rng.standard_normal((batch, num_kv_heads, num_keys, head_dim))
@@ -85,22 +95,28 @@ def test_visible_keys_follow_the_header_examples():
     # Derived by hand from mfa.h: bottom-right gives row i the position i + Nk - Nq.
     square_causal = [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
     np.testing.assert_array_equal(reference.visible_keys(3, 3, causal=True), square_causal)
-    np.testing.assert_array_equal(reference.visible_keys(2, 4, causal=True),
-                                  [[1, 1, 1, 0], [1, 1, 1, 1]])
+    np.testing.assert_array_equal(
+        reference.visible_keys(2, 4, causal=True), [[1, 1, 1, 0], [1, 1, 1, 1]]
+    )
     np.testing.assert_array_equal(
         reference.visible_keys(2, 4, causal=True, causal_alignment="top_left"),
-        [[1, 0, 0, 0], [1, 1, 0, 0]])
+        [[1, 0, 0, 0], [1, 1, 0, 0]],
+    )
     # More queries than keys, bottom-right: the first Nq - Nk rows see nothing.
-    np.testing.assert_array_equal(reference.visible_keys(4, 2, causal=True),
-                                  [[0, 0], [0, 0], [1, 0], [1, 1]])
-    np.testing.assert_array_equal(reference.visible_keys(2, 4, window=(1, 0)),
-                                  [[0, 1, 1, 0], [0, 0, 1, 1]])
+    np.testing.assert_array_equal(
+        reference.visible_keys(4, 2, causal=True), [[0, 0], [0, 0], [1, 0], [1, 1]]
+    )
+    np.testing.assert_array_equal(
+        reference.visible_keys(2, 4, window=(1, 0)), [[0, 1, 1, 0], [0, 0, 1, 1]]
+    )
     np.testing.assert_array_equal(
         reference.visible_keys(3, 5, window=(0, 1), causal_alignment="top_left"),
-        [[1, 1, 0, 0, 0], [0, 1, 1, 0, 0], [0, 0, 1, 1, 0]])
+        [[1, 1, 0, 0, 0], [0, 1, 1, 0, 0], [0, 0, 1, 1, 0]],
+    )
     # A zero-width window keeps only the key at p(i), which does not exist for p(i) < 0.
-    np.testing.assert_array_equal(reference.visible_keys(4, 2, window=(0, 0)),
-                                  [[0, 0], [0, 0], [1, 0], [0, 1]])
+    np.testing.assert_array_equal(
+        reference.visible_keys(4, 2, window=(0, 0)), [[0, 0], [0, 0], [1, 0], [0, 1]]
+    )
     assert reference.visible_keys(3, 4, window=(None, None)).all()
     assert reference.visible_keys(3, 4, window=(-1, -1)).all()
 
@@ -146,19 +162,21 @@ def test_backward_matches_finite_differences(case):
             minus = [x.copy() for x in inputs]
             plus[index][element] += step
             minus[index][element] -= step
-            numeric[element] = (loss(*plus, dout, options) - loss(*minus, dout, options)) / (2 * step)
+            numeric[element] = (loss(*plus, dout, options) - loss(*minus, dout, options)) / (
+                2 * step
+            )
         np.testing.assert_allclose(gradient, numeric, rtol=1e-7, atol=1e-8)
 
 
 def test_backward_uses_the_given_output_for_delta():
     q, k, v, dout = small_inputs(4, 1, 2, 1, 4, 5, 3, 2)
     exact = reference.attention_backward(dout, q, k, v)
-    given = reference.attention_backward(dout, q, k, v,
-                                         out=reference.attention_forward(q, k, v)[0])
+    given = reference.attention_backward(dout, q, k, v, out=reference.attention_forward(q, k, v)[0])
     for a, b in zip(exact, given):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
-    shifted = reference.attention_backward(dout, q, k, v,
-                                           out=reference.attention_forward(q, k, v)[0] + 0.1)
+    shifted = reference.attention_backward(
+        dout, q, k, v, out=reference.attention_forward(q, k, v)[0] + 0.1
+    )
     assert not np.allclose(shifted[0], exact[0])
 
 
@@ -167,8 +185,9 @@ def interleave_kv_heads(tensor, num_query_heads):
     return np.tile(tensor, (1, num_query_heads // tensor.shape[1], 1, 1))
 
 
-@pytest.mark.parametrize("mistake", ["other alignment", "window off by one", "gqa interleaved",
-                                     "scale ignored"])
+@pytest.mark.parametrize(
+    "mistake", ["other alignment", "window off by one", "gqa interleaved", "scale ignored"]
+)
 def test_plausible_mistakes_change_the_result(mistake):
     # Each mistake is one a backend could make; the suite's loosest relative tolerance (bf16) is
     # 4 * 2^-8 ~ 1.6e-2 of max |out|, so each must move the result by clearly more than that.
@@ -180,8 +199,9 @@ def test_plausible_mistakes_change_the_result(mistake):
     elif mistake == "window off by one":
         wrong, _ = brute_force_attention(q, k, v, causal=True, window=(4, -1))
     elif mistake == "gqa interleaved":
-        wrong, _ = brute_force_attention(q, interleave_kv_heads(k, 4), interleave_kv_heads(v, 4),
-                                         **options)
+        wrong, _ = brute_force_attention(
+            q, interleave_kv_heads(k, 4), interleave_kv_heads(v, 4), **options
+        )
     else:
         wrong, _ = brute_force_attention(q, k, v, scale=1.0, **options)
     assert np.max(np.abs(wrong - out)) > 0.05 * np.max(np.abs(out))

@@ -3,10 +3,9 @@ identical across threads and rounds, and correct against the float64 reference."
 
 import threading
 
+import mfa_native
 import numpy as np
 import pytest
-
-import mfa_native
 import reference
 from mfa_native import _context
 
@@ -28,8 +27,9 @@ PROBLEMS = [
 
 
 def _backends():
-    names = ["cpu"] + [name for name in ("metal-sim", "metal")
-                       if name in mfa_native.available_backends()]
+    names = ["cpu"] + [
+        name for name in ("metal-sim", "metal") if name in mfa_native.available_backends()
+    ]
     return names
 
 
@@ -41,6 +41,7 @@ def _problem_inputs(index, layout, rank):
         shape = (batch, heads, seq, width) if layout == "bhsd" else (batch, seq, heads, width)
         array = rng.standard_normal(shape).astype(np.float32)
         return array[0] if rank == 3 else array
+
     q, k, v = make(heads_q, seq_q, dim), make(heads_kv, seq_k, dim), make(heads_kv, seq_k, dim_v)
     dout = make(heads_q, seq_q, dim_v)
     return q, k, v, dout
@@ -60,10 +61,12 @@ def _run(problem_index, backend):
     """Forward (with lse) and backward of one problem: [out, lse, dq, dk, dv]."""
     _, layout, rank, options = PROBLEMS[problem_index]
     q, k, v, dout = _problem_inputs(problem_index, layout, rank)
-    out, lse = mfa_native.attention(q, k, v, layout=layout, return_lse=True, backend=backend,
-                                    **options)
-    grads = mfa_native.attention_backward(dout, q, k, v, out, lse, layout=layout,
-                                          backend=backend, **options)
+    out, lse = mfa_native.attention(
+        q, k, v, layout=layout, return_lse=True, backend=backend, **options
+    )
+    grads = mfa_native.attention_backward(
+        dout, q, k, v, out, lse, layout=layout, backend=backend, **options
+    )
     return [out, lse, *grads]
 
 
@@ -72,13 +75,19 @@ def _check_against_reference(problem_index, results):
     q, k, v, dout = _problem_inputs(problem_index, layout, rank)
     bhsd = [_to_bhsd(array, layout, rank) for array in (q, k, v, dout)]
     out, lse = reference.attention_forward(*bhsd[:3], **options)
-    grads = reference.attention_backward(bhsd[3], *bhsd[:3], out=_to_bhsd(results[0], layout, rank),
-                                         **options)
+    grads = reference.attention_backward(
+        bhsd[3], *bhsd[:3], out=_to_bhsd(results[0], layout, rank), **options
+    )
     expected = [_from_bhsd(out, layout, rank), lse[0] if rank == 3 else lse]
     expected += [_from_bhsd(grad, layout, rank) for grad in grads]
     for name, got, want in zip(("out", "lse", "dq", "dk", "dv"), results, expected):
-        np.testing.assert_allclose(got, want, rtol=TOLERANCE, atol=TOLERANCE,
-                                   err_msg=f"{PROBLEMS[problem_index][0]}: {name}")
+        np.testing.assert_allclose(
+            got,
+            want,
+            rtol=TOLERANCE,
+            atol=TOLERANCE,
+            err_msg=f"{PROBLEMS[problem_index][0]}: {name}",
+        )
 
 
 def _in_threads(work, count=THREADS):
@@ -92,6 +101,7 @@ def _in_threads(work, count=THREADS):
             results[index] = work(index)
         except BaseException as error:  # reported to the test below
             errors.append(error)
+
     threads = [threading.Thread(target=body, args=(index,)) for index in range(count)]
     for thread in threads:
         thread.start()
@@ -105,8 +115,12 @@ def _in_threads(work, count=THREADS):
 def _check_all(per_thread):
     """per_thread[t] is a list of ROUNDS results of problem t % len(PROBLEMS)."""
     for problem_index in range(len(PROBLEMS)):
-        runs = [run for thread, rounds in enumerate(per_thread)
-                if thread % len(PROBLEMS) == problem_index for run in rounds]
+        runs = [
+            run
+            for thread, rounds in enumerate(per_thread)
+            if thread % len(PROBLEMS) == problem_index
+            for run in rounds
+        ]
         assert len(runs) >= 2
         _check_against_reference(problem_index, runs[0])
         for run in runs[1:]:
@@ -118,7 +132,8 @@ def _check_all(per_thread):
 def test_threads_sharing_one_context(backend):
     with mfa_native.Context(backend) as context:
         per_thread = _in_threads(
-            lambda thread: [_run(thread % len(PROBLEMS), context) for _ in range(ROUNDS)])
+            lambda thread: [_run(thread % len(PROBLEMS), context) for _ in range(ROUNDS)]
+        )
     _check_all(per_thread)
 
 
@@ -127,13 +142,15 @@ def test_threads_with_their_own_contexts(backend):
     def work(thread):
         with mfa_native.Context(backend, num_threads=1 + thread % 2) as context:
             return [_run(thread % len(PROBLEMS), context) for _ in range(ROUNDS)]
+
     _check_all(_in_threads(work))
 
 
 def test_threads_naming_a_backend_share_one_lazily_created_context(monkeypatch):
     monkeypatch.setattr(_context, "_shared_contexts", {})
     per_thread = _in_threads(
-        lambda thread: [_run(thread % len(PROBLEMS), "cpu") for _ in range(ROUNDS)])
+        lambda thread: [_run(thread % len(PROBLEMS), "cpu") for _ in range(ROUNDS)]
+    )
     _check_all(per_thread)
     assert list(_context._shared_contexts) == ["cpu"]
     contexts = _in_threads(lambda thread: _context.resolve_context("cpu"))
@@ -158,6 +175,7 @@ def test_each_thread_gets_its_own_error_message():
             except mfa_native.MFAError as error:
                 messages.add(error.message)
         return messages
+
     for thread, messages in enumerate(_in_threads(work)):
         expected = "overlaps" if thread % 2 else "exceeds"
         assert len(messages) == 1 and expected in messages.pop()

@@ -43,8 +43,9 @@ static void one_round(mfa_backend backend) {
     const mfa_attention_params params = test_params(1, MFA_ALIGN_BOTTOM_RIGHT, -1, -1, 0);
     CHECK(mfa_attention_forward(ctx, &params, &a.q.t, &a.k.t, &a.v.t, &a.out.t, &a.lse.t) == MFA_OK,
           "%s", mfa_last_error());
-    CHECK(mfa_attention_backward(ctx, &params, &a.q.t, &a.k.t, &a.v.t, &a.out.t, &a.dout.t, &a.lse.t,
-                                 &a.dq.t, &a.dk.t, &a.dv.t) == MFA_OK, "%s", mfa_last_error());
+    CHECK(mfa_attention_backward(ctx, &params, &a.q.t, &a.k.t, &a.v.t, &a.out.t, &a.dout.t,
+                                 &a.lse.t, &a.dq.t, &a.dk.t, &a.dv.t) == MFA_OK,
+          "%s", mfa_last_error());
     /* Failed calls must not leak either. */
     CHECK(mfa_attention_forward(ctx, &params, &a.q.t, &a.k.t, &a.v.t, &a.q.t, NULL) != MFA_OK,
           "out aliasing q was accepted");

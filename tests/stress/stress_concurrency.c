@@ -31,9 +31,12 @@ typedef struct problem {
 
 static const problem problems[] = {
     {"f32 plain", MFA_DTYPE_F32, 1, 2, 2, 33, 47, 16, 16, 0, MFA_ALIGN_BOTTOM_RIGHT, -1, -1, 0, 1},
-    {"f32 gqa causal bshd", MFA_DTYPE_F32, 2, 4, 2, 70, 70, 32, 24, 1, MFA_ALIGN_BOTTOM_RIGHT, -1, -1, 1, 0},
-    {"f16 window top-left", MFA_DTYPE_F16, 1, 3, 1, 40, 90, 24, 40, 0, MFA_ALIGN_TOP_LEFT, 7, 3, 0, 0},
-    {"bf16 masked rows", MFA_DTYPE_BF16, 1, 2, 1, 20, 6, 8, 8, 1, MFA_ALIGN_BOTTOM_RIGHT, -1, -1, 0, 1},
+    {"f32 gqa causal bshd", MFA_DTYPE_F32, 2, 4, 2, 70, 70, 32, 24, 1, MFA_ALIGN_BOTTOM_RIGHT, -1,
+     -1, 1, 0},
+    {"f16 window top-left", MFA_DTYPE_F16, 1, 3, 1, 40, 90, 24, 40, 0, MFA_ALIGN_TOP_LEFT, 7, 3, 0,
+     0},
+    {"bf16 masked rows", MFA_DTYPE_BF16, 1, 2, 1, 20, 6, 8, 8, 1, MFA_ALIGN_BOTTOM_RIGHT, -1, -1, 0,
+     1},
     {"f32 single key", MFA_DTYPE_F32, 3, 1, 1, 9, 1, 5, 3, 0, MFA_ALIGN_BOTTOM_RIGHT, -1, -1, 1, 1},
     {"f16 long", MFA_DTYPE_F16, 1, 1, 1, 130, 200, 64, 64, 1, MFA_ALIGN_TOP_LEFT, -1, -1, 0, 0},
 };
@@ -52,15 +55,15 @@ static atomic_int failures;
 static atomic_long checked_calls;
 
 /* Counts every failure, prints the first few (one systematic bug fails every call). */
-#define STRESS_FAIL(...)                                        \
-    do {                                                        \
-        if (atomic_fetch_add(&failures, 1) < 20) {              \
-            flockfile(stderr);                                  \
-            fprintf(stderr, "stress_concurrency: ");            \
-            fprintf(stderr, __VA_ARGS__);                       \
-            fprintf(stderr, "\n");                              \
-            funlockfile(stderr);                                \
-        }                                                       \
+#define STRESS_FAIL(...)                                                                           \
+    do {                                                                                           \
+        if (atomic_fetch_add(&failures, 1) < 20) {                                                 \
+            flockfile(stderr);                                                                     \
+            fprintf(stderr, "stress_concurrency: ");                                               \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, "\n");                                                                 \
+            funlockfile(stderr);                                                                   \
+        }                                                                                          \
     } while (0)
 
 static mfa_attention_params params_of(const problem* p) {
@@ -101,8 +104,9 @@ static void release(prepared* x) {
     ref_free(&x->backward);
 }
 
-static void expect_match(const char* where, const char* what, const test_tensor* got, mfa_dtype dtype,
-                         const double* want, const double* magnitude, int64_t n, double max_score) {
+static void expect_match(const char* where, const char* what, const test_tensor* got,
+                         mfa_dtype dtype, const double* want, const double* magnitude, int64_t n,
+                         double max_score) {
     char why[256];
     if (!ref_compare(&got->t, dtype, want, magnitude, n, max_score, why, sizeof why))
         STRESS_FAIL("%s: %s: %s", where, what, why);
@@ -115,7 +119,8 @@ static void run_forward(mfa_context* ctx, const prepared* x, const char* where) 
     test_fill_nan(&out); /* every element must be written */
     test_fill_nan(&lse);
     const mfa_attention_params params = params_of(p);
-    const mfa_status s = mfa_attention_forward(ctx, &params, &x->q.t, &x->k.t, &x->v.t, &out.t, &lse.t);
+    const mfa_status s =
+        mfa_attention_forward(ctx, &params, &x->q.t, &x->k.t, &x->v.t, &out.t, &lse.t);
     if (s != MFA_OK) {
         STRESS_FAIL("%s: forward failed: %s", where, mfa_last_error());
     } else {
@@ -139,8 +144,9 @@ static void run_backward(mfa_context* ctx, const prepared* x, const char* where)
     test_fill_nan(&dk);
     test_fill_nan(&dv);
     const mfa_attention_params params = params_of(p);
-    const mfa_status s = mfa_attention_backward(ctx, &params, &x->q.t, &x->k.t, &x->v.t, &x->out_in.t,
-                                                &x->dout.t, &x->lse_in.t, &dq.t, &dk.t, &dv.t);
+    const mfa_status s =
+        mfa_attention_backward(ctx, &params, &x->q.t, &x->k.t, &x->v.t, &x->out_in.t, &x->dout.t,
+                               &x->lse_in.t, &dq.t, &dk.t, &dv.t);
     if (s != MFA_OK) {
         STRESS_FAIL("%s: backward failed: %s", where, mfa_last_error());
     } else {
@@ -161,7 +167,8 @@ static void run_backward(mfa_context* ctx, const prepared* x, const char* where)
 static void run_bad_call(mfa_context* ctx, const prepared* x, int thread, const char* where) {
     mfa_tensor k = x->k.t;
     k.shape[0] = 1000 + thread;
-    test_tensor out = test_tensor_make(x->p->dtype, x->p->b, x->p->hq, x->p->nq, x->p->dv, x->p->bshd);
+    test_tensor out =
+        test_tensor_make(x->p->dtype, x->p->b, x->p->hq, x->p->nq, x->p->dv, x->p->bshd);
     const mfa_status s = mfa_attention_forward(ctx, NULL, &x->q.t, &k, &x->v.t, &out.t, NULL);
     char expected[64];
     snprintf(expected, sizeof expected, "got %d", 1000 + thread);
@@ -192,7 +199,8 @@ static mfa_context* own_context(mfa_backend backend, int threads) {
     options.num_threads = threads;
     mfa_context* ctx = NULL;
     if (mfa_context_create(backend, &options, &ctx) != MFA_OK)
-        STRESS_FAIL("creating a %s context failed: %s", mfa_backend_name(backend), mfa_last_error());
+        STRESS_FAIL("creating a %s context failed: %s", mfa_backend_name(backend),
+                    mfa_last_error());
     return ctx;
 }
 
@@ -207,10 +215,12 @@ static void* work(void* arg) {
         while (w->backend == MFA_BACKEND_METAL_SIM && !problems[pick].small);
         const prepared* x = &prepared_problems[pick];
         snprintf(where, sizeof where, "%s %s context, thread %d, call %d, %s",
-                 mfa_backend_name(w->backend), w->shared ? "shared" : "own", w->thread, i, x->p->name);
+                 mfa_backend_name(w->backend), w->shared ? "shared" : "own", w->thread, i,
+                 x->p->name);
         switch (next_random(&state) % 5) {
             case 0: run_bad_call(ctx, x, w->thread, where); break;
-            case 1: case 2: run_forward(ctx, x, where); break;
+            case 1:
+            case 2: run_forward(ctx, x, where); break;
             default: run_backward(ctx, x, where); break;
         }
         /* Contexts come and go while other threads compute on theirs. */
@@ -243,7 +253,8 @@ int main(int argc, char** argv) {
     int ran = 0;
     for (size_t b = 0; b < sizeof backends / sizeof backends[0]; ++b) {
         if (!mfa_backend_available(backends[b])) {
-            printf("stress_concurrency: %s not available here, skipped\n", mfa_backend_name(backends[b]));
+            printf("stress_concurrency: %s not available here, skipped\n",
+                   mfa_backend_name(backends[b]));
             continue;
         }
         const int n = backends[b] == MFA_BACKEND_METAL_SIM ? (iterations + 3) / 4 : iterations;
@@ -254,6 +265,7 @@ int main(int argc, char** argv) {
     for (int i = 0; i < PROBLEM_COUNT; ++i) release(&prepared_problems[i]);
     const int failed = atomic_load(&failures);
     printf("stress_concurrency: %d backend(s), %d threads, %ld calls checked against the "
-           "reference, %d failure(s)\n", ran, THREADS, (long)atomic_load(&checked_calls), failed);
+           "reference, %d failure(s)\n",
+           ran, THREADS, (long)atomic_load(&checked_calls), failed);
     return failed || ran == 0 ? 1 : 0;
 }

@@ -12,11 +12,11 @@
 #endif
 
 _Static_assert(MFA_VERSION_NUMBER ==
-                  MFA_VERSION_MAJOR * 10000 + MFA_VERSION_MINOR * 100 + MFA_VERSION_PATCH,
-              "MFA_VERSION_NUMBER must match the MAJOR, MINOR and PATCH macros");
+                   MFA_VERSION_MAJOR * 10000 + MFA_VERSION_MINOR * 100 + MFA_VERSION_PATCH,
+               "MFA_VERSION_NUMBER must match the MAJOR, MINOR and PATCH macros");
 
 #define MFA_STRINGIFY_(x) #x
-#define MFA_STRINGIFY(x) MFA_STRINGIFY_(x)
+#define MFA_STRINGIFY(x)  MFA_STRINGIFY_(x)
 
 struct mfa_context {
     const mfa_backend_ops* ops;
@@ -40,8 +40,7 @@ static const mfa_backend_ops* backend_ops(int backend) {
 
 static const char* why_not_built(int backend) {
     switch (backend) {
-        case MFA_BACKEND_METAL:
-            return "the metal backend is built only on Apple platforms";
+        case MFA_BACKEND_METAL: return "the metal backend is built only on Apple platforms";
         case MFA_BACKEND_METAL_SIM:
             return "the metal-sim backend was not built into this library: it needs clang >= 16 "
                    "as the C++ compiler at build time (e.g. CC=clang-16 CXX=clang++-16)";
@@ -63,7 +62,6 @@ static mfa_status check_context(const mfa_context* ctx) {
     if (ctx == NULL) return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT, "ctx is NULL");
     return MFA_OK;
 }
-
 
 MFA_EXPORT unsigned mfa_version_number(void) { return MFA_VERSION_NUMBER; }
 
@@ -268,4 +266,3 @@ MFA_EXPORT mfa_status mfa_attention_backward(mfa_context* ctx, const mfa_attenti
     if (status) return status;
     return ctx->ops->backward(ctx->state, &problem);
 }
-

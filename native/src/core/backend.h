@@ -28,19 +28,19 @@ typedef struct mfa_view {
  *   visible(i, j) = lo(i) <= j && j <= hi(i)      (0 <= j < seq_k)
  * Causal masking arrives here as window_right = 0 (or the smaller given right bound). */
 typedef struct mfa_problem {
-    mfa_dtype dtype;           /* q, k, v, out, dout, dq, dk, dv */
+    mfa_dtype dtype; /* q, k, v, out, dout, dq, dk, dv */
     int64_t batch;
     int64_t heads_q;
-    int64_t heads_kv;          /* divides heads_q; query head h reads kv head h / group */
-    int64_t group;             /* heads_q / heads_kv */
+    int64_t heads_kv; /* divides heads_q; query head h reads kv head h / group */
+    int64_t group;    /* heads_q / heads_kv */
     int64_t seq_q;
     int64_t seq_k;
-    int64_t head_dim;          /* D */
-    int64_t head_dim_v;        /* Dv */
-    float scale;               /* resolved: never 0, always finite */
-    int64_t diag_offset;       /* seq_k - seq_q (bottom-right) or 0 (top-left) */
-    int64_t window_left;       /* -1 = unbounded */
-    int64_t window_right;      /* -1 = unbounded */
+    int64_t head_dim;     /* D */
+    int64_t head_dim_v;   /* Dv */
+    float scale;          /* resolved: never 0, always finite */
+    int64_t diag_offset;  /* seq_k - seq_q (bottom-right) or 0 (top-left) */
+    int64_t window_left;  /* -1 = unbounded */
+    int64_t window_right; /* -1 = unbounded */
     mfa_view q, k, v, out;
     mfa_view lse;              /* f32, stride[3] unused; data NULL when not requested (forward) */
     mfa_view dout, dq, dk, dv; /* backward only */
@@ -51,7 +51,7 @@ typedef struct mfa_problem {
  * Errors are reported with mfa_set_error() and returned as a status. */
 typedef struct mfa_backend_ops {
     mfa_backend backend;
-    int (*available)(void);                                    /* usable on this machine */
+    int (*available)(void); /* usable on this machine */
     mfa_status (*create)(const mfa_context_options* options, void** state);
     void (*destroy)(void* state);
     const char* (*device_name)(void* state);

@@ -55,7 +55,8 @@ static mfa_status check_no_self_overlap(const char* name, const mfa_tensor* t) {
         if (t->shape[d] > 1) order[stepped++] = d;
     }
     for (int i = 1; i < stepped; ++i) {
-        for (int j = i; j > 0 && llabs(t->strides[order[j]]) < llabs(t->strides[order[j - 1]]); --j) {
+        for (int j = i; j > 0 && llabs(t->strides[order[j]]) < llabs(t->strides[order[j - 1]]);
+             --j) {
             int swap = order[j];
             order[j] = order[j - 1];
             order[j - 1] = swap;
@@ -85,8 +86,8 @@ static mfa_status check_tensor(const char* name, const mfa_tensor* t, int expect
     if (t->data == NULL) return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT, "%s.data is NULL", name);
     const int dtype = (int)t->dtype;
     if (!valid_dtype(dtype)) {
-        return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT, "%s.dtype = %d is not an mfa_dtype",
-                             name, dtype);
+        return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT, "%s.dtype = %d is not an mfa_dtype", name,
+                             dtype);
     }
     if (dtype != expected_dtype) {
         return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT, "%s.dtype must be %s (%s), got %s", name,
@@ -201,8 +202,8 @@ static mfa_status resolve_params(const mfa_attention_params* given, mfa_problem*
                              "unbounded; got (%lld, %lld)",
                              (long long)params.window_left, (long long)params.window_right);
     }
-    problem->scale = params.scale != 0.0f ? params.scale
-                                          : (float)(1.0 / sqrt((double)problem->head_dim));
+    problem->scale =
+        params.scale != 0.0f ? params.scale : (float)(1.0 / sqrt((double)problem->head_dim));
     problem->diag_offset =
         alignment == MFA_ALIGN_BOTTOM_RIGHT ? problem->seq_k - problem->seq_q : 0;
     problem->window_left = params.window_left;
@@ -248,13 +249,13 @@ mfa_status mfa_build_problem(const mfa_capabilities* caps, const char* backend_n
     }
     const int64_t batch = q->shape[0], heads_q = q->shape[1], seq_q = q->shape[2];
     const int64_t head_dim = q->shape[3];
-    const expected_shape k_shape = shape_of(batch, "q.shape[0]", ANY_SIZE, "", ANY_SIZE, "",
-                                            head_dim, "q.shape[3]");
+    const expected_shape k_shape =
+        shape_of(batch, "q.shape[0]", ANY_SIZE, "", ANY_SIZE, "", head_dim, "q.shape[3]");
     if ((status = check_tensor("k", tensors->k, dtype, io_rule, &k_shape, false, &checked[n++])))
         return status;
     const int64_t heads_kv = tensors->k->shape[1], seq_k = tensors->k->shape[2];
-    const expected_shape v_shape = shape_of(batch, "q.shape[0]", heads_kv, "k.shape[1]", seq_k,
-                                            "k.shape[2]", ANY_SIZE, "");
+    const expected_shape v_shape =
+        shape_of(batch, "q.shape[0]", heads_kv, "k.shape[1]", seq_k, "k.shape[2]", ANY_SIZE, "");
     if ((status = check_tensor("v", tensors->v, dtype, io_rule, &v_shape, false, &checked[n++])))
         return status;
     const int64_t head_dim_v = tensors->v->shape[3];
@@ -286,24 +287,24 @@ mfa_status mfa_build_problem(const mfa_capabilities* caps, const char* backend_n
                              "lse is NULL; the backward pass needs the forward's log-sum-exp");
     }
     if (tensors->lse != NULL &&
-        (status = check_tensor("lse", tensors->lse, MFA_DTYPE_F32, "lse is always f32",
-                               &lse_shape, !backward, &checked[n++])))
+        (status = check_tensor("lse", tensors->lse, MFA_DTYPE_F32, "lse is always f32", &lse_shape,
+                               !backward, &checked[n++])))
         return status;
     if (backward) {
-        const expected_shape dq_shape = shape_of(batch, "q.shape[0]", heads_q, "q.shape[1]",
-                                                 seq_q, "q.shape[2]", head_dim, "q.shape[3]");
-        const expected_shape dk_shape = shape_of(batch, "k.shape[0]", heads_kv, "k.shape[1]",
-                                                 seq_k, "k.shape[2]", head_dim, "k.shape[3]");
-        const expected_shape dv_shape = shape_of(batch, "v.shape[0]", heads_kv, "v.shape[1]",
-                                                 seq_k, "v.shape[2]", head_dim_v, "v.shape[3]");
+        const expected_shape dq_shape = shape_of(batch, "q.shape[0]", heads_q, "q.shape[1]", seq_q,
+                                                 "q.shape[2]", head_dim, "q.shape[3]");
+        const expected_shape dk_shape = shape_of(batch, "k.shape[0]", heads_kv, "k.shape[1]", seq_k,
+                                                 "k.shape[2]", head_dim, "k.shape[3]");
+        const expected_shape dv_shape = shape_of(batch, "v.shape[0]", heads_kv, "v.shape[1]", seq_k,
+                                                 "v.shape[2]", head_dim_v, "v.shape[3]");
         if ((status = check_tensor("dout", tensors->dout, dtype, io_rule, &out_shape, false,
                                    &checked[n++])) ||
-            (status = check_tensor("dq", tensors->dq, dtype, io_rule, &dq_shape, true,
-                                   &checked[n++])) ||
-            (status = check_tensor("dk", tensors->dk, dtype, io_rule, &dk_shape, true,
-                                   &checked[n++])) ||
-            (status = check_tensor("dv", tensors->dv, dtype, io_rule, &dv_shape, true,
-                                   &checked[n++])))
+            (status =
+                 check_tensor("dq", tensors->dq, dtype, io_rule, &dq_shape, true, &checked[n++])) ||
+            (status =
+                 check_tensor("dk", tensors->dk, dtype, io_rule, &dk_shape, true, &checked[n++])) ||
+            (status =
+                 check_tensor("dv", tensors->dv, dtype, io_rule, &dv_shape, true, &checked[n++])))
             return status;
     }
     if ((status = check_no_overlap(checked, n))) return status;

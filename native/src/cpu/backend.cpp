@@ -40,8 +40,7 @@ struct cpu_state {
     cpu_state(const mfa_cpu_kernels* k, int n) : kernels(k), threads(n), pool(n) {}
 };
 
-const char* architecture_name()
-{
+const char* architecture_name() {
 #if defined(__x86_64__)
     return "x86-64";
 #elif defined(__aarch64__)
@@ -53,8 +52,7 @@ const char* architecture_name()
 
 int cpu_available(void) { return 1; }
 
-mfa_status cpu_create(const mfa_context_options* options, void** state)
-{
+mfa_status cpu_create(const mfa_context_options* options, void** state) {
     int threads = options ? options->num_threads : 0;
     if (threads <= 0) {
         const unsigned hardware = std::thread::hardware_concurrency();
@@ -62,8 +60,7 @@ mfa_status cpu_create(const mfa_context_options* options, void** state)
     }
     const mfa_cpu_kernels* kernels = nullptr;
     const mfa_status selected = mfa_cpu_select_kernels(&kernels);
-    if (selected != MFA_OK)
-        return selected;
+    if (selected != MFA_OK) return selected;
     try {
         cpu_state* created = new cpu_state(kernels, threads);
         char name[96];
@@ -83,13 +80,11 @@ mfa_status cpu_create(const mfa_context_options* options, void** state)
 
 void cpu_destroy(void* state) { delete static_cast<cpu_state*>(state); }
 
-const char* cpu_device_name(void* state)
-{
+const char* cpu_device_name(void* state) {
     return static_cast<cpu_state*>(state)->device_name.c_str();
 }
 
-void cpu_capabilities(void* state, mfa_capabilities* caps)
-{
+void cpu_capabilities(void* state, mfa_capabilities* caps) {
     caps->struct_size = sizeof *caps;
     caps->dtypes = (1u << MFA_DTYPE_F32) | (1u << MFA_DTYPE_F16) | (1u << MFA_DTYPE_BF16);
     caps->features = MFA_FEATURE_BACKWARD | MFA_FEATURE_LSE | MFA_FEATURE_CAUSAL |
@@ -100,8 +95,7 @@ void cpu_capabilities(void* state, mfa_capabilities* caps)
     caps->num_threads = static_cast<cpu_state*>(state)->threads;
 }
 
-int64_t clamp_window(int64_t bound, const mfa_problem* p)
-{
+int64_t clamp_window(int64_t bound, const mfa_problem* p) {
     const int64_t widest = p->seq_q + p->seq_k;
     return bound > widest ? widest : bound;
 }
@@ -110,13 +104,12 @@ int64_t clamp_window(int64_t bound, const mfa_problem* p)
  * 2 * (padded D + padded Dv) + a few floats per row; checking that bound once here lets the layout
  * code in plan.h use plain int64 arithmetic. (Zero strides let a small input describe a huge
  * sequence, so the core's byte-count checks on the tensors do not imply this.) */
-mfa_status check_plan_sizes(const mfa_problem* p, int64_t panel_width)
-{
+mfa_status check_plan_sizes(const mfa_problem* p, int64_t panel_width) {
     const int64_t longest = p->seq_q > p->seq_k ? p->seq_q : p->seq_k;
     const int64_t per_row = 2 * (p->head_dim + p->head_dim_v) + 4 * panel_width + 64;
     int64_t floats;
-    if (longest > (INT64_MAX >> 2) || __builtin_mul_overflow(longest + panel_width, per_row,
-                                                             &floats) ||
+    if (longest > (INT64_MAX >> 2) ||
+        __builtin_mul_overflow(longest + panel_width, per_row, &floats) ||
         floats > (INT64_MAX >> 3))
         return mfa_set_error(MFA_ERROR_SIZE_OVERFLOW,
                              "cpu backend: sequence length %lld with head dims %lld/%lld needs "
@@ -128,12 +121,10 @@ mfa_status check_plan_sizes(const mfa_problem* p, int64_t panel_width)
 
 /* The plan every pass of a call shares; made only after check_plan_sizes, which also keeps the
  * padded sequence lengths computed here from overflowing. */
-mfa_status make_plan(const cpu_state* state, const mfa_problem* p, mfa_cpu_plan* out)
-{
+mfa_status make_plan(const cpu_state* state, const mfa_problem* p, mfa_cpu_plan* out) {
     const int64_t nr = state->kernels->panel_width;
     const mfa_status status = check_plan_sizes(p, nr);
-    if (status != MFA_OK)
-        return status;
+    if (status != MFA_OK) return status;
     mfa_cpu_plan plan = {};
     plan.problem = p;
     plan.elem_size = static_cast<int64_t>(mfa_dtype_size(p->dtype));
@@ -155,26 +146,22 @@ mfa_status make_plan(const cpu_state* state, const mfa_problem* p, mfa_cpu_plan*
 /* How many key/value heads to pack and run at once: enough tasks to keep every thread busy
  * between the pass barriers, within a memory budget for the packs (at least one head). */
 int64_t chunk_kv_heads(const mfa_problem* p, int threads, int64_t tasks_per_kv_head,
-                       int64_t pack_floats_per_kv_head)
-{
+                       int64_t pack_floats_per_kv_head) {
     const int64_t total = p->batch * p->heads_kv;
     int64_t chunk = (kTasksPerThread * threads + tasks_per_kv_head - 1) / tasks_per_kv_head;
     const int64_t affordable = kPackBudgetFloats / pack_floats_per_kv_head;
-    if (chunk > affordable)
-        chunk = affordable;
-    if (chunk > total)
-        chunk = total;
+    if (chunk > affordable) chunk = affordable;
+    if (chunk > total) chunk = total;
     return chunk > 0 ? chunk : 1;
 }
 
 /* 64-byte-aligned floats, or an OUT_OF_MEMORY / SIZE_OVERFLOW error naming what was wanted. */
 class float_buffer {
-public:
+  public:
     ~float_buffer() { operator delete(data_, std::align_val_t(64), std::nothrow); }
     float* data() const { return data_; }
 
-    mfa_status allocate(int64_t count, int64_t copies, const char* what)
-    {
+    mfa_status allocate(int64_t count, int64_t copies, const char* what) {
         int64_t floats, bytes;
         if (__builtin_mul_overflow(count, copies, &floats) ||
             __builtin_mul_overflow(floats, static_cast<int64_t>(sizeof(float)), &bytes))
@@ -190,7 +177,7 @@ public:
         return MFA_OK;
     }
 
-private:
+  private:
     float* data_ = nullptr;
 };
 
@@ -199,38 +186,33 @@ struct pass {
     mfa_cpu_task task;
 };
 
-void run_pass_task(void* context, int64_t index, int slot)
-{
+void run_pass_task(void* context, int64_t index, int slot) {
     const pass* p = static_cast<const pass*>(context);
     p->task(p->plan, index, p->plan->workspace + slot * p->plan->workspace_slot_floats);
 }
 
-void run_pass(cpu_state* state, const mfa_cpu_plan* plan, mfa_cpu_task task, int64_t count)
-{
+void run_pass(cpu_state* state, const mfa_cpu_plan* plan, mfa_cpu_task task, int64_t count) {
     pass p = {plan, task};
     state->pool.run(count, run_pass_task, &p);
 }
 
-mfa_status cpu_forward(void* opaque, const mfa_problem* problem)
-{
+mfa_status cpu_forward(void* opaque, const mfa_problem* problem) {
     cpu_state* state = static_cast<cpu_state*>(opaque);
     mfa_cpu_plan plan;
     mfa_status status = make_plan(state, problem, &plan);
-    if (status != MFA_OK)
-        return status;
+    if (status != MFA_OK) return status;
     mfa_cpu_kv_pack kv_layout;
     mfa_cpu_forward_tiles tile_layout;
     plan.kv_pack_floats = mfa_cpu_kv_pack_carve(&plan, 0, nullptr, &kv_layout);
     plan.workspace_slot_floats = mfa_cpu_forward_tiles_carve(&plan, nullptr, &tile_layout);
-    const int64_t chunk = chunk_kv_heads(problem, state->threads,
-                                         problem->group * plan.q_blocks, plan.kv_pack_floats);
+    const int64_t chunk = chunk_kv_heads(problem, state->threads, problem->group * plan.q_blocks,
+                                         plan.kv_pack_floats);
     float_buffer packs, workspace;
     status = packs.allocate(plan.kv_pack_floats, chunk, "packed K and V");
     if (status == MFA_OK)
-        status = workspace.allocate(plan.workspace_slot_floats, state->pool.threads(),
-                                    "forward tiles");
-    if (status != MFA_OK)
-        return status;
+        status =
+            workspace.allocate(plan.workspace_slot_floats, state->pool.threads(), "forward tiles");
+    if (status != MFA_OK) return status;
     plan.kv_packs = packs.data();
     plan.workspace = workspace.data();
 
@@ -243,13 +225,11 @@ mfa_status cpu_forward(void* opaque, const mfa_problem* problem)
     return MFA_OK;
 }
 
-mfa_status cpu_backward(void* opaque, const mfa_problem* problem)
-{
+mfa_status cpu_backward(void* opaque, const mfa_problem* problem) {
     cpu_state* state = static_cast<cpu_state*>(opaque);
     mfa_cpu_plan plan;
     mfa_status status = make_plan(state, problem, &plan);
-    if (status != MFA_OK)
-        return status;
+    if (status != MFA_OK) return status;
     mfa_cpu_kv_pack kv_layout;
     mfa_cpu_q_pack q_layout;
     mfa_cpu_kv_grads grads_layout;
@@ -280,10 +260,9 @@ mfa_status cpu_backward(void* opaque, const mfa_problem* problem)
     if (status == MFA_OK && members < group)
         status = kv_grads.allocate(plan.kv_grads_floats, chunk, "dK and dV between passes");
     if (status == MFA_OK)
-        status = workspace.allocate(plan.workspace_slot_floats, state->pool.threads(),
-                                    "backward tiles");
-    if (status != MFA_OK)
-        return status;
+        status =
+            workspace.allocate(plan.workspace_slot_floats, state->pool.threads(), "backward tiles");
+    if (status != MFA_OK) return status;
     plan.kv_packs = kv_packs.data();
     plan.q_packs = q_packs.data();
     plan.kv_grads = kv_grads.data();
@@ -309,7 +288,4 @@ const mfa_backend_ops cpu_ops = {
 
 } // namespace
 
-extern "C" const mfa_backend_ops* mfa_cpu_backend_ops(void)
-{
-    return &cpu_ops;
-}
+extern "C" const mfa_backend_ops* mfa_cpu_backend_ops(void) { return &cpu_ops; }

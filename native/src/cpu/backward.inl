@@ -10,14 +10,12 @@
  * dS = P * (dO.v - row_dot), dQ = scale * dS K, dK = scale * dS^T Q, dV = P^T dO.
  */
 
-static inline float* chunk_q_pack(const mfa_cpu_plan* plan, int64_t q_local)
-{
+static inline float* chunk_q_pack(const mfa_cpu_plan* plan, int64_t q_local) {
     return plan->q_packs + q_local * plan->q_pack_floats;
 }
 
 template <class Storage>
-static void pack_key_side(const mfa_cpu_plan* plan, int64_t task)
-{
+static void pack_key_side(const mfa_cpu_plan* plan, int64_t task) {
     const mfa_problem* p = plan->problem;
     const int64_t blocks = mfa_cpu_pack_blocks(plan, p->seq_k);
     const kv_head_ref head = chunk_kv_head(plan, task / blocks);
@@ -27,8 +25,7 @@ static void pack_key_side(const mfa_cpu_plan* plan, int64_t task)
     mfa_cpu_kv_pack_carve(plan, 1, chunk_kv_pack(plan, task / blocks), &pack);
     const strided_rows k = rows_of(p->k, plan->elem_size, head.batch, head.head, j0);
     pack_panels_transposed<Storage>(k, count, p->head_dim, 1.0f, pack.kt + j0 * p->head_dim);
-    pack_panels<Storage>(k, count, p->head_dim, 1.0f, pack.k + j0 * NR,
-                         plan->seq_k_padded * NR);
+    pack_panels<Storage>(k, count, p->head_dim, 1.0f, pack.k + j0 * NR, plan->seq_k_padded * NR);
     pack_panels_transposed<Storage>(rows_of(p->v, plan->elem_size, head.batch, head.head, j0),
                                     count, p->head_dim_v, 1.0f, pack.vt + j0 * p->head_dim_v);
 }
@@ -36,8 +33,7 @@ static void pack_key_side(const mfa_cpu_plan* plan, int64_t task)
 /* A row that sees no key has lse -inf; +inf in its place makes its P = 2^(s - inf) = 0 whether
  * its (masked) s is finite or -inf, so no special case reaches the products. */
 template <class Storage>
-static void pack_query_side(const mfa_cpu_plan* plan, int64_t task, float* slot)
-{
+static void pack_query_side(const mfa_cpu_plan* plan, int64_t task, float* slot) {
     const mfa_problem* p = plan->problem;
     const int64_t es = plan->elem_size;
     const int64_t blocks = mfa_cpu_pack_blocks(plan, p->seq_q);
@@ -67,8 +63,7 @@ static void pack_query_side(const mfa_cpu_plan* plan, int64_t task, float* slot)
         if (r < count) {
             load_row<Storage>(out.row(r), out.elem_step, dv, 1.0f, o, 1);
             load_row<Storage>(dout.row(r), dout.elem_step, dv, 1.0f, dO, 1);
-            for (int64_t x = 0; x < dv; ++x)
-                dot += o[x] * dO[x];
+            for (int64_t x = 0; x < dv; ++x) dot += o[x] * dO[x];
             l = f32_storage::load(lse.row(r));
         }
         pack.row_dot[i0 + r] = dot;
@@ -77,8 +72,7 @@ static void pack_query_side(const mfa_cpu_plan* plan, int64_t task, float* slot)
 }
 
 template <class Storage>
-static void backward_pack_task(const mfa_cpu_plan* plan, int64_t task, float* slot)
-{
+static void backward_pack_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
     const int64_t key_tasks = mfa_cpu_backward_key_pack_tasks(plan);
     if (task < key_tasks)
         pack_key_side<Storage>(plan, task);
@@ -88,8 +82,7 @@ static void backward_pack_task(const mfa_cpu_plan* plan, int64_t task, float* sl
 
 /* dS = P * (dP - row_dot) in place of P, where row_dot varies along rows (dQ) ... */
 static void softmax_grad_rows(float* s, const float* dp, int64_t rows, int64_t ld,
-                              const float* row_dot)
-{
+                              const float* row_dot) {
     for (int64_t r = 0; r < rows; ++r) {
         const vf dot = vsplat(row_dot[r]);
         for (int64_t c = 0; c < ld; c += W)
@@ -99,8 +92,7 @@ static void softmax_grad_rows(float* s, const float* dp, int64_t rows, int64_t l
 
 /* ... or along columns (dK/dV, where the tile is transposed). */
 static void softmax_grad_cols(float* s, const float* dp, int64_t rows, int64_t ld,
-                              const float* col_dot)
-{
+                              const float* col_dot) {
     for (int64_t r = 0; r < rows; ++r)
         for (int64_t c = 0; c < ld; c += W)
             vstore(s + r * ld + c,
@@ -108,8 +100,7 @@ static void softmax_grad_cols(float* s, const float* dp, int64_t rows, int64_t l
 }
 
 template <class Storage>
-static void query_grad_task(const mfa_cpu_plan* plan, int64_t task, float* slot)
-{
+static void query_grad_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
     const mfa_problem* p = plan->problem;
     const int64_t es = plan->elem_size;
     const int64_t q_local = task / plan->q_blocks;
@@ -132,20 +123,17 @@ static void query_grad_task(const mfa_cpu_plan* plan, int64_t task, float* slot)
     mfa_cpu_backward_tiles_carve(plan, slot, &t);
     pack_rows<Storage>(rows_of(p->q, es, b, h, i0), rows, d, plan->score_scale, t.rows, d);
     pack_rows<Storage>(rows_of(p->dout, es, b, h, i0), rows, dv, 1.0f, t.rows_out_grad, dv);
-    for (int64_t i = 0; i < rows * d_pad; ++i)
-        t.acc[i] = 0.0f;
+    for (int64_t i = 0; i < rows * d_pad; ++i) t.acc[i] = 0.0f;
 
     const int64_t key_hi = mfa_cpu_key_end(plan, i0 + rows - 1);
-    for (int64_t j0 = panel_floor(mfa_cpu_key_begin(plan, i0)); j0 < key_hi;
-         j0 += plan->block_k) {
+    for (int64_t j0 = panel_floor(mfa_cpu_key_begin(plan, i0)); j0 < key_hi; j0 += plan->block_k) {
         const int64_t n = min64(plan->block_k, key_hi - j0);
         const int64_t n_pad = mfa_cpu_round_up(n, NR);
         gemm_packed(rows, n, d, t.rows, d, kv_pack.kt + j0 * d, d * NR, t.s, n_pad, false);
         mask_query_rows(plan, i0, rows, j0, n, t.s, n_pad);
-        for (int64_t r = 0; r < rows; ++r)
-            exp2_shifted_sum(t.s + r * n_pad, n_pad, lse2[r]);
-        gemm_packed(rows, n, dv, t.rows_out_grad, dv, kv_pack.vt + j0 * dv, dv * NR, t.dp,
-                    n_pad, false);
+        for (int64_t r = 0; r < rows; ++r) exp2_shifted_sum(t.s + r * n_pad, n_pad, lse2[r]);
+        gemm_packed(rows, n, dv, t.rows_out_grad, dv, kv_pack.vt + j0 * dv, dv * NR, t.dp, n_pad,
+                    false);
         softmax_grad_rows(t.s, t.dp, rows, n_pad, q_pack.row_dot + i0);
         gemm_packed(rows, d, n, t.s, n_pad, kv_pack.k + j0 * NR, plan->seq_k_padded * NR, t.acc,
                     d_pad, true);
@@ -154,8 +142,7 @@ static void query_grad_task(const mfa_cpu_plan* plan, int64_t task, float* slot)
 }
 
 template <class Storage>
-static void key_value_grad_task(const mfa_cpu_plan* plan, int64_t task, float* slot)
-{
+static void key_value_grad_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
     const mfa_problem* p = plan->problem;
     const int64_t es = plan->elem_size;
     const int64_t g_local = task / plan->k_blocks;
@@ -177,16 +164,13 @@ static void key_value_grad_task(const mfa_cpu_plan* plan, int64_t task, float* s
         carried.dv += j0 * dv_pad;
     }
     const bool continues = plan->first_member > 0;
-    for (int64_t i = 0; i < rows * d_pad; ++i)
-        t.acc[i] = continues ? carried.dk[i] : 0.0f;
-    for (int64_t i = 0; i < rows * dv_pad; ++i)
-        t.acc_v[i] = continues ? carried.dv[i] : 0.0f;
+    for (int64_t i = 0; i < rows * d_pad; ++i) t.acc[i] = continues ? carried.dk[i] : 0.0f;
+    for (int64_t i = 0; i < rows * dv_pad; ++i) t.acc_v[i] = continues ? carried.dv[i] : 0.0f;
 
     const int64_t query_hi = mfa_cpu_query_end(plan, j0 + rows - 1);
     for (int64_t member = 0; member < plan->members; ++member) {
         mfa_cpu_q_pack q_pack;
-        mfa_cpu_q_pack_carve(plan, chunk_q_pack(plan, g_local * plan->members + member),
-                             &q_pack);
+        mfa_cpu_q_pack_carve(plan, chunk_q_pack(plan, g_local * plan->members + member), &q_pack);
         for (int64_t i0 = panel_floor(mfa_cpu_query_begin(plan, j0)); i0 < query_hi;
              i0 += plan->block_q) {
             const int64_t n = min64(plan->block_q, query_hi - i0);
@@ -202,8 +186,8 @@ static void key_value_grad_task(const mfa_cpu_plan* plan, int64_t task, float* s
             gemm_packed(rows, n, dv, t.rows_out_grad, dv, q_pack.doutt + i0 * dv, dv * NR, t.dp,
                         n_pad, false);
             softmax_grad_cols(t.s, t.dp, rows, n_pad, q_pack.row_dot + i0);
-            gemm_packed(rows, d, n, t.s, n_pad, q_pack.q + i0 * NR, plan->seq_q_padded * NR,
-                        t.acc, d_pad, true);
+            gemm_packed(rows, d, n, t.s, n_pad, q_pack.q + i0 * NR, plan->seq_q_padded * NR, t.acc,
+                        d_pad, true);
         }
     }
     if (plan->first_member + plan->members < p->group) {
@@ -216,8 +200,7 @@ static void key_value_grad_task(const mfa_cpu_plan* plan, int64_t task, float* s
 }
 
 template <class Storage>
-static void backward_task(const mfa_cpu_plan* plan, int64_t task, float* slot)
-{
+static void backward_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
     const int64_t query_tasks = mfa_cpu_backward_query_tasks(plan);
     if (task < query_tasks)
         query_grad_task<Storage>(plan, task, slot);

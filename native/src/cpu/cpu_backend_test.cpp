@@ -22,8 +22,7 @@
 
 static char last_error[512];
 
-extern "C" mfa_status mfa_set_error(mfa_status status, const char* format, ...)
-{
+extern "C" mfa_status mfa_set_error(mfa_status status, const char* format, ...) {
     va_list args;
     va_start(args, format);
     vsnprintf(last_error, sizeof last_error, format, args);
@@ -31,17 +30,12 @@ extern "C" mfa_status mfa_set_error(mfa_status status, const char* format, ...)
     return status;
 }
 
-extern "C" size_t mfa_dtype_size(mfa_dtype dtype)
-{
-    return dtype == MFA_DTYPE_F32 ? 4 : 2;
-}
+extern "C" size_t mfa_dtype_size(mfa_dtype dtype) { return dtype == MFA_DTYPE_F32 ? 4 : 2; }
 
 static int failures = 0;
 
-static void fail(const char* format, ...)
-{
-    if (++failures > 25)
-        return;
+static void fail(const char* format, ...) {
+    if (++failures > 25) return;
     va_list args;
     va_start(args, format);
     printf("  FAIL: ");
@@ -53,8 +47,7 @@ static void fail(const char* format, ...)
 /* ---- Conversions ---------------------------------------------------------------------------- */
 
 /* The value of an IEEE half from its fields. */
-static double half_value(uint16_t h)
-{
+static double half_value(uint16_t h) {
     const int sign = h >> 15, exponent = (h >> 10) & 31, mantissa = h & 1023;
     double magnitude;
     if (exponent == 0)
@@ -67,28 +60,22 @@ static double half_value(uint16_t h)
 }
 
 /* x rounded to nearest even on a grid of `quantum` (a power of two, so x / quantum is exact). */
-static double round_to_grid(double x, double quantum)
-{
-    return nearbyint(x / quantum) * quantum;
-}
+static double round_to_grid(double x, double quantum) { return nearbyint(x / quantum) * quantum; }
 
 /* What rounding x to a float type with `mantissa_bits` stored bits, minimum normal exponent
  * `min_exponent` and largest finite `largest` gives, computed in float64. */
-static double reference_round(float x, int mantissa_bits, int min_exponent, double largest)
-{
+static double reference_round(float x, int mantissa_bits, int min_exponent, double largest) {
     int exponent;
     frexp(x, &exponent); /* x = f * 2^exponent, 0.5 <= |f| < 1 */
     const int e = std::max(exponent - 1, min_exponent);
     const double rounded = round_to_grid(x, ldexp(1.0, e - mantissa_bits));
     /* Past the largest finite value, round-to-nearest goes to infinity at the halfway point. */
     const double halfway = largest + ldexp(1.0, (int)floor(log2(largest)) - mantissa_bits - 1);
-    if (fabs(x) >= halfway)
-        return x > 0 ? INFINITY : -INFINITY;
+    if (fabs(x) >= halfway) return x > 0 ? INFINITY : -INFINITY;
     return rounded;
 }
 
-static void test_conversions()
-{
+static void test_conversions() {
     for (uint32_t bits = 0; bits < 65536; ++bits) {
         const uint16_t h = (uint16_t)bits;
         const double want = half_value(h);
@@ -102,8 +89,7 @@ static void test_conversions()
 
     /* f32 -> f16 / bf16 over a stride of all bit patterns plus every halfway case near 1. */
     std::vector<uint32_t> samples;
-    for (uint64_t bits = 0; bits < (1ull << 32); bits += 4093)
-        samples.push_back((uint32_t)bits);
+    for (uint64_t bits = 0; bits < (1ull << 32); bits += 4093) samples.push_back((uint32_t)bits);
     for (uint32_t m = 0; m < 1024; ++m) {
         samples.push_back(0x3f800000u | (m << 13) | 0x1000u); /* f16 halfway points near 1 */
         samples.push_back(mfa_cpu_f32_bits(ldexpf((float)m + 0.5f, -24))); /* f16 subnormal */
@@ -146,8 +132,7 @@ struct Tensor {
     /* layout 0: [B,H,N,D]; 1: [B,N,H,D]; 2: padded strides with every other element;
      * reverse: the sequence axis runs backwards (negative stride). */
     Tensor(mfa_dtype type, int64_t b, int64_t h, int64_t n, int64_t d, int layout, bool reverse)
-        : dtype(type), shape{b, h, n, d}
-    {
+        : dtype(type), shape{b, h, n, d} {
         int64_t s[4];
         if (layout == 0) {
             s[3] = 1, s[2] = d, s[1] = n * d, s[0] = h * n * d;
@@ -157,27 +142,23 @@ struct Tensor {
             s[3] = 2, s[2] = 2 * d + 3, s[1] = s[2] * n + 5, s[0] = s[1] * h;
         }
         int64_t span = 1;
-        for (int i = 0; i < 4; ++i)
-            span += (shape[i] - 1) * s[i];
+        for (int i = 0; i < 4; ++i) span += (shape[i] - 1) * s[i];
         memory.assign((size_t)span * mfa_dtype_size(dtype), 0);
         view.data = memory.data();
-        for (int i = 0; i < 4; ++i)
-            view.stride[i] = s[i];
+        for (int i = 0; i < 4; ++i) view.stride[i] = s[i];
         if (reverse) {
             view.data += (n - 1) * s[2] * (int64_t)mfa_dtype_size(dtype);
             view.stride[2] = -s[2];
         }
     }
 
-    char* at(int64_t b, int64_t h, int64_t n, int64_t d)
-    {
-        return view.data + (int64_t)mfa_dtype_size(dtype) *
-                               (b * view.stride[0] + h * view.stride[1] + n * view.stride[2] +
-                                d * view.stride[3]);
+    char* at(int64_t b, int64_t h, int64_t n, int64_t d) {
+        return view.data +
+               (int64_t)mfa_dtype_size(dtype) * (b * view.stride[0] + h * view.stride[1] +
+                                                 n * view.stride[2] + d * view.stride[3]);
     }
 
-    double get(int64_t b, int64_t h, int64_t n, int64_t d)
-    {
+    double get(int64_t b, int64_t h, int64_t n, int64_t d) {
         const char* p = at(b, h, n, d);
         if (dtype == MFA_DTYPE_F32) {
             float x;
@@ -189,8 +170,7 @@ struct Tensor {
         return dtype == MFA_DTYPE_F16 ? mfa_cpu_f16_to_f32(bits) : mfa_cpu_bf16_to_f32(bits);
     }
 
-    void set(int64_t b, int64_t h, int64_t n, int64_t d, float x)
-    {
+    void set(int64_t b, int64_t h, int64_t n, int64_t d, float x) {
         char* p = at(b, h, n, d);
         if (dtype == MFA_DTYPE_F32) {
             memcpy(p, &x, 4);
@@ -201,14 +181,12 @@ struct Tensor {
         memcpy(p, &bits, 2);
     }
 
-    void fill_normal(std::mt19937& rng)
-    {
+    void fill_normal(std::mt19937& rng) {
         std::normal_distribution<float> normal(0.0f, 1.0f);
         for (int64_t b = 0; b < shape[0]; ++b)
             for (int64_t h = 0; h < shape[1]; ++h)
                 for (int64_t n = 0; n < shape[2]; ++n)
-                    for (int64_t d = 0; d < shape[3]; ++d)
-                        set(b, h, n, d, normal(rng));
+                    for (int64_t d = 0; d < shape[3]; ++d) set(b, h, n, d, normal(rng));
     }
 };
 
@@ -245,29 +223,26 @@ static const Case cases[] = {
     {"bf16 D = 512", MFA_DTYPE_BF16, 1, 1, 1, 65, 65, 512, 512, -1, -1, true, 0, false},
     /* 8 query heads' packs of 260 x 1024 rows exceed the 32 MiB pack budget: the backward
      * takes the group in two passes and carries dK and dV between them. */
-    {"MQA group over several backward passes", MFA_DTYPE_F32, 1, 8, 1, 260, 8, 1024, 1024, 100,
-     -1, false, 0, false},
+    {"MQA group over several backward passes", MFA_DTYPE_F32, 1, 8, 1, 260, 8, 1024, 1024, 100, -1,
+     false, 0, false},
 };
 
 /* Relative error bound of a result element, scaled by (1 + |reference|). f32: accumulation over
  * up to a few thousand terms in f32 (~1e-6 each) with margin. f16/bf16: the reference is computed
  * from the same rounded inputs, so what remains is the output's own rounding (2^-11, 2^-8)
  * plus f32 accumulation; gradients combine several rounded products, hence twice the bound. */
-static double tolerance(mfa_dtype dtype)
-{
+static double tolerance(mfa_dtype dtype) {
     return dtype == MFA_DTYPE_F32 ? 2e-5 : dtype == MFA_DTYPE_F16 ? 2e-3 : 1.6e-2;
 }
 
 static void expect_close(const char* what, double got, double want, double bound, int64_t b,
-                         int64_t h, int64_t n, int64_t d)
-{
+                         int64_t h, int64_t n, int64_t d) {
     if (!(fabs(got - want) <= bound * (1.0 + fabs(want))))
         fail("%s[%lld,%lld,%lld,%lld] = %.9g, want %.9g", what, (long long)b, (long long)h,
              (long long)n, (long long)d, got, want);
 }
 
-static void run_case(const mfa_backend_ops* ops, void* state, const Case& c, std::mt19937& rng)
-{
+static void run_case(const mfa_backend_ops* ops, void* state, const Case& c, std::mt19937& rng) {
     const int64_t B = c.batch, Hq = c.heads_q, Hkv = c.heads_kv, Nq = c.seq_q, Nk = c.seq_k;
     const int64_t D = c.dim, Dv = c.dim_v, group = Hq / Hkv;
     Tensor q(c.dtype, B, Hq, Nq, D, c.layout, c.reverse);
@@ -313,8 +288,7 @@ static void run_case(const mfa_backend_ops* ops, void* state, const Case& c, std
                     const bool visible = (c.window_left < 0 || j >= aligned - c.window_left) &&
                                          (c.window_right < 0 || j <= aligned + c.window_right);
                     double score = 0;
-                    for (int64_t x = 0; x < D; ++x)
-                        score += q.get(b, h, i, x) * k.get(b, hk, j, x);
+                    for (int64_t x = 0; x < D; ++x) score += q.get(b, h, i, x) * k.get(b, hk, j, x);
                     weight[j] = visible ? score * p.scale : -INFINITY;
                     peak = std::max(peak, weight[j]);
                 }
@@ -333,16 +307,14 @@ static void run_case(const mfa_backend_ops* ops, void* state, const Case& c, std
                 double row_dot = 0;
                 for (int64_t x = 0; x < Dv; ++x) {
                     double o = 0;
-                    for (int64_t j = 0; j < Nk; ++j)
-                        o += weight[j] * v.get(b, hk, j, x);
+                    for (int64_t j = 0; j < Nk; ++j) o += weight[j] * v.get(b, hk, j, x);
                     o = total > 0 ? o / total : 0;
                     expect_close("out", out.get(b, h, i, x), o, bound, b, h, i, x);
                     row_dot += dout.get(b, h, i, x) * o;
                 }
                 std::vector<double> dq_want((size_t)D, 0.0);
                 for (int64_t j = 0; j < Nk; ++j) {
-                    if (weight[j] == 0)
-                        continue;
+                    if (weight[j] == 0) continue;
                     const double prob = weight[j] / total;
                     double dp = 0;
                     for (int64_t x = 0; x < Dv; ++x) {
@@ -358,8 +330,8 @@ static void run_case(const mfa_backend_ops* ops, void* state, const Case& c, std
                     }
                 }
                 for (int64_t x = 0; x < D; ++x)
-                    expect_close("dq", dq.get(b, h, i, x), dq_want[(size_t)x], 2 * bound, b, h,
-                                 i, x);
+                    expect_close("dq", dq.get(b, h, i, x), dq_want[(size_t)x], 2 * bound, b, h, i,
+                                 x);
             }
         }
     for (int64_t b = 0; b < B; ++b)
@@ -367,18 +339,17 @@ static void run_case(const mfa_backend_ops* ops, void* state, const Case& c, std
             for (int64_t j = 0; j < Nk; ++j) {
                 for (int64_t x = 0; x < D; ++x)
                     expect_close("dk", dk.get(b, h, j, x),
-                                 dk_want[(size_t)(((b * Hkv + h) * Nk + j) * D + x)], 2 * bound,
-                                 b, h, j, x);
+                                 dk_want[(size_t)(((b * Hkv + h) * Nk + j) * D + x)], 2 * bound, b,
+                                 h, j, x);
                 for (int64_t x = 0; x < Dv; ++x)
                     expect_close("dv", dv.get(b, h, j, x),
-                                 dv_want[(size_t)(((b * Hkv + h) * Nk + j) * Dv + x)], 2 * bound,
-                                 b, h, j, x);
+                                 dv_want[(size_t)(((b * Hkv + h) * Nk + j) * Dv + x)], 2 * bound, b,
+                                 h, j, x);
             }
 }
 
 /* Several caller threads share one context; each must get exactly what it gets alone. */
-static void test_concurrent_callers(const mfa_backend_ops* ops, void* state)
-{
+static void test_concurrent_callers(const mfa_backend_ops* ops, void* state) {
     const int64_t N = 300, D = 32, H = 2;
     const int callers = 6;
     struct Problem {
@@ -389,8 +360,7 @@ static void test_concurrent_callers(const mfa_backend_ops* ops, void* state)
         std::mt19937 rng((unsigned)seed);
         std::normal_distribution<float> normal;
         problem.qkv.resize((size_t)(H * N * D));
-        for (float& x : problem.qkv)
-            x = normal(rng);
+        for (float& x : problem.qkv) x = normal(rng);
         problem.out.assign((size_t)(H * N * D), 0.0f);
         mfa_problem& p = problem.p;
         memset(&p, 0, sizeof p);
@@ -420,16 +390,14 @@ static void test_concurrent_callers(const mfa_backend_ops* ops, void* state)
                     ++mismatches[(size_t)t];
             }
         });
-    for (std::thread& thread : threads)
-        thread.join();
+    for (std::thread& thread : threads) thread.join();
     for (int t = 0; t < callers; ++t)
         if (mismatches[(size_t)t])
             fail("concurrent caller %d: %d of 10 results differ from its result alone", t,
                  mismatches[(size_t)t]);
 }
 
-static void test_kernel_build(const mfa_backend_ops* ops, const char* isa)
-{
+static void test_kernel_build(const mfa_backend_ops* ops, const char* isa) {
     setenv("MFA_CPU_ISA", isa, 1);
     mfa_context_options options;
     memset(&options, 0, sizeof options);
@@ -449,15 +417,13 @@ static void test_kernel_build(const mfa_backend_ops* ops, const char* isa)
     for (const Case& c : cases) {
         const int before = failures;
         run_case(ops, state, c, rng);
-        if (failures != before)
-            printf("  in case \"%s\"\n", c.name);
+        if (failures != before) printf("  in case \"%s\"\n", c.name);
     }
     test_concurrent_callers(ops, state);
     ops->destroy(state);
 }
 
-int main()
-{
+int main() {
     test_conversions();
     printf("conversions: %s\n", failures ? "FAILED" : "ok");
 
@@ -469,8 +435,7 @@ int main()
 #else
     const char* builds[] = {"portable"};
 #endif
-    for (const char* isa : builds)
-        test_kernel_build(ops, isa);
+    for (const char* isa : builds) test_kernel_build(ops, isa);
 
     setenv("MFA_CPU_ISA", "no-such-isa", 1);
     void* state = nullptr;

@@ -9,15 +9,13 @@ struct kv_head_ref {
     int64_t batch, head;
 };
 
-static inline kv_head_ref chunk_kv_head(const mfa_cpu_plan* plan, int64_t g_local)
-{
+static inline kv_head_ref chunk_kv_head(const mfa_cpu_plan* plan, int64_t g_local) {
     const int64_t g = plan->first_kv_head + g_local;
     kv_head_ref ref = {g / plan->problem->heads_kv, g % plan->problem->heads_kv};
     return ref;
 }
 
-static inline float* chunk_kv_pack(const mfa_cpu_plan* plan, int64_t g_local)
-{
+static inline float* chunk_kv_pack(const mfa_cpu_plan* plan, int64_t g_local) {
     return plan->kv_packs + g_local * plan->kv_pack_floats;
 }
 
@@ -28,8 +26,7 @@ static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t panel_floor(int64_t first) { return first / NR * NR; }
 
 template <class Storage>
-static void forward_pack_task(const mfa_cpu_plan* plan, int64_t task, float* slot)
-{
+static void forward_pack_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
     (void)slot;
     const mfa_problem* p = plan->problem;
     const int64_t blocks = mfa_cpu_pack_blocks(plan, p->seq_k);
@@ -45,8 +42,7 @@ static void forward_pack_task(const mfa_cpu_plan* plan, int64_t task, float* slo
 }
 
 template <class Storage>
-static void forward_task(const mfa_cpu_plan* plan, int64_t task, float* slot)
-{
+static void forward_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
     const mfa_problem* p = plan->problem;
     const int64_t es = plan->elem_size;
     const int64_t per_kv_head = p->group * plan->q_blocks;
@@ -68,8 +64,7 @@ static void forward_task(const mfa_cpu_plan* plan, int64_t task, float* slot)
     mfa_cpu_forward_tiles_carve(plan, slot, &t);
 
     pack_rows<Storage>(rows_of(p->q, es, b, h, i0), rows, d, plan->score_scale, t.q, d);
-    for (int64_t i = 0; i < rows * dv_pad; ++i)
-        t.o[i] = 0.0f;
+    for (int64_t i = 0; i < rows * dv_pad; ++i) t.o[i] = 0.0f;
     for (int64_t r = 0; r < rows; ++r) {
         t.row_max[r] = -__builtin_inff();
         t.row_sum[r] = 0.0f;
@@ -77,8 +72,7 @@ static void forward_task(const mfa_cpu_plan* plan, int64_t task, float* slot)
 
     /* Visible ranges move monotonically with the row, so the block's keys are one interval. */
     const int64_t key_hi = mfa_cpu_key_end(plan, i0 + rows - 1);
-    for (int64_t j0 = panel_floor(mfa_cpu_key_begin(plan, i0)); j0 < key_hi;
-         j0 += plan->block_k) {
+    for (int64_t j0 = panel_floor(mfa_cpu_key_begin(plan, i0)); j0 < key_hi; j0 += plan->block_k) {
         const int64_t n = min64(plan->block_k, key_hi - j0);
         const int64_t n_pad = mfa_cpu_round_up(n, NR);
         gemm_packed(rows, n, d, t.q, d, pack.kt + j0 * d, d * NR, t.s, n_pad, false);
@@ -93,8 +87,7 @@ static void forward_task(const mfa_cpu_plan* plan, int64_t task, float* slot)
                 block_max > old_max || block_max != block_max ? block_max : old_max;
             if (new_max == -__builtin_inff()) {
                 /* Nothing visible to this row yet: its P is 0, not 2^(-inf - -inf). */
-                for (int64_t c = 0; c < n_pad; ++c)
-                    s[c] = 0.0f;
+                for (int64_t c = 0; c < n_pad; ++c) s[c] = 0.0f;
                 continue;
             }
             const float block_sum = exp2_shifted_sum(s, n_pad, new_max);
@@ -106,8 +99,8 @@ static void forward_task(const mfa_cpu_plan* plan, int64_t task, float* slot)
             }
             t.row_sum[r] += block_sum;
         }
-        gemm_packed(rows, dv, n, t.s, n_pad, pack.v + j0 * NR, plan->seq_k_padded * NR, t.o,
-                    dv_pad, true);
+        gemm_packed(rows, dv, n, t.s, n_pad, pack.v + j0 * NR, plan->seq_k_padded * NR, t.o, dv_pad,
+                    true);
     }
 
     /* A row that saw no key keeps max -inf and sum 0: out 0 (its accumulator is 0) and
@@ -120,7 +113,7 @@ static void forward_task(const mfa_cpu_plan* plan, int64_t task, float* slot)
         for (int64_t r = 0; r < rows; ++r) {
             const float sum = t.row_sum[r];
             f32_storage::store(lse.row(r), sum == 0.0f ? -__builtin_inff()
-                                                      : (t.row_max[r] + log2f(sum)) * kLn2);
+                                                       : (t.row_max[r] + log2f(sum)) * kLn2);
         }
     }
 }

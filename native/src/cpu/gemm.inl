@@ -15,23 +15,19 @@ static const int64_t NR = NV * W;
 static const int MR = MFA_CPU_ROWS;
 
 template <int ROWS>
-static inline void micro_tile(int64_t depth, const float* a, int64_t lda, const float* b,
-                              float* c, int64_t ldc, bool accumulate)
-{
+static inline void micro_tile(int64_t depth, const float* a, int64_t lda, const float* b, float* c,
+                              int64_t ldc, bool accumulate) {
     vf acc[ROWS][NV];
 #pragma GCC unroll 16
     for (int r = 0; r < ROWS; ++r)
-        for (int v = 0; v < NV; ++v)
-            acc[r][v] = vsplat(0.0f);
+        for (int v = 0; v < NV; ++v) acc[r][v] = vsplat(0.0f);
     for (int64_t k = 0; k < depth; ++k) {
         vf bk[NV];
-        for (int v = 0; v < NV; ++v)
-            bk[v] = vload(b + k * NR + v * W);
+        for (int v = 0; v < NV; ++v) bk[v] = vload(b + k * NR + v * W);
 #pragma GCC unroll 16
         for (int r = 0; r < ROWS; ++r) {
             const vf ar = vsplat(a[r * lda + k]);
-            for (int v = 0; v < NV; ++v)
-                acc[r][v] += ar * bk[v];
+            for (int v = 0; v < NV; ++v) acc[r][v] += ar * bk[v];
         }
     }
 #pragma GCC unroll 16
@@ -45,8 +41,7 @@ static inline void micro_tile(int64_t depth, const float* a, int64_t lda, const 
 /* The row remainder of a tile (1 .. MR-1 rows) through the same kernel at a smaller height. */
 template <int ROWS>
 static inline void micro_tile_rows(int rows, int64_t depth, const float* a, int64_t lda,
-                                   const float* b, float* c, int64_t ldc, bool accumulate)
-{
+                                   const float* b, float* c, int64_t ldc, bool accumulate) {
     if (rows == ROWS)
         micro_tile<ROWS>(depth, a, lda, b, c, ldc, accumulate);
     else
@@ -54,17 +49,14 @@ static inline void micro_tile_rows(int rows, int64_t depth, const float* a, int6
 }
 
 template <>
-inline void micro_tile_rows<0>(int, int64_t, const float*, int64_t, const float*, float*,
-                               int64_t, bool)
-{
-}
+inline void micro_tile_rows<0>(int, int64_t, const float*, int64_t, const float*, float*, int64_t,
+                               bool) {}
 
 /* C[m x cols] (+)= A[m x depth] * B, where B is ceil(cols / NR) panels of depth x NR floats,
  * panel_stride floats apart, and C has row stride ldc >= round_up(cols, NR). depth may be 0. */
 static void gemm_packed(int64_t m, int64_t cols, int64_t depth, const float* a, int64_t lda,
                         const float* b, int64_t panel_stride, float* c, int64_t ldc,
-                        bool accumulate)
-{
+                        bool accumulate) {
     const int64_t panels = (cols + NR - 1) / NR;
     for (int64_t p = 0; p < panels; ++p) {
         const float* bp = b + p * panel_stride;

@@ -26,12 +26,11 @@ namespace {
 
 /* One entry point per pass for all dtypes: the dtype is resolved per task, not per element. */
 template <mfa_cpu_task F32, mfa_cpu_task F16, mfa_cpu_task BF16>
-static void for_dtype(const mfa_cpu_plan* plan, int64_t task, float* slot)
-{
+static void for_dtype(const mfa_cpu_plan* plan, int64_t task, float* slot) {
     switch (plan->problem->dtype) {
-    case MFA_DTYPE_F32: F32(plan, task, slot); break;
-    case MFA_DTYPE_F16: F16(plan, task, slot); break;
-    case MFA_DTYPE_BF16: BF16(plan, task, slot); break;
+        case MFA_DTYPE_F32: F32(plan, task, slot); break;
+        case MFA_DTYPE_F16: F16(plan, task, slot); break;
+        case MFA_DTYPE_BF16: BF16(plan, task, slot); break;
     }
 }
 
@@ -43,13 +42,9 @@ const mfa_cpu_kernels kernels = {
     for_dtype<forward_task<f32_storage>, forward_task<f16_storage>, forward_task<bf16_storage>>,
     for_dtype<backward_pack_task<f32_storage>, backward_pack_task<f16_storage>,
               backward_pack_task<bf16_storage>>,
-    for_dtype<backward_task<f32_storage>, backward_task<f16_storage>,
-              backward_task<bf16_storage>>,
+    for_dtype<backward_task<f32_storage>, backward_task<f16_storage>, backward_task<bf16_storage>>,
 };
 
 } // namespace
 
-extern "C" const mfa_cpu_kernels* MFA_CPU_KERNELS_GETTER(void)
-{
-    return &kernels;
-}
+extern "C" const mfa_cpu_kernels* MFA_CPU_KERNELS_GETTER(void) { return &kernels; }

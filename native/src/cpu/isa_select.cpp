@@ -37,16 +37,14 @@ struct isa_choice {
 bool always(void) { return true; }
 
 #if defined(__x86_64__)
-bool has_avx512(void)
-{
+bool has_avx512(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
            __builtin_cpu_supports("fma");
 }
 
-bool has_avx2(void)
-{
+bool has_avx2(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
@@ -63,13 +61,11 @@ const isa_choice choices[] = {
 
 } // namespace
 
-mfa_status mfa_cpu_select_kernels(const mfa_cpu_kernels** kernels)
-{
+mfa_status mfa_cpu_select_kernels(const mfa_cpu_kernels** kernels) {
     const char* pinned = getenv("MFA_CPU_ISA");
     if (pinned && *pinned) {
         for (const isa_choice& choice : choices) {
-            if (strcmp(choice.name, pinned) != 0)
-                continue;
+            if (strcmp(choice.name, pinned) != 0) continue;
             if (!choice.supported())
                 return mfa_set_error(MFA_ERROR_UNSUPPORTED,
                                      "MFA_CPU_ISA=%s: this CPU does not support %s", pinned,

@@ -15,51 +15,44 @@ extern "C" {
 typedef void (*mfa_cpu_task)(const mfa_cpu_plan* plan, int64_t task, float* slot);
 
 typedef struct mfa_cpu_kernels {
-    const char* isa_name;   /* "AVX-512", "AVX2", "NEON", "SSE2", "portable" */
-    int64_t panel_width;    /* floats per packed panel: the micro-kernel's register width */
-    mfa_cpu_task forward_pack;     /* K and V of the chunk's key/value heads */
-    mfa_cpu_task forward;          /* blocks of query rows: O and, if requested, lse */
-    mfa_cpu_task backward_pack;    /* K, V of the key/value heads; Q, dO, lse, rowsum(dO * O)
+    const char* isa_name;       /* "AVX-512", "AVX2", "NEON", "SSE2", "portable" */
+    int64_t panel_width;        /* floats per packed panel: the micro-kernel's register width */
+    mfa_cpu_task forward_pack;  /* K and V of the chunk's key/value heads */
+    mfa_cpu_task forward;       /* blocks of query rows: O and, if requested, lse */
+    mfa_cpu_task backward_pack; /* K, V of the key/value heads; Q, dO, lse, rowsum(dO * O)
                                       of the pass's query heads */
-    mfa_cpu_task backward;         /* blocks of query rows (dQ), then blocks of key rows (dK, dV) */
+    mfa_cpu_task backward;      /* blocks of query rows (dQ), then blocks of key rows (dK, dV) */
 } mfa_cpu_kernels;
 
-static inline int64_t mfa_cpu_pack_blocks(const mfa_cpu_plan* plan, int64_t seq)
-{
+static inline int64_t mfa_cpu_pack_blocks(const mfa_cpu_plan* plan, int64_t seq) {
     return (seq + plan->pack_rows - 1) / plan->pack_rows;
 }
 
-static inline int64_t mfa_cpu_forward_pack_tasks(const mfa_cpu_plan* plan)
-{
+static inline int64_t mfa_cpu_forward_pack_tasks(const mfa_cpu_plan* plan) {
     return plan->chunk_kv_heads * mfa_cpu_pack_blocks(plan, plan->problem->seq_k);
 }
 
-static inline int64_t mfa_cpu_forward_tasks(const mfa_cpu_plan* plan)
-{
+static inline int64_t mfa_cpu_forward_tasks(const mfa_cpu_plan* plan) {
     return plan->chunk_kv_heads * plan->problem->group * plan->q_blocks;
 }
 
 /* K and V are packed in the first pass over a group only; Q and dO in every pass. */
-static inline int64_t mfa_cpu_backward_key_pack_tasks(const mfa_cpu_plan* plan)
-{
+static inline int64_t mfa_cpu_backward_key_pack_tasks(const mfa_cpu_plan* plan) {
     return plan->first_member == 0
                ? plan->chunk_kv_heads * mfa_cpu_pack_blocks(plan, plan->problem->seq_k)
                : 0;
 }
 
-static inline int64_t mfa_cpu_backward_pack_tasks(const mfa_cpu_plan* plan)
-{
+static inline int64_t mfa_cpu_backward_pack_tasks(const mfa_cpu_plan* plan) {
     return mfa_cpu_backward_key_pack_tasks(plan) +
            plan->chunk_kv_heads * plan->members * mfa_cpu_pack_blocks(plan, plan->problem->seq_q);
 }
 
-static inline int64_t mfa_cpu_backward_query_tasks(const mfa_cpu_plan* plan)
-{
+static inline int64_t mfa_cpu_backward_query_tasks(const mfa_cpu_plan* plan) {
     return plan->chunk_kv_heads * plan->members * plan->q_blocks;
 }
 
-static inline int64_t mfa_cpu_backward_tasks(const mfa_cpu_plan* plan)
-{
+static inline int64_t mfa_cpu_backward_tasks(const mfa_cpu_plan* plan) {
     return mfa_cpu_backward_query_tasks(plan) + plan->chunk_kv_heads * plan->k_blocks;
 }
 

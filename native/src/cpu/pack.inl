@@ -6,8 +6,7 @@
 
 struct f32_storage {
     enum { size = 4 };
-    static float load(const char* p)
-    {
+    static float load(const char* p) {
         float x;
         memcpy(&x, p, sizeof x);
         return x;
@@ -17,14 +16,12 @@ struct f32_storage {
 
 struct f16_storage {
     enum { size = 2 };
-    static float load(const char* p)
-    {
+    static float load(const char* p) {
         uint16_t h;
         memcpy(&h, p, sizeof h);
         return mfa_cpu_f16_to_f32(h);
     }
-    static void store(char* p, float x)
-    {
+    static void store(char* p, float x) {
         const uint16_t h = mfa_cpu_f32_to_f16(x);
         memcpy(p, &h, sizeof h);
     }
@@ -32,14 +29,12 @@ struct f16_storage {
 
 struct bf16_storage {
     enum { size = 2 };
-    static float load(const char* p)
-    {
+    static float load(const char* p) {
         uint16_t h;
         memcpy(&h, p, sizeof h);
         return mfa_cpu_bf16_to_f32(h);
     }
-    static void store(char* p, float x)
-    {
+    static void store(char* p, float x) {
         const uint16_t h = mfa_cpu_f32_to_bf16(x);
         memcpy(p, &h, sizeof h);
     }
@@ -54,11 +49,10 @@ struct strided_rows {
 };
 
 static inline strided_rows rows_of(const mfa_view& view, int64_t elem_size, int64_t b, int64_t h,
-                                   int64_t s0)
-{
+                                   int64_t s0) {
     strided_rows rows;
-    rows.first = view.data +
-                 elem_size * (b * view.stride[0] + h * view.stride[1] + s0 * view.stride[2]);
+    rows.first =
+        view.data + elem_size * (b * view.stride[0] + h * view.stride[1] + s0 * view.stride[2]);
     rows.row_step = elem_size * view.stride[2];
     rows.elem_step = elem_size * view.stride[3];
     return rows;
@@ -67,11 +61,9 @@ static inline strided_rows rows_of(const mfa_view& view, int64_t elem_size, int6
 /* dst[d * dst_step] = row[d] * mul for d < count. */
 template <class Storage>
 static inline void load_row(const char* row, int64_t elem_step, int64_t count, float mul,
-                            float* dst, int64_t dst_step)
-{
+                            float* dst, int64_t dst_step) {
     if (elem_step == Storage::size && dst_step == 1) {
-        for (int64_t d = 0; d < count; ++d)
-            dst[d] = Storage::load(row + Storage::size * d) * mul;
+        for (int64_t d = 0; d < count; ++d) dst[d] = Storage::load(row + Storage::size * d) * mul;
     } else {
         for (int64_t d = 0; d < count; ++d)
             dst[d * dst_step] = Storage::load(row + elem_step * d) * mul;
@@ -80,13 +72,11 @@ static inline void load_row(const char* row, int64_t elem_step, int64_t count, f
 
 /* A operand: dst[r * ld + d] for r < count, d < width, zero-padded to ld. */
 template <class Storage>
-static void pack_rows(const strided_rows& src, int64_t count, int64_t width, float mul,
-                      float* dst, int64_t ld)
-{
+static void pack_rows(const strided_rows& src, int64_t count, int64_t width, float mul, float* dst,
+                      int64_t ld) {
     for (int64_t r = 0; r < count; ++r) {
         load_row<Storage>(src.row(r), src.elem_step, width, mul, dst + r * ld, 1);
-        for (int64_t d = width; d < ld; ++d)
-            dst[r * ld + d] = 0.0f;
+        for (int64_t d = width; d < ld; ++d) dst[r * ld + d] = 0.0f;
     }
 }
 
@@ -94,8 +84,7 @@ static void pack_rows(const strided_rows& src, int64_t count, int64_t width, flo
  * r * NR, zero past width and, up to the next multiple of NR, past count. */
 template <class Storage>
 static void pack_panels(const strided_rows& src, int64_t count, int64_t width, float mul,
-                        float* dst, int64_t panel_stride)
-{
+                        float* dst, int64_t panel_stride) {
     const int64_t panels = (width + NR - 1) / NR;
     const int64_t padded = (count + NR - 1) / NR * NR;
     for (int64_t p = 0; p < panels; ++p) {
@@ -107,8 +96,7 @@ static void pack_panels(const strided_rows& src, int64_t count, int64_t width, f
             if (filled)
                 load_row<Storage>(src.row(r) + d0 * src.elem_step, src.elem_step, filled, mul,
                                   panel + r * NR, 1);
-            for (int64_t x = filled; x < NR; ++x)
-                panel[r * NR + x] = 0.0f;
+            for (int64_t x = filled; x < NR; ++x) panel[r * NR + x] = 0.0f;
         }
     }
 }
@@ -116,17 +104,15 @@ static void pack_panels(const strided_rows& src, int64_t count, int64_t width, f
 /* Rows [0, count) of src as transposed panels (plan.h) of the given depth starting at dst, zero
  * past count up to the next multiple of NR. */
 template <class Storage>
-static void pack_panels_transposed(const strided_rows& src, int64_t count, int64_t depth,
-                                   float mul, float* dst)
-{
+static void pack_panels_transposed(const strided_rows& src, int64_t count, int64_t depth, float mul,
+                                   float* dst) {
     const int64_t padded = (count + NR - 1) / NR * NR;
     for (int64_t r = 0; r < padded; ++r) {
         float* column = dst + (r / NR) * depth * NR + r % NR;
         if (r < count) {
             load_row<Storage>(src.row(r), src.elem_step, depth, mul, column, NR);
         } else {
-            for (int64_t d = 0; d < depth; ++d)
-                column[d * NR] = 0.0f;
+            for (int64_t d = 0; d < depth; ++d) column[d * NR] = 0.0f;
         }
     }
 }
@@ -134,17 +120,14 @@ static void pack_panels_transposed(const strided_rows& src, int64_t count, int64
 /* dst row r = src[r * ld + 0 .. width) * mul, converted to the storage dtype. */
 template <class Storage>
 static void store_rows(const strided_rows& dst, int64_t count, int64_t width, const float* src,
-                       int64_t ld, float mul)
-{
+                       int64_t ld, float mul) {
     for (int64_t r = 0; r < count; ++r) {
         char* row = dst.row(r);
         const float* s = src + r * ld;
         if (dst.elem_step == Storage::size) {
-            for (int64_t d = 0; d < width; ++d)
-                Storage::store(row + Storage::size * d, s[d] * mul);
+            for (int64_t d = 0; d < width; ++d) Storage::store(row + Storage::size * d, s[d] * mul);
         } else {
-            for (int64_t d = 0; d < width; ++d)
-                Storage::store(row + dst.elem_step * d, s[d] * mul);
+            for (int64_t d = 0; d < width; ++d) Storage::store(row + dst.elem_step * d, s[d] * mul);
         }
     }
 }

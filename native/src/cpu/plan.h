@@ -64,43 +64,34 @@ typedef struct mfa_cpu_plan {
 } mfa_cpu_plan;
 
 /* Keys [key_begin, key_end) are visible from query row i (possibly empty). */
-static inline int64_t mfa_cpu_key_begin(const mfa_cpu_plan* plan, int64_t i)
-{
-    if (plan->window_left < 0)
-        return 0;
+static inline int64_t mfa_cpu_key_begin(const mfa_cpu_plan* plan, int64_t i) {
+    if (plan->window_left < 0) return 0;
     const int64_t lo = i + plan->problem->diag_offset - plan->window_left;
     return lo > 0 ? lo : 0;
 }
 
-static inline int64_t mfa_cpu_key_end(const mfa_cpu_plan* plan, int64_t i)
-{
+static inline int64_t mfa_cpu_key_end(const mfa_cpu_plan* plan, int64_t i) {
     const int64_t seq_k = plan->problem->seq_k;
-    if (plan->window_right < 0)
-        return seq_k;
+    if (plan->window_right < 0) return seq_k;
     const int64_t end = i + plan->problem->diag_offset + plan->window_right + 1;
     return end < seq_k ? end : seq_k;
 }
 
 /* Query rows [query_begin, query_end) see key j: the same rule solved for i. */
-static inline int64_t mfa_cpu_query_begin(const mfa_cpu_plan* plan, int64_t j)
-{
-    if (plan->window_right < 0)
-        return 0;
+static inline int64_t mfa_cpu_query_begin(const mfa_cpu_plan* plan, int64_t j) {
+    if (plan->window_right < 0) return 0;
     const int64_t lo = j - plan->problem->diag_offset - plan->window_right;
     return lo > 0 ? lo : 0;
 }
 
-static inline int64_t mfa_cpu_query_end(const mfa_cpu_plan* plan, int64_t j)
-{
+static inline int64_t mfa_cpu_query_end(const mfa_cpu_plan* plan, int64_t j) {
     const int64_t seq_q = plan->problem->seq_q;
-    if (plan->window_left < 0)
-        return seq_q;
+    if (plan->window_left < 0) return seq_q;
     const int64_t end = j - plan->problem->diag_offset + plan->window_left + 1;
     return end < seq_q ? end : seq_q;
 }
 
-static inline int64_t mfa_cpu_round_up(int64_t n, int64_t multiple)
-{
+static inline int64_t mfa_cpu_round_up(int64_t n, int64_t multiple) {
     return (n + multiple - 1) / multiple * multiple;
 }
 
@@ -111,8 +102,7 @@ typedef struct mfa_cpu_carver {
     int64_t used;
 } mfa_cpu_carver;
 
-static inline float* mfa_cpu_carve(mfa_cpu_carver* carver, int64_t floats)
-{
+static inline float* mfa_cpu_carve(mfa_cpu_carver* carver, int64_t floats) {
     float* region = carver->base ? carver->base + carver->used : (float*)0;
     carver->used += mfa_cpu_round_up(floats, 16);
     return region;
@@ -125,15 +115,14 @@ static inline float* mfa_cpu_carve(mfa_cpu_carver* carver, int64_t floats)
  * [p*NR, p*NR + NR) of every sequence row as seq_padded x NR, at p * seq_padded * NR. */
 
 typedef struct mfa_cpu_kv_pack {
-    float* kt;  /* K, transposed panels (S = Q K^T) */
-    float* v;   /* V, row panels (O += P V); forward only */
-    float* k;   /* K, row panels (dQ += dS K); backward only */
-    float* vt;  /* V, transposed panels (dP = dO V^T); backward only */
+    float* kt; /* K, transposed panels (S = Q K^T) */
+    float* v;  /* V, row panels (O += P V); forward only */
+    float* k;  /* K, row panels (dQ += dS K); backward only */
+    float* vt; /* V, transposed panels (dP = dO V^T); backward only */
 } mfa_cpu_kv_pack;
 
 static inline int64_t mfa_cpu_kv_pack_carve(const mfa_cpu_plan* plan, int backward, float* base,
-                                            mfa_cpu_kv_pack* pack)
-{
+                                            mfa_cpu_kv_pack* pack) {
     const mfa_problem* p = plan->problem;
     const int64_t nr = plan->panel_width, n = plan->seq_k_padded;
     mfa_cpu_carver c = {base, 0};
@@ -154,8 +143,7 @@ typedef struct mfa_cpu_q_pack {
 } mfa_cpu_q_pack;
 
 static inline int64_t mfa_cpu_q_pack_carve(const mfa_cpu_plan* plan, float* base,
-                                           mfa_cpu_q_pack* pack)
-{
+                                           mfa_cpu_q_pack* pack) {
     const mfa_problem* p = plan->problem;
     const int64_t nr = plan->panel_width, n = plan->seq_q_padded;
     mfa_cpu_carver c = {base, 0};
@@ -176,8 +164,7 @@ typedef struct mfa_cpu_kv_grads {
 } mfa_cpu_kv_grads;
 
 static inline int64_t mfa_cpu_kv_grads_carve(const mfa_cpu_plan* plan, float* base,
-                                             mfa_cpu_kv_grads* grads)
-{
+                                             mfa_cpu_kv_grads* grads) {
     const mfa_problem* p = plan->problem;
     const int64_t nr = plan->panel_width, n = plan->seq_k_padded;
     mfa_cpu_carver c = {base, 0};
@@ -194,8 +181,7 @@ typedef struct mfa_cpu_forward_tiles {
 } mfa_cpu_forward_tiles;
 
 static inline int64_t mfa_cpu_forward_tiles_carve(const mfa_cpu_plan* plan, float* base,
-                                                  mfa_cpu_forward_tiles* tiles)
-{
+                                                  mfa_cpu_forward_tiles* tiles) {
     const mfa_problem* p = plan->problem;
     const int64_t bq = plan->block_q, bk = plan->block_k;
     const int64_t dv = mfa_cpu_round_up(p->head_dim_v, plan->panel_width);
@@ -217,8 +203,7 @@ typedef struct mfa_cpu_backward_tiles {
 } mfa_cpu_backward_tiles;
 
 static inline int64_t mfa_cpu_backward_tiles_carve(const mfa_cpu_plan* plan, float* base,
-                                                   mfa_cpu_backward_tiles* tiles)
-{
+                                                   mfa_cpu_backward_tiles* tiles) {
     const mfa_problem* p = plan->problem;
     const int64_t nr = plan->panel_width;
     const int64_t rows = plan->block_q > plan->block_k ? plan->block_q : plan->block_k;

@@ -21,27 +21,22 @@ static inline void vstore(float* p, vf x) { *(vf_unaligned*)p = x; }
  * would not fold: -0 + 0 is +0). */
 static inline vf vsplat(float x) { return x - vf{}; }
 
-static inline vf vselect(vi mask, vf if_set, vf if_clear)
-{
+static inline vf vselect(vi mask, vf if_set, vf if_clear) {
     return (vf)((mask & (vi)if_set) | (~mask & (vi)if_clear));
 }
 
 static inline vf vmax(vf a, vf b) { return vselect(a > b, a, b); }
 static inline vf vmin(vf a, vf b) { return vselect(a < b, a, b); }
 
-static inline float hmax(vf x)
-{
+static inline float hmax(vf x) {
     float m = x[0];
-    for (int i = 1; i < W; ++i)
-        m = x[i] > m ? x[i] : m;
+    for (int i = 1; i < W; ++i) m = x[i] > m ? x[i] : m;
     return m;
 }
 
-static inline float hsum(vf x)
-{
+static inline float hsum(vf x) {
     float s = 0.0f;
-    for (int i = 0; i < W; ++i)
-        s += x[i];
+    for (int i = 0; i < W; ++i) s += x[i];
     return s;
 }
 
@@ -49,8 +44,7 @@ static inline float hsum(vf x)
  * stays NaN, so a non-finite input is never turned into a finite probability.
  * x = n + f with n = round(x), |f| <= 1/2: 2^f from its degree-7 Taylor series in f*ln2
  * (truncation error (ln2/2)^8/8! < 1e-8), 2^n assembled in the exponent field. */
-static inline vf vexp2(vf x)
-{
+static inline vf vexp2(vf x) {
     const vi nan = x != x;
     const vf input = x;
     const vi underflow = x < vsplat(-126.0f);
@@ -72,8 +66,7 @@ static inline vf vexp2(vf x)
 }
 
 /* The largest of x[0 .. n), or NaN if any is NaN (a plain max would skip it). */
-static inline float row_max(const float* x, int64_t n)
-{
+static inline float row_max(const float* x, int64_t n) {
     vf m = vsplat(-__builtin_inff());
     vi nan = vi{};
     for (int64_t i = 0; i < n; i += W) {
@@ -82,14 +75,12 @@ static inline float row_max(const float* x, int64_t n)
         nan |= v != v;
     }
     for (int i = 0; i < W; ++i)
-        if (nan[i])
-            return __builtin_nanf("");
+        if (nan[i]) return __builtin_nanf("");
     return hmax(m);
 }
 
 /* x = 2^(x - shift) in place; returns the sum. n is a multiple of W. */
-static inline float exp2_shifted_sum(float* x, int64_t n, float shift)
-{
+static inline float exp2_shifted_sum(float* x, int64_t n, float shift) {
     const vf s = vsplat(shift);
     vf sum = vsplat(0.0f);
     for (int64_t i = 0; i < n; i += W) {
@@ -100,9 +91,7 @@ static inline float exp2_shifted_sum(float* x, int64_t n, float shift)
     return hsum(sum);
 }
 
-static inline void scale_row(float* x, int64_t n, float factor)
-{
+static inline void scale_row(float* x, int64_t n, float factor) {
     const vf f = vsplat(factor);
-    for (int64_t i = 0; i < n; i += W)
-        vstore(x + i, vload(x + i) * f);
+    for (int64_t i = 0; i < n; i += W) vstore(x + i, vload(x + i) * f);
 }

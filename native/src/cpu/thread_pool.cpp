@@ -4,8 +4,7 @@
 
 namespace mfa_cpu {
 
-ThreadPool::ThreadPool(int threads)
-{
+ThreadPool::ThreadPool(int threads) {
     workers_.reserve(threads > 1 ? threads - 1 : 0);
     try {
         for (int slot = 0; slot + 1 < threads; ++slot)
@@ -16,38 +15,29 @@ ThreadPool::ThreadPool(int threads)
     }
 }
 
-ThreadPool::~ThreadPool()
-{
-    stop();
-}
+ThreadPool::~ThreadPool() { stop(); }
 
-void ThreadPool::stop()
-{
+void ThreadPool::stop() {
     {
         std::lock_guard<std::mutex> lock(mutex_);
         stopping_ = true;
     }
     work_available_.notify_all();
-    for (std::thread& worker : workers_)
-        worker.join();
+    for (std::thread& worker : workers_) worker.join();
     workers_.clear();
 }
 
-bool ThreadPool::claim(Job& job, int64_t& index)
-{
-    if (job.next >= job.count)
-        return false;
+bool ThreadPool::claim(Job& job, int64_t& index) {
+    if (job.next >= job.count) return false;
     index = job.next++;
     return true;
 }
 
-void ThreadPool::work(int slot)
-{
+void ThreadPool::work(int slot) {
     std::unique_lock<std::mutex> lock(mutex_);
     for (;;) {
         work_available_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
-        if (stopping_)
-            return;
+        if (stopping_) return;
         Job& job = *jobs_.front();
         int64_t index;
         if (!claim(job, index)) {
@@ -57,15 +47,12 @@ void ThreadPool::work(int slot)
         lock.unlock();
         job.task(job.context, index, slot);
         lock.lock();
-        if (++job.finished == job.count)
-            job_finished_.notify_all();
+        if (++job.finished == job.count) job_finished_.notify_all();
     }
 }
 
-void ThreadPool::run(int64_t count, Task task, void* context)
-{
-    if (count <= 0)
-        return;
+void ThreadPool::run(int64_t count, Task task, void* context) {
+    if (count <= 0) return;
     const int caller_slot = threads() - 1;
     Job job;
     job.task = task;

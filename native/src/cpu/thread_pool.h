@@ -19,7 +19,7 @@
 namespace mfa_cpu {
 
 class ThreadPool {
-public:
+  public:
     /* Runs tasks on `threads` threads in all: threads - 1 workers plus the caller. Throws
      * std::system_error if a worker cannot be started. */
     explicit ThreadPool(int threads);
@@ -36,7 +36,7 @@ public:
      * Tasks must not throw. */
     void run(int64_t count, Task task, void* context);
 
-private:
+  private:
     struct Job {
         Task task;
         void* context;

@@ -48,13 +48,15 @@ static void metal_capabilities(void* state, mfa_capabilities* caps) {
 
 static mfa_status metal_forward(void* state, const mfa_problem* problem) {
     @autoreleasepool {
-        return mfa_metal_run((__bridge LibMFAMetalContext*)state, problem, mfa_plan_forward, "forward");
+        return mfa_metal_run((__bridge LibMFAMetalContext*)state, problem, mfa_plan_forward,
+                             "forward");
     }
 }
 
 static mfa_status metal_backward(void* state, const mfa_problem* problem) {
     @autoreleasepool {
-        return mfa_metal_run((__bridge LibMFAMetalContext*)state, problem, mfa_plan_backward, "backward");
+        return mfa_metal_run((__bridge LibMFAMetalContext*)state, problem, mfa_plan_backward,
+                             "backward");
     }
 }
 
@@ -63,9 +65,7 @@ static const mfa_backend_ops metal_ops = {
     metal_device_name, metal_capabilities, metal_forward, metal_backward,
 };
 
-const mfa_backend_ops* mfa_metal_backend_ops(void) {
-    return &metal_ops;
-}
+const mfa_backend_ops* mfa_metal_backend_ops(void) { return &metal_ops; }
 
 mfa_status mfa_metal_last_gpu_time(void* state, double* seconds) {
     if (seconds == NULL) {

@@ -40,7 +40,8 @@ static mfa_gpu_family family_of(id<MTLDevice> device) {
         _placeholder = placeholder;
         _family = family_of(device);
         const char* name = device.name.UTF8String;
-        snprintf(_deviceNameStorage, sizeof _deviceNameStorage, "%s", name != NULL ? name : "Apple GPU");
+        snprintf(_deviceNameStorage, sizeof _deviceNameStorage, "%s",
+                 name != NULL ? name : "Apple GPU");
         // maxThreadsPerThreadgroup bounds each dimension; the kernels' threadgroups are 1-D.
         const NSUInteger threads = device.maxThreadsPerThreadgroup.width;
         _maxThreadsPerThreadgroup = threads < 1024 ? (uint32_t)threads : 1024;
@@ -84,7 +85,8 @@ mfa_status mfa_metal_context_create(LibMFAMetalContext* __autoreleasing* out) {
     if (device.maxThreadgroupMemoryLength < MFA_PLAN_THREADGROUP_MEMORY_LIMIT) {
         return mfa_set_error(MFA_ERROR_UNSUPPORTED,
                              "metal: %s offers %lu bytes of threadgroup memory; the kernels are "
-                             "planned for %d", name != NULL ? name : "the GPU",
+                             "planned for %d",
+                             name != NULL ? name : "the GPU",
                              (unsigned long)device.maxThreadgroupMemoryLength,
                              MFA_PLAN_THREADGROUP_MEMORY_LIMIT);
     }
@@ -95,17 +97,19 @@ mfa_status mfa_metal_context_create(LibMFAMetalContext* __autoreleasing* out) {
         return mfa_set_error(MFA_ERROR_DEVICE, "metal: %s refused to create a command queue",
                              name != NULL ? name : "the GPU");
     }
-    id<MTLBuffer> placeholder = [device newBufferWithLength:16 options:MTLResourceStorageModeShared];
+    id<MTLBuffer> placeholder = [device newBufferWithLength:16
+                                                    options:MTLResourceStorageModeShared];
     if (placeholder == nil) {
         return mfa_set_error(MFA_ERROR_OUT_OF_MEMORY, "metal: cannot allocate a 16-byte buffer");
     }
     mfa_status status = MFA_OK;
-    LibMFAKernelLibrary* kernels = [[LibMFAKernelLibrary alloc] initWithDevice:device status:&status];
+    LibMFAKernelLibrary* kernels = [[LibMFAKernelLibrary alloc] initWithDevice:device
+                                                                        status:&status];
     if (kernels == nil) return status;
     LibMFAMetalContext* context = [[LibMFAMetalContext alloc] initWithDevice:device
-                                                                 queue:queue
-                                                           placeholder:placeholder
-                                                               kernels:kernels];
+                                                                       queue:queue
+                                                                 placeholder:placeholder
+                                                                     kernels:kernels];
     if (context == nil) {
         return mfa_set_error(MFA_ERROR_OUT_OF_MEMORY, "metal: cannot allocate the context");
     }

@@ -15,16 +15,19 @@ static mfa_status check_plan_shape(const mfa_plan* plan) {
     }
     for (uint32_t i = 0; i < plan->num_passes; i++) {
         const mfa_pass_plan* pass = &plan->passes[i];
-        if (pass->num_bindings > MFA_PLAN_MAX_BINDINGS || pass->num_constants > MFA_PLAN_MAX_CONSTANTS) {
-            return mfa_set_error(MFA_ERROR_INTERNAL, "metal: the plan of %s has %u bindings and %u "
-                                 "function constants", pass->kernel_name, pass->num_bindings,
-                                 pass->num_constants);
+        if (pass->num_bindings > MFA_PLAN_MAX_BINDINGS ||
+            pass->num_constants > MFA_PLAN_MAX_CONSTANTS) {
+            return mfa_set_error(MFA_ERROR_INTERNAL,
+                                 "metal: the plan of %s has %u bindings and %u "
+                                 "function constants",
+                                 pass->kernel_name, pass->num_bindings, pass->num_constants);
         }
         // setThreadgroupMemoryLength:atIndex: takes multiples of 16 bytes only.
         if (pass->threadgroup_memory_length % 16 != 0) {
-            return mfa_set_error(MFA_ERROR_INTERNAL, "metal: the plan of %s asks for %u bytes of "
-                                 "threadgroup memory, not a multiple of 16", pass->kernel_name,
-                                 pass->threadgroup_memory_length);
+            return mfa_set_error(MFA_ERROR_INTERNAL,
+                                 "metal: the plan of %s asks for %u bytes of "
+                                 "threadgroup memory, not a multiple of 16",
+                                 pass->kernel_name, pass->threadgroup_memory_length);
         }
     }
     return MFA_OK;
@@ -33,9 +36,10 @@ static mfa_status check_plan_shape(const mfa_plan* plan) {
 // Plans until every pass's pipeline can run the planned threadgroup: a register-heavy pipeline
 // may report a maxTotalThreadsPerThreadgroup below the device's, and the planner must then
 // pick a configuration for that bound. The bound strictly shrinks, so this terminates.
-static mfa_status plan_with_pipelines(LibMFAMetalContext* context, const mfa_problem* problem,
-                                      mfa_metal_planner planner, mfa_plan* plan,
-                                      __strong id<MTLComputePipelineState> _Nullable pipelines[_Nonnull]) {
+static mfa_status
+plan_with_pipelines(LibMFAMetalContext* context, const mfa_problem* problem,
+                    mfa_metal_planner planner, mfa_plan* plan,
+                    __strong id<MTLComputePipelineState> _Nullable pipelines[_Nonnull]) {
     uint32_t max_threads = context.maxThreadsPerThreadgroup;
     for (;;) {
         mfa_status status = planner(problem, context.family, max_threads, plan);
@@ -49,8 +53,8 @@ static mfa_status plan_with_pipelines(LibMFAMetalContext* context, const mfa_pro
             if (pass->threads_per_threadgroup == 0 || pass->threads_per_threadgroup > max_threads) {
                 return mfa_set_error(MFA_ERROR_INTERNAL,
                                      "metal: the planner gave %s %u threads per threadgroup for a "
-                                     "bound of %u", pass->kernel_name,
-                                     pass->threads_per_threadgroup, max_threads);
+                                     "bound of %u",
+                                     pass->kernel_name, pass->threads_per_threadgroup, max_threads);
             }
             pipelines[i] = [context.pipelines pipelineForPass:pass status:&status];
             if (pipelines[i] == nil) return status;
@@ -58,8 +62,8 @@ static mfa_status plan_with_pipelines(LibMFAMetalContext* context, const mfa_pro
             if (pipeline_max < pass->threads_per_threadgroup && pipeline_max < lowest) {
                 lowest = (uint32_t)pipeline_max;
             }
-            const NSUInteger memory = pipelines[i].staticThreadgroupMemoryLength +
-                                      pass->threadgroup_memory_length;
+            const NSUInteger memory =
+                pipelines[i].staticThreadgroupMemoryLength + pass->threadgroup_memory_length;
             if (memory > context.maxThreadgroupMemoryLength) {
                 return mfa_set_error(MFA_ERROR_INTERNAL,
                                      "metal: %s needs %lu bytes of threadgroup memory; %s has %lu",
@@ -99,7 +103,8 @@ static mfa_status bind_operands(LibMFAMetalContext* context, const mfa_problem* 
             }
             first_binding[binding->operand] = binding;
             mfa_status status = MFA_OK;
-            operands[binding->operand] = mfa_metal_bind_operand(context, problem, binding, scratch, &status);
+            operands[binding->operand] =
+                mfa_metal_bind_operand(context, problem, binding, scratch, &status);
             if (operands[binding->operand] == nil) return status;
         }
     }
@@ -165,13 +170,16 @@ mfa_status mfa_metal_run(LibMFAMetalContext* context, const mfa_problem* problem
     id<MTLCommandBuffer> commands = [context.queue commandBuffer];
     id<MTLComputeCommandEncoder> encoder = [commands computeCommandEncoder];
     if (commands == nil || encoder == nil) {
-        return mfa_set_error(MFA_ERROR_DEVICE, "metal: %s gave no command buffer or encoder for "
-                             "attention %s", context.deviceName, what);
+        return mfa_set_error(MFA_ERROR_DEVICE,
+                             "metal: %s gave no command buffer or encoder for "
+                             "attention %s",
+                             context.deviceName, what);
     }
     commands.label = [NSString stringWithCString:what encoding:NSUTF8StringEncoding];
     // One serial encoder: Metal orders dependent passes (D written, then read) by itself.
     for (uint32_t i = 0; i < plan.num_passes; i++) {
-        if (has_work(&plan.passes[i])) encode_pass(encoder, &plan.passes[i], pipelines[i], operands);
+        if (has_work(&plan.passes[i]))
+            encode_pass(encoder, &plan.passes[i], pipelines[i], operands);
     }
     [encoder endEncoding];
     [commands commit];

@@ -72,8 +72,8 @@ mfa_status mfa_metal_error(mfa_status status, NSError* _Nullable error, const ch
 @property (nonatomic, readonly) id<MTLDevice> device;
 @property (nonatomic, readonly) id<MTLCommandQueue> queue;
 @property (nonatomic, readonly) mfa_gpu_family family;
-@property (nonatomic, readonly) const char* deviceName;             /* owned by the context */
-@property (nonatomic, readonly) uint32_t maxThreadsPerThreadgroup;   /* device-wide bound */
+@property (nonatomic, readonly) const char* deviceName;            /* owned by the context */
+@property (nonatomic, readonly) uint32_t maxThreadsPerThreadgroup; /* device-wide bound */
 @property (nonatomic, readonly) NSUInteger maxThreadgroupMemoryLength;
 @property (nonatomic, readonly) NSUInteger maxBufferLength;
 @property (nonatomic, readonly) LibMFAPipelineCache* pipelines;
@@ -110,10 +110,10 @@ mfa_status mfa_metal_context_create(LibMFAMetalContext* _Nullable __autoreleasin
 /* Map `binding` of `problem` to a buffer; `scratch` backs MFA_OPERAND_D. nil with the error
  * recorded and *status set. */
 LibMFAOperandBuffer* _Nullable mfa_metal_bind_operand(LibMFAMetalContext* context,
-                                                  const mfa_problem* problem,
-                                                  const mfa_buffer_binding* binding,
-                                                  id<MTLBuffer> _Nullable scratch,
-                                                  mfa_status* status);
+                                                      const mfa_problem* problem,
+                                                      const mfa_buffer_binding* binding,
+                                                      id<MTLBuffer> _Nullable scratch,
+                                                      mfa_status* status);
 
 /* ---- Dispatch ------------------------------------------------------------------------------ */
 

@@ -37,28 +37,30 @@ static BOOL library_has_function(id<MTLLibrary> library, NSString* name) {
 // wherever that is.
 static BOOL metallib_beside_library(char* path, size_t size) {
     Dl_info info;
-    if (dladdr((const void*)&mfa_metal_backend_ops, &info) == 0 || info.dli_fname == NULL) return NO;
+    if (dladdr((const void*)&mfa_metal_backend_ops, &info) == 0 || info.dli_fname == NULL)
+        return NO;
     const char* slash = strrchr(info.dli_fname, '/');
-    const int written = slash == NULL
-        ? snprintf(path, size, "mfa.metallib")
-        : snprintf(path, size, "%.*s/mfa.metallib", (int)(slash - info.dli_fname), info.dli_fname);
+    const int written = slash == NULL ? snprintf(path, size, "mfa.metallib")
+                                      : snprintf(path, size, "%.*s/mfa.metallib",
+                                                 (int)(slash - info.dli_fname), info.dli_fname);
     return written > 0 && (size_t)written < size;
 }
 
 @implementation LibMFAKernelLibrary {
     id<MTLDevice> _device;
-    id<MTLLibrary> _precompiled;       // nil: no usable metallib
-    char _precompiledOrigin[1024];     // its path, or why there is none (for messages)
-    NSLock* _compileLock;              // guards the three fields below
+    id<MTLLibrary> _precompiled;        // nil: no usable metallib
+    char _precompiledOrigin[1024];      // its path, or why there is none (for messages)
+    NSLock* _compileLock;               // guards the three fields below
     NSArray<id<MTLLibrary>>* _compiled; // one library per embedded source, once compiled
-    mfa_status _compileStatus;         // MFA_OK until a compile has failed
-    char _compileFailure[1024];        // that failure, repeated to every later caller
+    mfa_status _compileStatus;          // MFA_OK until a compile has failed
+    char _compileFailure[1024];         // that failure, repeated to every later caller
 }
 
 - (instancetype)initWithDevice:(id<MTLDevice>)device status:(mfa_status*)status {
     self = [super init];
     if (self == nil) {
-        *status = mfa_set_error(MFA_ERROR_OUT_OF_MEMORY, "metal: cannot allocate the kernel library");
+        *status =
+            mfa_set_error(MFA_ERROR_OUT_OF_MEMORY, "metal: cannot allocate the kernel library");
         return nil;
     }
     _device = device;
@@ -96,14 +98,16 @@ static BOOL metallib_beside_library(char* path, size_t size) {
         return NO;
     }
     NSError* error = nil;
-    id<MTLLibrary> library = [_device newLibraryWithURL:[NSURL fileURLWithPath:string] error:&error];
+    id<MTLLibrary> library = [_device newLibraryWithURL:[NSURL fileURLWithPath:string]
+                                                  error:&error];
     if (library == nil) {
         const char* reason = error != nil ? error.localizedDescription.UTF8String : NULL;
         snprintf(_precompiledOrigin, sizeof _precompiledOrigin, "%s did not load: %s", path,
                  reason != NULL ? reason : "Metal gave no reason");
         return NO;
     }
-    NSString* stamp = [NSString stringWithCString:mfa_metal_source_stamp encoding:NSUTF8StringEncoding];
+    NSString* stamp = [NSString stringWithCString:mfa_metal_source_stamp
+                                         encoding:NSUTF8StringEncoding];
     if (stamp == nil || !library_has_function(library, stamp)) {
         snprintf(_precompiledOrigin, sizeof _precompiledOrigin,
                  "%s was built from other kernel sources than this libmfa (no %s)", path,
@@ -158,8 +162,8 @@ static BOOL metallib_beside_library(char* path, size_t size) {
 
 - (void)recordCompileFailure:(const char*)reason {
     _compileStatus = MFA_ERROR_BACKEND_UNAVAILABLE;
-    snprintf(_compileFailure, sizeof _compileFailure,
-             "metal: no kernels: %s, and %s", _precompiledOrigin, reason);
+    snprintf(_compileFailure, sizeof _compileFailure, "metal: no kernels: %s, and %s",
+             _precompiledOrigin, reason);
 }
 
 - (id<MTLFunction>)newFunctionNamed:(const char*)name
@@ -188,7 +192,8 @@ static BOOL metallib_beside_library(char* path, size_t size) {
         if (library == nil) {
             *status = mfa_set_error(MFA_ERROR_INTERNAL,
                                     "metal: kernel %s is neither in the embedded kernel source "
-                                    "nor in the metallib (%s)", name, _precompiledOrigin);
+                                    "nor in the metallib (%s)",
+                                    name, _precompiledOrigin);
             return nil;
         }
     }

@@ -21,15 +21,42 @@ static BOOL find_operand_view(const mfa_problem* p, mfa_operand operand, operand
     const int64_t rows[4] = {p->batch, p->heads_q, p->seq_q, 1};
     const int64_t* shape = NULL;
     switch (operand) {
-        case MFA_OPERAND_Q: out->view = &p->q; shape = query; break;
-        case MFA_OPERAND_K: out->view = &p->k; shape = key; break;
-        case MFA_OPERAND_V: out->view = &p->v; shape = value; break;
-        case MFA_OPERAND_O: out->view = &p->out; shape = output; break;
-        case MFA_OPERAND_L: out->view = &p->lse; shape = rows; break;
-        case MFA_OPERAND_DOUT: out->view = &p->dout; shape = output; break;
-        case MFA_OPERAND_DQ: out->view = &p->dq; shape = query; break;
-        case MFA_OPERAND_DK: out->view = &p->dk; shape = key; break;
-        case MFA_OPERAND_DV: out->view = &p->dv; shape = value; break;
+        case MFA_OPERAND_Q:
+            out->view = &p->q;
+            shape = query;
+            break;
+        case MFA_OPERAND_K:
+            out->view = &p->k;
+            shape = key;
+            break;
+        case MFA_OPERAND_V:
+            out->view = &p->v;
+            shape = value;
+            break;
+        case MFA_OPERAND_O:
+            out->view = &p->out;
+            shape = output;
+            break;
+        case MFA_OPERAND_L:
+            out->view = &p->lse;
+            shape = rows;
+            break;
+        case MFA_OPERAND_DOUT:
+            out->view = &p->dout;
+            shape = output;
+            break;
+        case MFA_OPERAND_DQ:
+            out->view = &p->dq;
+            shape = query;
+            break;
+        case MFA_OPERAND_DK:
+            out->view = &p->dk;
+            shape = key;
+            break;
+        case MFA_OPERAND_DV:
+            out->view = &p->dv;
+            shape = value;
+            break;
         default: return NO; // D is the call's scratch, not caller memory
     }
     memcpy(out->shape, shape, sizeof out->shape);
@@ -85,11 +112,12 @@ static BOOL find_operand_view(const mfa_problem* p, mfa_operand operand, operand
 @end
 
 LibMFAOperandBuffer* mfa_metal_bind_operand(LibMFAMetalContext* context, const mfa_problem* problem,
-                                         const mfa_buffer_binding* binding,
-                                         id<MTLBuffer> scratch, mfa_status* status) {
+                                            const mfa_buffer_binding* binding,
+                                            id<MTLBuffer> scratch, mfa_status* status) {
     if (binding->operand == MFA_OPERAND_D) {
         if (scratch == nil) {
-            *status = mfa_set_error(MFA_ERROR_INTERNAL, "metal: a pass binds D but the plan has no scratch");
+            *status = mfa_set_error(MFA_ERROR_INTERNAL,
+                                    "metal: a pass binds D but the plan has no scratch");
             return nil;
         }
         return [[LibMFAOperandBuffer alloc] initWithBuffer:scratch offset:0];
@@ -107,10 +135,11 @@ LibMFAOperandBuffer* mfa_metal_bind_operand(LibMFAMetalContext* context, const m
     }
     const char* name = mfa_operand_name(binding->operand);
     if (binding->byte_length < 0 || (uint64_t)binding->byte_length > context.maxBufferLength) {
-        *status = mfa_set_error(MFA_ERROR_UNSUPPORTED,
-                                "metal: operand %s spans %lld bytes; %s's largest buffer is %lu bytes",
-                                name, (long long)binding->byte_length, context.deviceName,
-                                (unsigned long)context.maxBufferLength);
+        *status =
+            mfa_set_error(MFA_ERROR_UNSUPPORTED,
+                          "metal: operand %s spans %lld bytes; %s's largest buffer is %lu bytes",
+                          name, (long long)binding->byte_length, context.deviceName,
+                          (unsigned long)context.maxBufferLength);
         return nil;
     }
     char* first = view.view->data + binding->byte_offset;
@@ -123,19 +152,23 @@ LibMFAOperandBuffer* mfa_metal_bind_operand(LibMFAMetalContext* context, const m
     if ((uintptr_t)first % view.element_size == 0 &&
         mfa_metal_page_span((uintptr_t)first, length, mfa_page_size(), &pages) &&
         pages.length <= context.maxBufferLength) {
-        id<MTLBuffer> wrapped = [context.device newBufferWithBytesNoCopy:(void*)pages.start
-                                                                  length:pages.length
-                                                                 options:MTLResourceStorageModeShared
-                                                             deallocator:nil];
-        if (wrapped != nil) return [[LibMFAOperandBuffer alloc] initWithBuffer:wrapped offset:pages.offset];
+        id<MTLBuffer> wrapped =
+            [context.device newBufferWithBytesNoCopy:(void*)pages.start
+                                              length:pages.length
+                                             options:MTLResourceStorageModeShared
+                                         deallocator:nil];
+        if (wrapped != nil)
+            return [[LibMFAOperandBuffer alloc] initWithBuffer:wrapped offset:pages.offset];
     }
 
     // Staged: the binding's exact extent in a shared buffer. Outputs are copied in too, so the
     // kernel sees the same bytes either way.
-    id<MTLBuffer> staging = [context.device newBufferWithLength:length options:MTLResourceStorageModeShared];
+    id<MTLBuffer> staging = [context.device newBufferWithLength:length
+                                                        options:MTLResourceStorageModeShared];
     if (staging == nil) {
-        *status = mfa_set_error(MFA_ERROR_OUT_OF_MEMORY,
-                                "metal: cannot allocate %zu bytes to stage operand %s", length, name);
+        *status =
+            mfa_set_error(MFA_ERROR_OUT_OF_MEMORY,
+                          "metal: cannot allocate %zu bytes to stage operand %s", length, name);
         return nil;
     }
     memcpy(staging.contents, first, length);

@@ -70,7 +70,7 @@ static MTLFunctionConstantValues* _Nullable constant_values(const mfa_pass_plan*
 @implementation LibMFAPipelineCache {
     id<MTLDevice> _device;
     LibMFAKernelLibrary* _kernels;
-    NSLock* _lock;          // guards _head
+    NSLock* _lock; // guards _head
     LibMFAPipelineEntry* _head;
 }
 
@@ -92,11 +92,13 @@ static MTLFunctionConstantValues* _Nullable constant_values(const mfa_pass_plan*
     return nil;
 }
 
-- (id<MTLComputePipelineState>)pipelineForPass:(const mfa_pass_plan*)pass status:(mfa_status*)status {
+- (id<MTLComputePipelineState>)pipelineForPass:(const mfa_pass_plan*)pass
+                                        status:(mfa_status*)status {
     char key[PIPELINE_KEY_CAPACITY];
     if (!mfa_metal_pipeline_key(pass, key, sizeof key)) {
-        *status = mfa_set_error(MFA_ERROR_INTERNAL, "metal: the pipeline key of %s exceeds %d bytes",
-                                pass->kernel_name, PIPELINE_KEY_CAPACITY);
+        *status =
+            mfa_set_error(MFA_ERROR_INTERNAL, "metal: the pipeline key of %s exceeds %d bytes",
+                          pass->kernel_name, PIPELINE_KEY_CAPACITY);
         return nil;
     }
     [_lock lock];
@@ -133,9 +135,9 @@ static MTLFunctionConstantValues* _Nullable constant_values(const mfa_pass_plan*
     id<MTLComputePipelineState> pipeline = [_device newComputePipelineStateWithFunction:function
                                                                                   error:&error];
     if (pipeline == nil) {
-        *status = mfa_metal_error(MFA_ERROR_INTERNAL, error,
-                                  "metal: building the compute pipeline of %s failed",
-                                  pass->kernel_name);
+        *status =
+            mfa_metal_error(MFA_ERROR_INTERNAL, error,
+                            "metal: building the compute pipeline of %s failed", pass->kernel_name);
         return nil;
     }
     // simdgroup_matrix tiles and the kernels' lane arithmetic assume 32-lane SIMD-groups.

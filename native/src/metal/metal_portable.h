@@ -36,8 +36,7 @@ int mfa_metal_page_span(uintptr_t first, size_t length, size_t page, mfa_page_sp
  * staged holds the view's extent from its lowest byte). stride[3] is ignored when shape[3]
  * is 1, as for lse. */
 void mfa_metal_copy_view_back(char* caller, const char* staged, int64_t byte_offset,
-                              const int64_t shape[4], const int64_t stride[4],
-                              size_t element_size);
+                              const int64_t shape[4], const int64_t stride[4], size_t element_size);
 
 /* Writes "<kernel>|<index>:<type>=<value>|..." (the constants in plan order) to key; 0 when it
  * does not fit in size bytes. Equal configurations give equal keys, different ones different

@@ -14,7 +14,6 @@ namespace {
 const char* const kKernels[] = {"mfa_attention_forward", "mfa_attention_backward_query",
                                 "mfa_attention_backward_key_value"};
 
-
 struct SimState {
     mfa_gpu_family family;
     uint64_t schedule_seed;
@@ -42,8 +41,7 @@ mfa_status create(const mfa_context_options* options, void** state) {
     s->schedule_seed = options->sim_schedule_seed;
     const unsigned cores = std::thread::hardware_concurrency();
     s->workers = options->num_threads > 0 ? options->num_threads : (cores ? (int)cores : 1);
-    std::snprintf(s->device_name, sizeof s->device_name, "metal-sim (Apple%d tables)",
-                  (int)family);
+    std::snprintf(s->device_name, sizeof s->device_name, "metal-sim (Apple%d tables)", (int)family);
     *state = s;
     return MFA_OK;
 }
@@ -66,17 +64,17 @@ void capabilities(void* state, mfa_capabilities* caps) {
 // The memory behind an operand of the plan.
 char* operand_data(const mfa_problem* problem, mfa_operand operand, float* scratch) {
     switch (operand) {
-    case MFA_OPERAND_Q: return problem->q.data;
-    case MFA_OPERAND_K: return problem->k.data;
-    case MFA_OPERAND_V: return problem->v.data;
-    case MFA_OPERAND_O: return problem->out.data;
-    case MFA_OPERAND_L: return problem->lse.data;
-    case MFA_OPERAND_D: return reinterpret_cast<char*>(scratch);
-    case MFA_OPERAND_DOUT: return problem->dout.data;
-    case MFA_OPERAND_DV: return problem->dv.data;
-    case MFA_OPERAND_DK: return problem->dk.data;
-    case MFA_OPERAND_DQ: return problem->dq.data;
-    default: return nullptr;
+        case MFA_OPERAND_Q: return problem->q.data;
+        case MFA_OPERAND_K: return problem->k.data;
+        case MFA_OPERAND_V: return problem->v.data;
+        case MFA_OPERAND_O: return problem->out.data;
+        case MFA_OPERAND_L: return problem->lse.data;
+        case MFA_OPERAND_D: return reinterpret_cast<char*>(scratch);
+        case MFA_OPERAND_DOUT: return problem->dout.data;
+        case MFA_OPERAND_DV: return problem->dv.data;
+        case MFA_OPERAND_DK: return problem->dk.data;
+        case MFA_OPERAND_DQ: return problem->dq.data;
+        default: return nullptr;
     }
 }
 
@@ -107,7 +105,8 @@ mfa_status run_pass(const SimState* s, const mfa_problem* problem, const mfa_pas
         }
         char* data = operand_data(problem, b.operand, scratch);
         if (!data)
-            return mfa_set_error(MFA_ERROR_INTERNAL, "metal-sim: the plan binds %s, which is absent",
+            return mfa_set_error(MFA_ERROR_INTERNAL,
+                                 "metal-sim: the plan binds %s, which is absent",
                                  mfa_operand_name(b.operand));
         slot.base = data + b.byte_offset;
         slot.length = (size_t)b.byte_length;
@@ -127,7 +126,8 @@ mfa_status run_pass(const SimState* s, const mfa_problem* problem, const mfa_pas
 mfa_status forward(void* state, const mfa_problem* problem) {
     const auto* s = static_cast<SimState*>(state);
     mfa_plan plan;
-    mfa_status status = mfa_plan_forward(problem, s->family, mfa::sim::kMaxThreadsPerThreadgroup, &plan);
+    mfa_status status =
+        mfa_plan_forward(problem, s->family, mfa::sim::kMaxThreadsPerThreadgroup, &plan);
     if (status != MFA_OK) return status;
     return run_pass(s, problem, plan.passes[0], nullptr);
 }
@@ -135,7 +135,8 @@ mfa_status forward(void* state, const mfa_problem* problem) {
 mfa_status backward(void* state, const mfa_problem* problem) {
     const auto* s = static_cast<SimState*>(state);
     mfa_plan plan;
-    mfa_status status = mfa_plan_backward(problem, s->family, mfa::sim::kMaxThreadsPerThreadgroup, &plan);
+    mfa_status status =
+        mfa_plan_backward(problem, s->family, mfa::sim::kMaxThreadsPerThreadgroup, &plan);
     if (status != MFA_OK) return status;
     if ((uint64_t)plan.scratch_bytes > SIZE_MAX)
         return mfa_set_error(MFA_ERROR_SIZE_OVERFLOW,
@@ -155,9 +156,9 @@ mfa_status backward(void* state, const mfa_problem* problem) {
     return status;
 }
 
-const mfa_backend_ops ops = {MFA_BACKEND_METAL_SIM, available, create, destroy, device_name,
-                             capabilities, forward, backward};
+const mfa_backend_ops ops = {MFA_BACKEND_METAL_SIM, available,    create,  destroy,
+                             device_name,           capabilities, forward, backward};
 
-}  // namespace
+} // namespace
 
 extern "C" const mfa_backend_ops* mfa_metal_sim_backend_ops(void) { return &ops; }

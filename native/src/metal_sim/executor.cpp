@@ -46,7 +46,7 @@ static_assert(static_cast<int>(ConstantType::Float) == mfa_sim_abi::Float &&
 
 struct RegisteredKernel {
     KernelRecord record;
-    const char* duplicate_source = nullptr;  // a second definition of the same host name
+    const char* duplicate_source = nullptr; // a second definition of the same host name
 };
 
 struct Registry {
@@ -55,7 +55,7 @@ struct Registry {
 };
 
 Registry& registry() {
-    static Registry instance;  // constructed on first use: registration runs in static init
+    static Registry instance; // constructed on first use: registration runs in static init
     return instance;
 }
 
@@ -63,7 +63,7 @@ Registry& registry() {
 
 #if defined(__has_feature)
 #if __has_feature(address_sanitizer)
-constexpr size_t kFiberStackBytes = size_t{1} << 20;  // redzones and fake frames need room
+constexpr size_t kFiberStackBytes = size_t{1} << 20; // redzones and fake frames need room
 #else
 constexpr size_t kFiberStackBytes = size_t{256} << 10;
 #endif
@@ -127,7 +127,7 @@ struct SimdGroup {
     unsigned arrived = 0;
     unsigned leader = 0;
     void* records[kSimdWidth] = {};
-    const Site* sites[kSimdWidth] = {};  // where each lane waits, kept together for the check
+    const Site* sites[kSimdWidth] = {}; // where each lane waits, kept together for the check
 };
 
 struct KernelThread {
@@ -137,7 +137,7 @@ struct KernelThread {
     SimdGroup* simd = nullptr;
     const Site* waiting_at = nullptr;
     ThreadState state = ThreadState::Runnable;
-    bool started = false;  // has run on its fiber in the current threadgroup
+    bool started = false; // has run on its fiber in the current threadgroup
 };
 
 // What all workers of one dispatch share.
@@ -198,12 +198,12 @@ struct Worker {
     std::vector<KernelThread> threads;
     std::vector<SimdGroup> simd_groups;
     std::vector<std::unique_ptr<FiberStack>> stacks;
-    std::vector<std::vector<unsigned char>> threadgroup_memory;  // exact lengths, for ASan
+    std::vector<std::vector<unsigned char>> threadgroup_memory; // exact lengths, for ASan
     // Threadgroup variables declared in the kernel body, allocated on first use.
     struct ThreadgroupVariable {
         unsigned id;
-        std::vector<unsigned char> bytes;  // exact size, for ASan
-        uint64_t filled_for_group;         // group_serial it was last filled with garbage for
+        std::vector<unsigned char> bytes; // exact size, for ASan
+        uint64_t filled_for_group;        // group_serial it was last filled with garbage for
     };
     std::vector<ThreadgroupVariable> threadgroup_variables;
     uint64_t threadgroup_variable_bytes = 0;
@@ -212,14 +212,14 @@ struct Worker {
     char* threadgroup_memory_pointers[kMaxThreadgroupMemoryBindings] = {};
     ArgumentTable arguments = {};
     FiberContext scheduler;
-    std::vector<unsigned> runnable;  // ring buffer of thread indices, power-of-two capacity
+    std::vector<unsigned> runnable; // ring buffer of thread indices, power-of-two capacity
     size_t runnable_mask = 0;
     size_t runnable_head = 0;
     size_t runnable_size = 0;
     static constexpr unsigned kNoThread = ~0u;
-    unsigned start_next = kNoThread;  // popped by a yielding thread for the scheduler to start
-    uint64_t rng = 0;                 // the current threadgroup's schedule
-    uint64_t garbage = 0;             // the current threadgroup's garbage stream
+    unsigned start_next = kNoThread; // popped by a yielding thread for the scheduler to start
+    uint64_t rng = 0;                // the current threadgroup's schedule
+    uint64_t garbage = 0;            // the current threadgroup's garbage stream
     unsigned barrier_arrived = 0;
     unsigned group_position[3] = {};
     bool group_failed = false;
@@ -311,9 +311,9 @@ bool Worker::prepare(const DispatchRun& dispatch_run) {
     for (int i = 0; i < kMaxThreadgroupMemoryBindings; ++i) {
         threadgroup_argument_bytes += d.threadgroup_memory_lengths[i];
         threadgroup_memory.emplace_back(d.threadgroup_memory_lengths[i]);
-        threadgroup_memory_pointers[i] =
-            d.threadgroup_memory_lengths[i] ? reinterpret_cast<char*>(threadgroup_memory[i].data())
-                                            : nullptr;
+        threadgroup_memory_pointers[i] = d.threadgroup_memory_lengths[i]
+                                             ? reinterpret_cast<char*>(threadgroup_memory[i].data())
+                                             : nullptr;
     }
     arguments.buffers = dispatch_run.buffers;
     arguments.threadgroup_memory = threadgroup_memory_pointers;
@@ -414,7 +414,8 @@ void Worker::run_threadgroup(uint64_t linear_index) {
     const Dispatch& d = *run->dispatch;
     group_position[0] = static_cast<unsigned>(linear_index % d.threadgroups.x);
     group_position[1] = static_cast<unsigned>(linear_index / d.threadgroups.x % d.threadgroups.y);
-    group_position[2] = static_cast<unsigned>(linear_index / (uint64_t{d.threadgroups.x} * d.threadgroups.y));
+    group_position[2] =
+        static_cast<unsigned>(linear_index / (uint64_t{d.threadgroups.x} * d.threadgroups.y));
     rng = d.schedule_seed ^ (linear_index * 0xD1B54A32D192ED03ull);
 
     // Threadgroup memory starts as garbage, as on a GPU: a kernel that reads before writing
@@ -463,8 +464,9 @@ void Worker::run_threadgroup(uint64_t linear_index) {
     for (const KernelThread& t : threads) {
         if (t.state != ThreadState::Finished) {
             run->fail(MFA_ERROR_DEVICE,
-                      where() + ": stuck: a barrier or SIMD-group function was reached by only "
-                                "part of its group (divergent control flow or an early return)" +
+                      where() +
+                          ": stuck: a barrier or SIMD-group function was reached by only "
+                          "part of its group (divergent control flow or an early return)" +
                           describe_stuck_threads());
             return;
         }
@@ -473,8 +475,8 @@ void Worker::run_threadgroup(uint64_t linear_index) {
 
 void run_worker(DispatchRun* run, Worker* worker) {
     if (const char* error = run->kernel.setup_constants(run->constants)) {
-        run->fail(MFA_ERROR_INVALID_ARGUMENT, std::string("metal-sim: kernel '") + run->kernel.name +
-                                                  "': " + error);
+        run->fail(MFA_ERROR_INVALID_ARGUMENT,
+                  std::string("metal-sim: kernel '") + run->kernel.name + "': " + error);
         return;
     }
     while (!run->failed.load(std::memory_order_relaxed)) {
@@ -571,8 +573,8 @@ mfa_status run_dispatch(const Dispatch& d) {
     DispatchRun run;
     run.dispatch = &d;
     run.kernel = kernel.record;
-    run.threads_per_group = d.threads_per_threadgroup.x * d.threads_per_threadgroup.y *
-                            d.threads_per_threadgroup.z;
+    run.threads_per_group =
+        d.threads_per_threadgroup.x * d.threads_per_threadgroup.y * d.threads_per_threadgroup.z;
     run.threadgroup_count = uint64_t{d.threadgroups.x} * d.threadgroups.y * d.threadgroups.z;
     std::vector<ConstantValue> constants(d.num_constants);
     for (size_t i = 0; i < d.num_constants; ++i) {
@@ -608,7 +610,7 @@ mfa_status run_dispatch(const Dispatch& d) {
         try {
             helpers.emplace_back(run_worker, &run, &workers[i]);
         } catch (const std::system_error&) {
-            break;  // fewer OS threads; the remaining workers take all threadgroups
+            break; // fewer OS threads; the remaining workers take all threadgroups
         }
     }
     run_worker(&run, &workers[0]);
@@ -620,13 +622,14 @@ mfa_status run_dispatch(const Dispatch& d) {
     return MFA_OK;
 }
 
-}  // namespace
+} // namespace
 
 mfa_status dispatch(const Dispatch& d) {
     try {
         return run_dispatch(d);
     } catch (const std::bad_alloc&) {
-        return mfa_set_error(MFA_ERROR_OUT_OF_MEMORY, "metal-sim: out of memory running kernel '%s'",
+        return mfa_set_error(MFA_ERROR_OUT_OF_MEMORY,
+                             "metal-sim: out of memory running kernel '%s'",
                              d.kernel ? d.kernel : "?");
     }
 }
@@ -636,16 +639,15 @@ bool has_kernel(const char* name) {
     return name && registry().kernels.count(name) != 0;
 }
 
-}  // namespace mfa::sim
+} // namespace mfa::sim
 
 // ---- The kernel-side ABI -------------------------------------------------------------------
 
 using mfa::sim::KernelThread;
-using mfa::sim::ThreadState;
 using mfa::sim::t_current;
+using mfa::sim::ThreadState;
 
-extern "C" void mfa_sim_register_kernels(const mfa_sim_abi::KernelRecord* kernels,
-                                         unsigned count) {
+extern "C" void mfa_sim_register_kernels(const mfa_sim_abi::KernelRecord* kernels, unsigned count) {
     auto& reg = mfa::sim::registry();
     std::lock_guard<std::mutex> lock(reg.mutex);
     for (unsigned i = 0; i < count; ++i) {
@@ -657,9 +659,7 @@ extern "C" void mfa_sim_register_kernels(const mfa_sim_abi::KernelRecord* kernel
     }
 }
 
-extern "C" const mfa_sim_abi::ThreadInfo* mfa_sim_current_thread(void) {
-    return &t_current->info;
-}
+extern "C" const mfa_sim_abi::ThreadInfo* mfa_sim_current_thread(void) { return &t_current->info; }
 
 extern "C" void mfa_sim_fail(const char* message) {
     KernelThread* t = t_current;
@@ -686,11 +686,12 @@ extern "C" mfa_sim_abi::SimdRendezvous mfa_sim_simd_arrive(const mfa_sim_abi::Si
         if (l != lane && !mfa::sim::same_site(simd->sites[l], site)) {
             const KernelThread& other = w->threads[simd->first_thread + l];
             w->record_failure(t, "the lanes of SIMD-group " +
-                                  std::to_string(t->info.simdgroup_index_in_threadgroup) +
-                                  " are in different SIMD-group functions (divergent control "
-                                  "flow): lane " + std::to_string(l) + " in " +
-                                  mfa::sim::describe_site(other.waiting_at) + ", lane " +
-                                  std::to_string(lane) + " in " + mfa::sim::describe_site(site));
+                                     std::to_string(t->info.simdgroup_index_in_threadgroup) +
+                                     " are in different SIMD-group functions (divergent control "
+                                     "flow): lane " +
+                                     std::to_string(l) + " in " +
+                                     mfa::sim::describe_site(other.waiting_at) + ", lane " +
+                                     std::to_string(lane) + " in " + mfa::sim::describe_site(site));
             w->abandon(t);
         }
     }
@@ -720,11 +721,12 @@ extern "C" void mfa_sim_threadgroup_barrier(const mfa_sim_abi::Site* site) {
     for (const KernelThread& other : w->threads) {
         if (&other != t && !mfa::sim::same_site(other.waiting_at, site)) {
             w->record_failure(t, "threads of the threadgroup wait at different barriers (divergent "
-                              "control flow): thread " +
-                                  std::to_string(other.info.thread_index_in_threadgroup) + " in " +
-                                  mfa::sim::describe_site(other.waiting_at) + ", thread " +
-                                  std::to_string(t->info.thread_index_in_threadgroup) + " in " +
-                                  mfa::sim::describe_site(site));
+                                 "control flow): thread " +
+                                     std::to_string(other.info.thread_index_in_threadgroup) +
+                                     " in " + mfa::sim::describe_site(other.waiting_at) +
+                                     ", thread " +
+                                     std::to_string(t->info.thread_index_in_threadgroup) + " in " +
+                                     mfa::sim::describe_site(site));
             w->abandon(t);
         }
     }

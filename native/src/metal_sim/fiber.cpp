@@ -27,66 +27,62 @@ extern "C" void mfa_sim_fiber_trampoline();
 
 #if defined(__x86_64__)
 extern "C" __attribute__((naked, noinline)) void mfa_sim_switch_raw(void**, void*) {
-    asm volatile(
-        "pushq %rbp\n"
-        "pushq %rbx\n"
-        "pushq %r12\n"
-        "pushq %r13\n"
-        "pushq %r14\n"
-        "pushq %r15\n"
-        "movq %rsp, (%rdi)\n"
-        "movq %rsi, %rsp\n"
-        "popq %r15\n"
-        "popq %r14\n"
-        "popq %r13\n"
-        "popq %r12\n"
-        "popq %rbx\n"
-        "popq %rbp\n"
-        "retq\n");
+    asm volatile("pushq %rbp\n"
+                 "pushq %rbx\n"
+                 "pushq %r12\n"
+                 "pushq %r13\n"
+                 "pushq %r14\n"
+                 "pushq %r15\n"
+                 "movq %rsp, (%rdi)\n"
+                 "movq %rsi, %rsp\n"
+                 "popq %r15\n"
+                 "popq %r14\n"
+                 "popq %r13\n"
+                 "popq %r12\n"
+                 "popq %rbx\n"
+                 "popq %rbp\n"
+                 "retq\n");
 }
 // r12 = argument, r13 = entry.
 extern "C" __attribute__((naked, noinline)) void mfa_sim_fiber_trampoline() {
-    asm volatile(
-        "movq %r12, %rdi\n"
-        "callq *%r13\n"
-        "ud2\n");
+    asm volatile("movq %r12, %rdi\n"
+                 "callq *%r13\n"
+                 "ud2\n");
 }
 #elif defined(__aarch64__)
 extern "C" __attribute__((naked, noinline)) void mfa_sim_switch_raw(void**, void*) {
-    asm volatile(
-        "sub sp, sp, #160\n"
-        "stp x19, x20, [sp, #0]\n"
-        "stp x21, x22, [sp, #16]\n"
-        "stp x23, x24, [sp, #32]\n"
-        "stp x25, x26, [sp, #48]\n"
-        "stp x27, x28, [sp, #64]\n"
-        "stp x29, x30, [sp, #80]\n"
-        "stp d8, d9, [sp, #96]\n"
-        "stp d10, d11, [sp, #112]\n"
-        "stp d12, d13, [sp, #128]\n"
-        "stp d14, d15, [sp, #144]\n"
-        "mov x9, sp\n"
-        "str x9, [x0]\n"
-        "mov sp, x1\n"
-        "ldp x19, x20, [sp, #0]\n"
-        "ldp x21, x22, [sp, #16]\n"
-        "ldp x23, x24, [sp, #32]\n"
-        "ldp x25, x26, [sp, #48]\n"
-        "ldp x27, x28, [sp, #64]\n"
-        "ldp x29, x30, [sp, #80]\n"
-        "ldp d8, d9, [sp, #96]\n"
-        "ldp d10, d11, [sp, #112]\n"
-        "ldp d12, d13, [sp, #128]\n"
-        "ldp d14, d15, [sp, #144]\n"
-        "add sp, sp, #160\n"
-        "ret\n");
+    asm volatile("sub sp, sp, #160\n"
+                 "stp x19, x20, [sp, #0]\n"
+                 "stp x21, x22, [sp, #16]\n"
+                 "stp x23, x24, [sp, #32]\n"
+                 "stp x25, x26, [sp, #48]\n"
+                 "stp x27, x28, [sp, #64]\n"
+                 "stp x29, x30, [sp, #80]\n"
+                 "stp d8, d9, [sp, #96]\n"
+                 "stp d10, d11, [sp, #112]\n"
+                 "stp d12, d13, [sp, #128]\n"
+                 "stp d14, d15, [sp, #144]\n"
+                 "mov x9, sp\n"
+                 "str x9, [x0]\n"
+                 "mov sp, x1\n"
+                 "ldp x19, x20, [sp, #0]\n"
+                 "ldp x21, x22, [sp, #16]\n"
+                 "ldp x23, x24, [sp, #32]\n"
+                 "ldp x25, x26, [sp, #48]\n"
+                 "ldp x27, x28, [sp, #64]\n"
+                 "ldp x29, x30, [sp, #80]\n"
+                 "ldp d8, d9, [sp, #96]\n"
+                 "ldp d10, d11, [sp, #112]\n"
+                 "ldp d12, d13, [sp, #128]\n"
+                 "ldp d14, d15, [sp, #144]\n"
+                 "add sp, sp, #160\n"
+                 "ret\n");
 }
 // x19 = argument, x20 = entry.
 extern "C" __attribute__((naked, noinline)) void mfa_sim_fiber_trampoline() {
-    asm volatile(
-        "mov x0, x19\n"
-        "blr x20\n"
-        "brk #0\n");
+    asm volatile("mov x0, x19\n"
+                 "blr x20\n"
+                 "brk #0\n");
 }
 #else
 #error "metal-sim fibers support x86-64 and AArch64 only"
@@ -119,25 +115,26 @@ void fiber_prepare(FiberContext* fiber, FiberStack& stack, void (*entry)(void*),
     // redzones poisoned.
     __asan_unpoison_memory_region(stack.bottom(), stack.size());
 #endif
-    const uintptr_t top = (reinterpret_cast<uintptr_t>(stack.bottom()) + stack.size()) & ~uintptr_t{15};
+    const uintptr_t top =
+        (reinterpret_cast<uintptr_t>(stack.bottom()) + stack.size()) & ~uintptr_t{15};
     void** frame;
 #if defined(__x86_64__)
     // Seven slots popped by the switch (r15 r14 r13 r12 rbx rbp, return address); after the
     // return rsp is 16-byte aligned, as the trampoline's call requires.
     frame = reinterpret_cast<void**>(top - 72);
-    frame[0] = nullptr;                                              // r15
-    frame[1] = nullptr;                                              // r14
-    frame[2] = reinterpret_cast<void*>(entry);                       // r13
-    frame[3] = argument;                                             // r12
-    frame[4] = nullptr;                                              // rbx
-    frame[5] = nullptr;                                              // rbp
-    frame[6] = reinterpret_cast<void*>(&mfa_sim_fiber_trampoline);  // return address
+    frame[0] = nullptr;                                            // r15
+    frame[1] = nullptr;                                            // r14
+    frame[2] = reinterpret_cast<void*>(entry);                     // r13
+    frame[3] = argument;                                           // r12
+    frame[4] = nullptr;                                            // rbx
+    frame[5] = nullptr;                                            // rbp
+    frame[6] = reinterpret_cast<void*>(&mfa_sim_fiber_trampoline); // return address
 #else
     frame = reinterpret_cast<void**>(top - 160);
     for (int i = 0; i < 20; ++i) frame[i] = nullptr;
-    frame[0] = argument;                                             // x19
-    frame[1] = reinterpret_cast<void*>(entry);                       // x20
-    frame[11] = reinterpret_cast<void*>(&mfa_sim_fiber_trampoline);  // x30
+    frame[0] = argument;                                            // x19
+    frame[1] = reinterpret_cast<void*>(entry);                      // x20
+    frame[11] = reinterpret_cast<void*>(&mfa_sim_fiber_trampoline); // x30
 #endif
     fiber->stack_pointer = frame;
     fiber->fake_stack = &stack.sanitizer_fake_stack;
@@ -173,4 +170,4 @@ void fiber_started(FiberContext* self, FiberContext* from) {
 #endif
 }
 
-}  // namespace mfa::sim
+} // namespace mfa::sim

@@ -14,14 +14,14 @@ namespace mfa::sim {
 // An mmap'ed stack with a PROT_NONE guard page below it, so an overflow faults instead of
 // silently corrupting a neighbour.
 class FiberStack {
-public:
+  public:
     explicit FiberStack(size_t usable_bytes);
     ~FiberStack();
     FiberStack(const FiberStack&) = delete;
     FiberStack& operator=(const FiberStack&) = delete;
 
     bool valid() const { return mapping_ != nullptr; }
-    char* bottom() const { return usable_; }  // lowest usable address
+    char* bottom() const { return usable_; } // lowest usable address
     size_t size() const { return usable_bytes_; }
 
     // AddressSanitizer's fake stack (for use-after-return detection) of the fibers that run
@@ -29,7 +29,7 @@ public:
     // map and unmap one per fiber.
     void* sanitizer_fake_stack = nullptr;
 
-private:
+  private:
     void* mapping_ = nullptr;
     size_t mapping_bytes_ = 0;
     char* usable_ = nullptr;
@@ -61,6 +61,6 @@ void fiber_switch(FiberContext* from, FiberContext* to);
 // Must be the first call in a fiber's entry function (completes the sanitizer's switch).
 void fiber_started(FiberContext* self, FiberContext* from);
 
-}  // namespace mfa::sim
+} // namespace mfa::sim
 
-#endif  // MFA_METAL_SIM_FIBER_H
+#endif // MFA_METAL_SIM_FIBER_H

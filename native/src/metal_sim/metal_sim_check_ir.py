@@ -18,7 +18,9 @@ CALL_RE = re.compile(r'\b(?:call|invoke)\b.*?\s([@%]("[^"]+"|[-\w.$]+))\(')
 
 
 def demangle(names):
-    tool = shutil.which("llvm-cxxfilt") or shutil.which("llvm-cxxfilt-16") or shutil.which("c++filt")
+    tool = (
+        shutil.which("llvm-cxxfilt") or shutil.which("llvm-cxxfilt-16") or shutil.which("c++filt")
+    )
     if not tool:
         return {n: n for n in names}
     result = subprocess.run([tool], input="\n".join(names), capture_output=True, text=True)
@@ -67,7 +69,7 @@ def find_cycle(calls):
                 if callee not in calls:
                     continue  # declared only: not part of this unit
                 if colour[callee] == GREY:
-                    return path[path.index(callee):] + [callee]
+                    return path[path.index(callee) :] + [callee]
                 if colour[callee] == WHITE:
                     colour[callee] = GREY
                     stack.append((callee, iter(sorted(calls[callee]))))
@@ -93,12 +95,15 @@ def main():
     cycle = find_cycle(calls)
     if cycle:
         names = demangle(cycle)
-        errors.append("recursion, which Metal does not allow: " +
-                      " -> ".join(names[n] for n in cycle))
+        errors.append(
+            "recursion, which Metal does not allow: " + " -> ".join(names[n] for n in cycle)
+        )
     if indirect:
         names = demangle(sorted(set(indirect)))
-        errors.append("a call through a function pointer, which Metal does not allow, in " +
-                      ", ".join(names.values()))
+        errors.append(
+            "a call through a function pointer, which Metal does not allow, in "
+            + ", ".join(names.values())
+        )
     for error in errors:
         print(f"{args.source}: error: {error}", file=sys.stderr)
     if errors:

@@ -31,8 +31,13 @@ ADDRESS_SPACES = {
     "__mfa_sim_threadgroup__": 3,
 }
 
-MARKERS = {"__mfa_sim_device__", "__mfa_sim_constant__", "__mfa_sim_threadgroup__",
-           "__mfa_sim_thread__", "__mfa_sim_kernel__"}
+MARKERS = {
+    "__mfa_sim_device__",
+    "__mfa_sim_constant__",
+    "__mfa_sim_threadgroup__",
+    "__mfa_sim_thread__",
+    "__mfa_sim_kernel__",
+}
 
 # Built-in attribute -> the ThreadInfo field that holds it.
 BUILTINS = {
@@ -54,12 +59,23 @@ BUILTINS = {
 
 # Attributes that mean something to Metal: a [[...]] list holding one of them is consumed here.
 METAL_ATTRIBUTES = set(BUILTINS) | {
-    "buffer", "__mfa_sim_threadgroup__", "__mfa_sim_kernel__", "function_constant",
-    "host_name", "max_total_threads_per_threadgroup", "texture", "sampler", "stage_in",
-    "visible", "user", "quadgroup_index_in_threadgroup", "thread_index_in_quadgroup",
+    "buffer",
+    "__mfa_sim_threadgroup__",
+    "__mfa_sim_kernel__",
+    "function_constant",
+    "host_name",
+    "max_total_threads_per_threadgroup",
+    "texture",
+    "sampler",
+    "stage_in",
+    "visible",
+    "user",
+    "quadgroup_index_in_threadgroup",
+    "thread_index_in_quadgroup",
 }
 
-TOKEN_RE = re.compile(r"""
+TOKEN_RE = re.compile(
+    r"""
     (?P<directive>^[ \t]*\#[^\n]*)
   | (?P<space>[ \t\r\f\v]+|\n)
   | (?P<comment>//[^\n]*|/\*.*?\*/)
@@ -68,7 +84,9 @@ TOKEN_RE = re.compile(r"""
   | (?P<number>\.?[0-9](?:[eEpP][+-]|[0-9A-Za-z_.'])*)
   | (?P<identifier>[A-Za-z_][A-Za-z0-9_]*)
   | (?P<punct>::|->|\.\.\.|[-+*/%&|^!=<>]=|&&|\|\||\+\+|--|.)
-""", re.VERBOSE | re.MULTILINE | re.DOTALL)
+""",
+    re.VERBOSE | re.MULTILINE | re.DOTALL,
+)
 
 LINE_MARKER_RE = re.compile(r'^[ \t]*#\s*(?:line\s+)?(\d+)\s+"((?:[^"\\]|\\.)*)"')
 
@@ -179,7 +197,7 @@ class Codegen:
             self.blank(i, i)
 
     def qualifies_pointer(self, i):
-        for t in self.tokens[i + 1:]:
+        for t in self.tokens[i + 1 :]:
             if t.text == "*":
                 return True
             if t.text.startswith("bfloat"):
@@ -211,8 +229,12 @@ class Codegen:
         self.error(self.tokens[index], f"unbalanced '{open_text}'")
 
     def is_attribute_start(self, i):
-        return (i + 1 < len(self.tokens) and self.tokens[i].text == "[" and
-                self.tokens[i + 1].text == "[" and self.tokens[i].end == self.tokens[i + 1].start)
+        return (
+            i + 1 < len(self.tokens)
+            and self.tokens[i].text == "["
+            and self.tokens[i + 1].text == "["
+            and self.tokens[i].end == self.tokens[i + 1].start
+        )
 
     def parse_attribute_list(self, i):
         """[[a, b(c), ns::d]] starting at token i; returns the AttributeList."""
@@ -242,7 +264,7 @@ class Codegen:
             args = None
             if k < j - 1 and self.tokens[k].text == "(":
                 close = self.matching(k, "(", ")")
-                args = self.tokens[k + 1:close]
+                args = self.tokens[k + 1 : close]
                 k = close + 1
             attributes.append(Attribute(name, args, name_token))
         return AttributeList(i, j, attributes)
@@ -267,13 +289,20 @@ class Codegen:
                 continue
             if tok.kind == "identifier" and tok.text in MARKERS:
                 at_namespace_scope = all(kind in ("namespace", "extern") for kind, _ in scopes)
-                if tok.text == "__mfa_sim_constant__" and at_namespace_scope and \
-                        i == statement_start:
+                if (
+                    tok.text == "__mfa_sim_constant__"
+                    and at_namespace_scope
+                    and i == statement_start
+                ):
                     i = self.on_program_scope_constant(i, scopes)
                     statement_start = i
                     continue
-                if tok.text == "__mfa_sim_threadgroup__" and any(k == "block" for k, _ in scopes) \
-                        and i == statement_start and self.is_variable_declaration(i):
+                if (
+                    tok.text == "__mfa_sim_threadgroup__"
+                    and any(k == "block" for k, _ in scopes)
+                    and i == statement_start
+                    and self.is_variable_declaration(i)
+                ):
                     i = self.on_threadgroup_variable(i)
                     statement_start = i
                     continue
@@ -297,12 +326,17 @@ class Codegen:
         words = [t.text for t in self.tokens[first:brace]]
         if "namespace" in words:
             k = words.index("namespace")
-            name = words[k + 1] if k + 1 < len(words) and re.match(r"[A-Za-z_]", words[k + 1]) else ""
+            name = (
+                words[k + 1] if k + 1 < len(words) and re.match(r"[A-Za-z_]", words[k + 1]) else ""
+            )
             return ("namespace", name)
         if words[:1] == ["extern"] and len(words) == 2 and words[1].startswith('"'):
             return ("extern", None)
-        if any(w in ("struct", "class", "union", "enum") for w in words) and "(" not in words \
-                and "=" not in words:
+        if (
+            any(w in ("struct", "class", "union", "enum") for w in words)
+            and "(" not in words
+            and "=" not in words
+        ):
             return ("class", None)
         return ("block", None)
 
@@ -326,23 +360,29 @@ class Codegen:
         end = i
         while self.tokens[end].text != ";":
             end += 1
-        body = self.tokens[i + 1:end]
+        body = self.tokens[i + 1 : end]
         bracket = next((n for n, t in enumerate(body) if t.text == "["), len(body))
         if bracket < 2 or body[bracket - 1].kind != "identifier":
-            self.error(self.tokens[i], "unsupported threadgroup variable declaration (one "
-                       "variable per declaration: threadgroup T name[N];)")
+            self.error(
+                self.tokens[i],
+                "unsupported threadgroup variable declaration (one "
+                "variable per declaration: threadgroup T name[N];)",
+            )
         name = body[bracket - 1].text
-        type_text = " ".join(t.text for t in body[:bracket - 1])
+        type_text = " ".join(t.text for t in body[: bracket - 1])
         dims = " ".join(t.text for t in body[bracket:])
         number = self.threadgroup_variables
         self.threadgroup_variables += 1
         alias = f"__mfa_sim_threadgroup_type_{number}"
         space = self.space_attribute("__mfa_sim_threadgroup__") + " " if self.address_spaces else ""
-        self.replace(i, end,
-                     f"using {alias} = {space}{type_text} {dims}; "
-                     f"{alias}& {name} = *({alias}*)("
-                     f"::mfa_sim_threadgroup_variable({number}, sizeof({alias}), "
-                     f"alignof({alias})));")
+        self.replace(
+            i,
+            end,
+            f"using {alias} = {space}{type_text} {dims}; "
+            f"{alias}& {name} = *({alias}*)("
+            f"::mfa_sim_threadgroup_variable({number}, sizeof({alias}), "
+            f"alignof({alias})));",
+        )
         return end + 1
 
     # ---- program-scope constants ----
@@ -364,40 +404,59 @@ class Codegen:
         if attrs and attrs.find("function_constant"):
             index_tokens = attrs.find("function_constant").args
             name_token = self.tokens[attrs.first - 1]
-            type_text = " ".join(t.text for t in self.tokens[i + 1:attrs.first - 1])
+            type_text = " ".join(t.text for t in self.tokens[i + 1 : attrs.first - 1])
             index_text = " ".join(t.text for t in index_tokens)
-            self.declare_constant(i, end, namespace, name_token.text, type_text,
-                                  f"return ::mfa_sim_glue::bind_constant({name_token.text}, "
-                                  f"__mfa_sim_fc_defined_{name_token.text}, table, {index_text}, "
-                                  + c_string(f"function constant '{name_token.text}' "
-                                             f"[[function_constant({index_text})]]: the "
-                                             f"dispatch's value is not of the declared type "
-                                             f"'{type_text}'") + ");")
+            self.declare_constant(
+                i,
+                end,
+                namespace,
+                name_token.text,
+                type_text,
+                f"return ::mfa_sim_glue::bind_constant({name_token.text}, "
+                f"__mfa_sim_fc_defined_{name_token.text}, table, {index_text}, "
+                + c_string(
+                    f"function constant '{name_token.text}' "
+                    f"[[function_constant({index_text})]]: the "
+                    f"dispatch's value is not of the declared type "
+                    f"'{type_text}'"
+                )
+                + ");",
+            )
             return end + 1
         equals = next((k for k in body if self.tokens[k].text == "="), None)
         if equals is not None and not attrs:
-            expression = self.tokens[equals + 1:end]
+            expression = self.tokens[equals + 1 : end]
             used = {t.text for t in expression if t.kind == "identifier"}
             derived = used & self.constant_names or any(
-                name.startswith("__mfa_sim_fc_defined_") for name in used)
+                name.startswith("__mfa_sim_fc_defined_") for name in used
+            )
             if derived and not any(t.text == "," for t in self.tokens[i:equals]):
                 name_token = self.tokens[equals - 1]
-                type_text = " ".join(t.text for t in self.tokens[i + 1:equals - 1])
+                type_text = " ".join(t.text for t in self.tokens[i + 1 : equals - 1])
                 expression_text = " ".join(t.text for t in expression)
-                self.declare_constant(i, end, namespace, name_token.text, type_text,
-                                      f"(void)table; {name_token.text} = ({expression_text}); "
-                                      f"__mfa_sim_fc_defined_{name_token.text} = true; "
-                                      f"return nullptr;")
+                self.declare_constant(
+                    i,
+                    end,
+                    namespace,
+                    name_token.text,
+                    type_text,
+                    f"(void)table; {name_token.text} = ({expression_text}); "
+                    f"__mfa_sim_fc_defined_{name_token.text} = true; "
+                    f"return nullptr;",
+                )
                 return end + 1
         self.rewrite_marker(i)
         return i + 1
 
     def declare_constant(self, first, last, namespace, name, type_text, setter_body):
-        self.replace(first, last,
-                     f"__thread {type_text} {name}; "
-                     f"__thread bool __mfa_sim_fc_defined_{name}; "
-                     f"static const char* __mfa_sim_bind_{name}("
-                     f"const ::mfa_sim_abi::ConstantTable& table) {{ {setter_body} }}")
+        self.replace(
+            first,
+            last,
+            f"__thread {type_text} {name}; "
+            f"__thread bool __mfa_sim_fc_defined_{name}; "
+            f"static const char* __mfa_sim_bind_{name}("
+            f"const ::mfa_sim_abi::ConstantTable& table) {{ {setter_body} }}",
+        )
         self.constants.append((namespace, name))
         self.constant_names.add(name)
 
@@ -406,8 +465,9 @@ class Codegen:
     def on_kernel(self, marker, after_marker, statement_start, scopes):
         words = [t.text for t in self.tokens[statement_start:marker]]
         namespace = self.namespace_of(scopes)
-        explicit_instantiation = len(words) >= 1 and words[0] == "template" and \
-            (len(words) < 2 or words[1] != "<")
+        explicit_instantiation = (
+            len(words) >= 1 and words[0] == "template" and (len(words) < 2 or words[1] != "<")
+        )
         if explicit_instantiation:
             self.on_instantiation(marker, statement_start, namespace)
             return
@@ -426,10 +486,14 @@ class Codegen:
             self.error(name_token, f"kernel '{name_token.text}': expected a function definition")
         parameters = self.parse_parameters(j, close, name_token.text)
         if name_token.text in self.kernels:
-            self.error(name_token, f"kernel '{name_token.text}' is defined twice (overloaded "
-                       "kernels are not supported by metal-sim)")
+            self.error(
+                name_token,
+                f"kernel '{name_token.text}' is defined twice (overloaded "
+                "kernels are not supported by metal-sim)",
+            )
         self.kernels[name_token.text] = KernelFunction(
-            name_token.text, namespace, parameters, "template" in words, name_token)
+            name_token.text, namespace, parameters, "template" in words, name_token
+        )
 
     def parse_parameters(self, open_paren, close_paren, kernel):
         parameters = []
@@ -471,12 +535,20 @@ class Codegen:
                 self.error(self.tokens[indices[0]], f"kernel '{kernel}': unnamed parameter")
             for t in plain:
                 if t.text in ("size_t", "ptrdiff_t"):
-                    self.error(t, f"kernel '{kernel}': parameter '{names[-1].text}' has type "
-                               f"{t.text}, which Metal does not allow as a kernel argument")
-            result.append(Parameter(names[-1].text, plain,
-                                    [a for lst in attrs for a in lst.attributes],
-                                    any(t.text == "&" for t in plain),
-                                    any(t.text == "*" for t in plain)))
+                    self.error(
+                        t,
+                        f"kernel '{kernel}': parameter '{names[-1].text}' has type "
+                        f"{t.text}, which Metal does not allow as a kernel argument",
+                    )
+            result.append(
+                Parameter(
+                    names[-1].text,
+                    plain,
+                    [a for lst in attrs for a in lst.attributes],
+                    any(t.text == "&" for t in plain),
+                    any(t.text == "*" for t in plain),
+                )
+            )
         return result
 
     def on_instantiation(self, marker, statement_start, namespace):
@@ -511,10 +583,14 @@ class Codegen:
         angle = next((n for n, k in enumerate(body) if self.tokens[k].text == "<"), None)
         template_name = self.tokens[body[angle - 1]].text if angle else None
         if not host_name or not template_name:
-            self.error(self.tokens[marker], "kernel instantiations need the form "
-                       "template [[host_name(\"name\")]] [[kernel]] decltype(f<...>) f<...>;")
-        self.instantiations.append((host_name, template_name, expression, namespace,
-                                    self.tokens[marker]))
+            self.error(
+                self.tokens[marker],
+                "kernel instantiations need the form "
+                'template [[host_name("name")]] [[kernel]] decltype(f<...>) f<...>;',
+            )
+        self.instantiations.append(
+            (host_name, template_name, expression, namespace, self.tokens[marker])
+        )
 
     # ---- glue ----
 
@@ -530,31 +606,45 @@ class Codegen:
             misaligned = c_string(f"{where}: buffer({index}) is not aligned for its type")
             if parameter.is_reference:
                 if gate:
-                    raise CodegenError(f"{parameter.tokens[0].where()}: error: {where}: "
-                                       "optional (function-constant) buffers must be pointers")
-                too_small = c_string(f"{where}: buffer({index}) is smaller than the "
-                                     "parameter's type")
-                return (f"::mfa_sim_glue::buffer_reference(arguments, {index}, {unbound}, "
-                        f"{too_small}, {misaligned})")
+                    raise CodegenError(
+                        f"{parameter.tokens[0].where()}: error: {where}: "
+                        "optional (function-constant) buffers must be pointers"
+                    )
+                too_small = c_string(
+                    f"{where}: buffer({index}) is smaller than the parameter's type"
+                )
+                return (
+                    f"::mfa_sim_glue::buffer_reference(arguments, {index}, {unbound}, "
+                    f"{too_small}, {misaligned})"
+                )
             if not parameter.is_pointer:
-                raise CodegenError(f"{parameter.tokens[0].where()}: error: {where}: a "
-                                   "[[buffer(i)]] parameter must be a pointer or a reference")
+                raise CodegenError(
+                    f"{parameter.tokens[0].where()}: error: {where}: a "
+                    "[[buffer(i)]] parameter must be a pointer or a reference"
+                )
             required = "true"
             if gate:
                 required = "(" + " ".join(t.text for t in gate.args) + ")"
-            return (f"::mfa_sim_glue::buffer_pointer(arguments, {index}, {required}, "
-                    f"{unbound}, {misaligned})")
+            return (
+                f"::mfa_sim_glue::buffer_pointer(arguments, {index}, {required}, "
+                f"{unbound}, {misaligned})"
+            )
         if group:
             index = " ".join(t.text for t in group.args)
-            return (f"::mfa_sim_glue::threadgroup_pointer(arguments, {index}, "
-                    + c_string(f"{where}: threadgroup({index}) has no memory (length 0)") + ", "
-                    + c_string(f"{where}: threadgroup({index}) is not aligned for its type")
-                    + ")")
+            return (
+                f"::mfa_sim_glue::threadgroup_pointer(arguments, {index}, "
+                + c_string(f"{where}: threadgroup({index}) has no memory (length 0)")
+                + ", "
+                + c_string(f"{where}: threadgroup({index}) is not aligned for its type")
+                + ")"
+            )
         if builtin:
             return f"::mfa_sim_glue::builtin(thread.{BUILTINS[builtin.name]})"
-        raise CodegenError(f"{parameter.tokens[0].where()}: error: {where}: no Metal binding "
-                           "attribute ([[buffer(i)]], [[threadgroup(i)]] or a built-in) that "
-                           "metal-sim supports")
+        raise CodegenError(
+            f"{parameter.tokens[0].where()}: error: {where}: no Metal binding "
+            "attribute ([[buffer(i)]], [[threadgroup(i)]] or a built-in) that "
+            "metal-sim supports"
+        )
 
     def glue(self):
         entries = []  # (host name, kernel, callee expression, namespace to call it from)
@@ -564,8 +654,11 @@ class Codegen:
         for host_name, template_name, expression, namespace, token in self.instantiations:
             kernel = self.kernels.get(template_name)
             if not kernel:
-                self.error(token, f"kernel instantiation '{host_name}': no kernel template "
-                           f"'{template_name}' in this file")
+                self.error(
+                    token,
+                    f"kernel instantiation '{host_name}': no kernel template "
+                    f"'{template_name}' in this file",
+                )
             entries.append((host_name, kernel, expression, namespace))
         out = [f'\n# 1 "<metal-sim glue for {self.source}>"\n']
         qualified_entries = []
@@ -578,12 +671,15 @@ class Codegen:
                 f"static void __mfa_sim_entry_{number}(const ::mfa_sim_abi::ThreadInfo& thread, "
                 f"const ::mfa_sim_abi::ArgumentTable& arguments) {{\n"
                 f"    (void)thread;\n    (void)arguments;\n"
-                f"    {callee}(\n        {arguments});\n}}\n{closing}\n")
+                f"    {callee}(\n        {arguments});\n}}\n{closing}\n"
+            )
             prefix = "".join(f"{n}::" for n in namespace if n)
             qualified_entries.append((host_name, f"::{prefix}__mfa_sim_entry_{number}"))
-        out.append("static const char* __mfa_sim_setup_constants("
-                   "const ::mfa_sim_abi::ConstantTable& table) {\n"
-                   "    const char* error = nullptr;\n    (void)table;\n")
+        out.append(
+            "static const char* __mfa_sim_setup_constants("
+            "const ::mfa_sim_abi::ConstantTable& table) {\n"
+            "    const char* error = nullptr;\n    (void)table;\n"
+        )
         for namespace, name in self.constants:
             prefix = "".join(f"{n}::" for n in namespace if n)
             out.append(f"    if ((error = ::{prefix}__mfa_sim_bind_{name}(table))) return error;\n")
@@ -591,17 +687,21 @@ class Codegen:
         if qualified_entries:
             out.append("static const ::mfa_sim_abi::KernelRecord __mfa_sim_kernels[] = {\n")
             for host_name, entry in qualified_entries:
-                out.append(f"    {{{c_string(host_name)}, {c_string(self.source)}, {entry}, "
-                           f"__mfa_sim_setup_constants}},\n")
-            out.append("};\n"
-                       "namespace {\n"
-                       "struct __mfa_sim_registrar {\n"
-                       "    __mfa_sim_registrar() {\n"
-                       "        mfa_sim_register_kernels(__mfa_sim_kernels, "
-                       f"{len(qualified_entries)});\n"
-                       "    }\n"
-                       "} const __mfa_sim_registrar_instance;\n"
-                       "}\n")
+                out.append(
+                    f"    {{{c_string(host_name)}, {c_string(self.source)}, {entry}, "
+                    f"__mfa_sim_setup_constants}},\n"
+                )
+            out.append(
+                "};\n"
+                "namespace {\n"
+                "struct __mfa_sim_registrar {\n"
+                "    __mfa_sim_registrar() {\n"
+                "        mfa_sim_register_kernels(__mfa_sim_kernels, "
+                f"{len(qualified_entries)});\n"
+                "    }\n"
+                "} const __mfa_sim_registrar_instance;\n"
+                "}\n"
+            )
         return "".join(out)
 
     def output(self):
@@ -624,9 +724,12 @@ def main():
     parser.add_argument("preprocessed")
     parser.add_argument("-o", "--output", required=True)
     parser.add_argument("--source", required=True, help="the .metal file, for messages")
-    parser.add_argument("--address-spaces", action="store_true",
-                        help="emit clang address spaces on pointers, for a type-checking pass "
-                             "(preprocess with -DMFA_SIM_ADDRESS_SPACE_CHECK=1)")
+    parser.add_argument(
+        "--address-spaces",
+        action="store_true",
+        help="emit clang address spaces on pointers, for a type-checking pass "
+        "(preprocess with -DMFA_SIM_ADDRESS_SPACE_CHECK=1)",
+    )
     args = parser.parse_args()
     with open(args.preprocessed, encoding="utf-8") as f:
         text = f.read()

@@ -85,10 +85,10 @@
 
 namespace mfa::sim {
 
-inline constexpr int kMaxBufferBindings = 31;              // Metal's argument table size
+inline constexpr int kMaxBufferBindings = 31; // Metal's argument table size
 inline constexpr int kMaxThreadgroupMemoryBindings = 31;
-inline constexpr uint32_t kMaxThreadgroupMemoryBytes = 32768;  // Apple4+ limit, all bindings
-inline constexpr uint32_t kThreadgroupMemoryAlignment = 16;    // lengths must be multiples
+inline constexpr uint32_t kMaxThreadgroupMemoryBytes = 32768; // Apple4+ limit, all bindings
+inline constexpr uint32_t kThreadgroupMemoryAlignment = 16;   // lengths must be multiples
 inline constexpr uint32_t kMaxThreadsPerThreadgroup = 1024;
 inline constexpr uint32_t kSimdWidth = 32;
 
@@ -103,25 +103,45 @@ struct FunctionConstant {
     ConstantType type = ConstantType::Int;
     union {
         bool b;
-        int32_t i;   // Char, Short, Int (range-checked against the declared type)
-        uint32_t u;  // UChar, UShort, UInt
-        float f;     // Half (rounded to nearest even when bound), Float
+        int32_t i;  // Char, Short, Int (range-checked against the declared type)
+        uint32_t u; // UChar, UShort, UInt
+        float f;    // Half (rounded to nearest even when bound), Float
     } value = {};
 
     static FunctionConstant of_bool(uint16_t index, bool v) {
-        FunctionConstant c; c.index = index; c.type = ConstantType::Bool; c.value.b = v; return c;
+        FunctionConstant c;
+        c.index = index;
+        c.type = ConstantType::Bool;
+        c.value.b = v;
+        return c;
     }
     static FunctionConstant of_int(uint16_t index, int32_t v) {
-        FunctionConstant c; c.index = index; c.type = ConstantType::Int; c.value.i = v; return c;
+        FunctionConstant c;
+        c.index = index;
+        c.type = ConstantType::Int;
+        c.value.i = v;
+        return c;
     }
     static FunctionConstant of_uint(uint16_t index, uint32_t v) {
-        FunctionConstant c; c.index = index; c.type = ConstantType::UInt; c.value.u = v; return c;
+        FunctionConstant c;
+        c.index = index;
+        c.type = ConstantType::UInt;
+        c.value.u = v;
+        return c;
     }
     static FunctionConstant of_float(uint16_t index, float v) {
-        FunctionConstant c; c.index = index; c.type = ConstantType::Float; c.value.f = v; return c;
+        FunctionConstant c;
+        c.index = index;
+        c.type = ConstantType::Float;
+        c.value.f = v;
+        return c;
     }
     static FunctionConstant of_half(uint16_t index, float v) {
-        FunctionConstant c; c.index = index; c.type = ConstantType::Half; c.value.f = v; return c;
+        FunctionConstant c;
+        c.index = index;
+        c.type = ConstantType::Half;
+        c.value.f = v;
+        return c;
     }
 };
 
@@ -130,7 +150,7 @@ struct FunctionConstant {
 // AddressSanitizer (MFA_SANITIZE=ON) with exactly-sized allocations to catch out-of-bounds
 // element accesses. base is non-const because the kernel decides what it writes.
 struct BufferBinding {
-    void* base = nullptr;  // nullptr = not bound
+    void* base = nullptr; // nullptr = not bound
     size_t length = 0;
     size_t offset = 0;
 };
@@ -140,15 +160,15 @@ struct Size3 {
 };
 
 struct Dispatch {
-    const char* kernel = nullptr;                 // host name of the kernel
-    const FunctionConstant* constants = nullptr;  // indices must be distinct
+    const char* kernel = nullptr;                // host name of the kernel
+    const FunctionConstant* constants = nullptr; // indices must be distinct
     size_t num_constants = 0;
     BufferBinding buffers[kMaxBufferBindings] = {};
-    uint32_t threadgroup_memory_lengths[kMaxThreadgroupMemoryBindings] = {};  // bytes
-    Size3 threadgroups;                           // dispatchThreadgroups: grid
-    Size3 threads_per_threadgroup;                // threadsPerThreadgroup:
-    uint64_t schedule_seed = 0;                   // 0 = index order; else shuffled
-    int num_workers = 0;                          // OS threads; 0 = one per core
+    uint32_t threadgroup_memory_lengths[kMaxThreadgroupMemoryBindings] = {}; // bytes
+    Size3 threadgroups;            // dispatchThreadgroups: grid
+    Size3 threads_per_threadgroup; // threadsPerThreadgroup:
+    uint64_t schedule_seed = 0;    // 0 = index order; else shuffled
+    int num_workers = 0;           // OS threads; 0 = one per core
 };
 
 // Runs the dispatch to completion. On failure returns an error status (MFA_ERROR_INVALID_ARGUMENT
@@ -161,6 +181,6 @@ mfa_status dispatch(const Dispatch& dispatch);
 // Whether a kernel with this host name is compiled into this binary.
 bool has_kernel(const char* name);
 
-}  // namespace mfa::sim
+} // namespace mfa::sim
 
-#endif  // MFA_METAL_SIM_SIM_H
+#endif // MFA_METAL_SIM_SIM_H

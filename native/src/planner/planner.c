@@ -21,7 +21,7 @@ static const char* const kernel_names[3] = {
 };
 
 const char* mfa_operand_name(mfa_operand operand) {
-    static const char* const names[MFA_OPERAND_COUNT] = {"Q", "K", "V", "O", "L",
+    static const char* const names[MFA_OPERAND_COUNT] = {"Q", "K",  "V",  "O",  "L",
                                                          "D", "dO", "dV", "dK", "dQ"};
     return (unsigned)operand < MFA_OPERAND_COUNT ? names[operand] : "?";
 }
@@ -61,7 +61,7 @@ static mfa_status view_extent(const int64_t shape[4], const int64_t stride[4], c
 typedef struct operand_spec {
     mfa_operand operand;
     int writable;
-    const mfa_view* view;  /* NULL: the D scratch */
+    const mfa_view* view; /* NULL: the D scratch */
     int64_t shape[4];
     int64_t elem_size;
 } operand_spec;
@@ -112,8 +112,8 @@ static mfa_status choose_blocks(const mfa_problem* problem, mfa_gpu_family famil
                                 mfa_pass_kind kind, uint32_t max_threads, mfa_pass_plan* pass) {
     const mfa_precision_class precision =
         problem->dtype == MFA_DTYPE_F32 ? MFA_PRECISION_F32 : MFA_PRECISION_16BIT;
-    const int64_t widest = problem->head_dim > problem->head_dim_v ? problem->head_dim
-                                                                   : problem->head_dim_v;
+    const int64_t widest =
+        problem->head_dim > problem->head_dim_v ? problem->head_dim : problem->head_dim_v;
     const mfa_block_row* row =
         mfa_block_row_for(mfa_block_table_for(family, precision, kind), widest);
 
@@ -125,8 +125,9 @@ static mfa_status choose_blocks(const mfa_problem* problem, mfa_gpu_family famil
         row->block_head % 8 || row->block_head == 0 || row->block_head > MFA_MAX_BLOCK_HEAD)
         return mfa_set_error(MFA_ERROR_INTERNAL,
                              "metal planner: table row (D<=%u: %u, %u, %u) is outside the "
-                             "kernels' limits", row->max_head_dim, row->block_parallel,
-                             row->block_traversal, row->block_head);
+                             "kernels' limits",
+                             row->max_head_dim, row->block_parallel, row->block_traversal,
+                             row->block_head);
 
     /* Fewer simdgroups (8 rows each) when the pipeline cannot run the table's threadgroup;
      * check_problem guaranteed room for one. */
@@ -168,8 +169,9 @@ static mfa_status choose_blocks(const mfa_problem* problem, mfa_gpu_family famil
     if (pass->threadgroup_memory_length > MFA_PLAN_THREADGROUP_MEMORY_LIMIT)
         return mfa_set_error(MFA_ERROR_INTERNAL,
                              "metal planner: table row for D=%lld needs %u bytes of threadgroup "
-                             "memory (limit %d)", (long long)widest,
-                             pass->threadgroup_memory_length, MFA_PLAN_THREADGROUP_MEMORY_LIMIT);
+                             "memory (limit %d)",
+                             (long long)widest, pass->threadgroup_memory_length,
+                             MFA_PLAN_THREADGROUP_MEMORY_LIMIT);
 
     add_constant(pass, MFA_FC_DTYPE, MFA_CONSTANT_TYPE_UINT, (uint32_t)problem->dtype);
     add_constant(pass, MFA_FC_HEAD_DIM, MFA_CONSTANT_TYPE_UINT, (uint32_t)problem->head_dim);
@@ -193,13 +195,13 @@ static mfa_status check_problem(const mfa_problem* problem, mfa_gpu_family famil
     if (max_threads < 32)
         return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
                              "metal planner: max_threads_per_threadgroup %u is below one "
-                             "simdgroup (32 threads)", max_threads);
+                             "simdgroup (32 threads)",
+                             max_threads);
     if (problem->head_dim < 1 || problem->head_dim > MFA_PLAN_MAX_HEAD_DIM ||
         problem->head_dim_v < 1 || problem->head_dim_v > MFA_PLAN_MAX_HEAD_DIM)
-        return mfa_set_error(MFA_ERROR_UNSUPPORTED,
-                             "metal planner: head dims D=%lld Dv=%lld outside 1..%d",
-                             (long long)problem->head_dim, (long long)problem->head_dim_v,
-                             MFA_PLAN_MAX_HEAD_DIM);
+        return mfa_set_error(
+            MFA_ERROR_UNSUPPORTED, "metal planner: head dims D=%lld Dv=%lld outside 1..%d",
+            (long long)problem->head_dim, (long long)problem->head_dim_v, MFA_PLAN_MAX_HEAD_DIM);
     if (problem->seq_q > MFA_PLAN_MAX_SEQUENCE || problem->seq_k > MFA_PLAN_MAX_SEQUENCE)
         return mfa_set_error(MFA_ERROR_UNSUPPORTED,
                              "metal planner: sequence lengths Nq=%lld Nk=%lld exceed 2^30",
@@ -232,8 +234,8 @@ static void fill_params(const mfa_problem* problem, mfa_kernel_params* params) {
     params->scale_log2 = (float)((double)problem->scale * 1.4426950408889634);
 }
 
-static mfa_status plan_pass(const mfa_problem* problem, mfa_gpu_family family,
-                            uint32_t max_threads, mfa_pass_kind kind, mfa_pass_plan* pass) {
+static mfa_status plan_pass(const mfa_problem* problem, mfa_gpu_family family, uint32_t max_threads,
+                            mfa_pass_kind kind, mfa_pass_plan* pass) {
     memset(pass, 0, sizeof *pass);
     pass->kind = kind;
     pass->kernel_name = kernel_names[kind];
@@ -252,20 +254,20 @@ static mfa_status plan_pass(const mfa_problem* problem, mfa_gpu_family family,
     mfa_kernel_params* params = &pass->params;
     fill_params(problem, params);
     const int64_t rows = kind == MFA_PASS_BACKWARD_KEY_VALUE ? problem->seq_k
-                         : pack_group ? problem->group * problem->seq_q
-                                      : problem->seq_q;
-    const int64_t out_width = kind == MFA_PASS_FORWARD ? problem->head_dim_v
-                              : kind == MFA_PASS_BACKWARD_QUERY
-                                  ? problem->head_dim
-                                  : (problem->head_dim > problem->head_dim_v ? problem->head_dim
-                                                                             : problem->head_dim_v);
+                         : pack_group                        ? problem->group * problem->seq_q
+                                                             : problem->seq_q;
+    const int64_t out_width =
+        kind == MFA_PASS_FORWARD ? problem->head_dim_v
+        : kind == MFA_PASS_BACKWARD_QUERY
+            ? problem->head_dim
+            : (problem->head_dim > problem->head_dim_v ? problem->head_dim : problem->head_dim_v);
     const int64_t out_blocks = (out_width + pass->block_out - 1) / pass->block_out;
     const int64_t row_blocks = (rows + pass->block_parallel - 1) / pass->block_parallel;
     params->out_blocks = (int32_t)out_blocks;
     pass->threadgroups[0] = (uint64_t)(row_blocks * out_blocks);
-    pass->threadgroups[1] = (uint64_t)(kind == MFA_PASS_BACKWARD_KEY_VALUE || pack_group
-                                           ? problem->heads_kv
-                                           : problem->heads_q);
+    pass->threadgroups[1] =
+        (uint64_t)(kind == MFA_PASS_BACKWARD_KEY_VALUE || pack_group ? problem->heads_kv
+                                                                     : problem->heads_q);
     pass->threadgroups[2] = (uint64_t)problem->batch;
     if (pass->threadgroups[0] > UINT32_MAX)
         return mfa_set_error(MFA_ERROR_UNSUPPORTED,
@@ -288,13 +290,19 @@ static mfa_status plan_pass(const mfa_problem* problem, mfa_gpu_family family,
     const struct {
         const operand_spec* spec;
         mfa_operand_layout* layout;
-    } * item, forward[] = {{&q, &params->q}, {&k, &params->k}, {&v, &params->v}},
-      backward_query[] = {{&q, &params->q},       {&k, &params->k},
-                          {&v, &params->v},       {&l_in, &params->l},
-                          {&d_scratch_out, &params->d}, {&dout, &params->dout}},
-      backward_key_value[] = {{&q, &params->q},      {&k, &params->k},
-                              {&v, &params->v},      {&l_in, &params->l},
-                              {&d_scratch_in, &params->d}, {&dout, &params->dout}};
+    } *item, forward[] = {{&q, &params->q}, {&k, &params->k}, {&v, &params->v}},
+             backward_query[] = {{&q, &params->q},
+                                 {&k, &params->k},
+                                 {&v, &params->v},
+                                 {&l_in, &params->l},
+                                 {&d_scratch_out, &params->d},
+                                 {&dout, &params->dout}},
+             backward_key_value[] = {{&q, &params->q},
+                                     {&k, &params->k},
+                                     {&v, &params->v},
+                                     {&l_in, &params->l},
+                                     {&d_scratch_in, &params->d},
+                                     {&dout, &params->dout}};
     size_t count;
     if (kind == MFA_PASS_FORWARD) {
         item = forward;
@@ -355,8 +363,8 @@ mfa_status mfa_plan_backward(const mfa_problem* problem, mfa_gpu_family family,
         return mfa_set_error(MFA_ERROR_SIZE_OVERFLOW,
                              "metal planner: the backward scratch size does not fit in 64 bits");
     plan->scratch_bytes = scratch;
-    if ((status = plan_pass(problem, family, max_threads_per_threadgroup,
-                            MFA_PASS_BACKWARD_QUERY, &plan->passes[0])) != MFA_OK)
+    if ((status = plan_pass(problem, family, max_threads_per_threadgroup, MFA_PASS_BACKWARD_QUERY,
+                            &plan->passes[0])) != MFA_OK)
         return status;
     return plan_pass(problem, family, max_threads_per_threadgroup, MFA_PASS_BACKWARD_KEY_VALUE,
                      &plan->passes[1]);

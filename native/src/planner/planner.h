@@ -35,9 +35,9 @@ extern "C" {
 #endif
 
 typedef enum mfa_pass_kind {
-    MFA_PASS_FORWARD = 0,             /* O and L */
-    MFA_PASS_BACKWARD_QUERY = 1,      /* D = rowsum(dO * O), then dQ */
-    MFA_PASS_BACKWARD_KEY_VALUE = 2   /* dK and dV */
+    MFA_PASS_FORWARD = 0,           /* O and L */
+    MFA_PASS_BACKWARD_QUERY = 1,    /* D = rowsum(dO * O), then dQ */
+    MFA_PASS_BACKWARD_KEY_VALUE = 2 /* dK and dV */
 } mfa_pass_kind;
 
 /* The memory a binding refers to. */
@@ -46,8 +46,8 @@ typedef enum mfa_operand {
     MFA_OPERAND_K = 1,
     MFA_OPERAND_V = 2,
     MFA_OPERAND_O = 3,
-    MFA_OPERAND_L = 4,        /* the problem's lse view (f32) */
-    MFA_OPERAND_D = 5,        /* the backward scratch (f32, [B, Hq, Nq] contiguous) */
+    MFA_OPERAND_L = 4, /* the problem's lse view (f32) */
+    MFA_OPERAND_D = 5, /* the backward scratch (f32, [B, Hq, Nq] contiguous) */
     MFA_OPERAND_DOUT = 6,
     MFA_OPERAND_DV = 7,
     MFA_OPERAND_DK = 8,
@@ -60,50 +60,51 @@ typedef enum mfa_operand {
 #define MFA_CONSTANT_TYPE_BOOL 53
 
 typedef struct mfa_function_constant {
-    uint32_t index;  /* [[function_constant(index)]] */
-    uint32_t type;   /* MFA_CONSTANT_TYPE_* */
-    uint32_t value;  /* for BOOL: 0 or 1, to be passed as one byte */
+    uint32_t index; /* [[function_constant(index)]] */
+    uint32_t type;  /* MFA_CONSTANT_TYPE_* */
+    uint32_t value; /* for BOOL: 0 or 1, to be passed as one byte */
 } mfa_function_constant;
 
 typedef struct mfa_buffer_binding {
-    uint32_t index;        /* [[buffer(index)]] */
+    uint32_t index; /* [[buffer(index)]] */
     mfa_operand operand;
-    int32_t writable;      /* the kernel writes through this binding */
-    int64_t byte_offset;   /* from the operand view's data pointer to the first byte bound; <= 0
+    int32_t writable;    /* the kernel writes through this binding */
+    int64_t byte_offset; /* from the operand view's data pointer to the first byte bound; <= 0
                               when strides are negative; 0 for the scratch D */
-    int64_t byte_length;   /* bytes from there that the kernel may touch (exact extent); 0 when
+    int64_t byte_length; /* bytes from there that the kernel may touch (exact extent); 0 when
                               the operand has no elements: the kernel never reads it, but the
                               index still needs some buffer bound */
 } mfa_buffer_binding;
 
 #define MFA_PLAN_MAX_CONSTANTS 16
-#define MFA_PLAN_MAX_BINDINGS 10
-#define MFA_PLAN_MAX_PASSES 2
+#define MFA_PLAN_MAX_BINDINGS  10
+#define MFA_PLAN_MAX_PASSES    2
 
 typedef struct mfa_pass_plan {
     mfa_pass_kind kind;
-    const char* kernel_name;          /* static storage */
+    const char* kernel_name; /* static storage */
     /* Block shape (also present among the function constants). */
-    uint32_t block_parallel;          /* rows of the parallel operand per threadgroup */
-    uint32_t block_traversal;         /* rows of the traversed operand per loop step */
-    uint32_t block_head;              /* feature columns staged through threadgroup memory at once */
-    uint32_t block_out;               /* output feature columns accumulated per threadgroup */
-    uint32_t cached_operands;         /* bit (1u << mfa_operand) per operand held in registers */
+    uint32_t block_parallel;  /* rows of the parallel operand per threadgroup */
+    uint32_t block_traversal; /* rows of the traversed operand per loop step */
+    uint32_t block_head;      /* feature columns staged through threadgroup memory at once */
+    uint32_t block_out;       /* output feature columns accumulated per threadgroup */
+    uint32_t cached_operands; /* bit (1u << mfa_operand) per operand held in registers */
     uint32_t num_constants;
     mfa_function_constant constants[MFA_PLAN_MAX_CONSTANTS];
-    uint64_t threadgroups[3];         /* threadgroups per grid (x: row blocks * out blocks, y: heads, z: batch) */
-    uint32_t threads_per_threadgroup; /* 1-D threadgroups: 32 * block_parallel / 8 */
+    uint64_t threadgroups
+        [3]; /* threadgroups per grid (x: row blocks * out blocks, y: heads, z: batch) */
+    uint32_t threads_per_threadgroup;   /* 1-D threadgroups: 32 * block_parallel / 8 */
     uint32_t threadgroup_memory_length; /* bytes at [[threadgroup(0)]]; multiple of 16, <= 32 KB */
     uint32_t num_bindings;
     mfa_buffer_binding bindings[MFA_PLAN_MAX_BINDINGS];
-    uint32_t params_index;            /* [[buffer(params_index)]] receives `params` */
+    uint32_t params_index; /* [[buffer(params_index)]] receives `params` */
     mfa_kernel_params params;
 } mfa_pass_plan;
 
 typedef struct mfa_plan {
-    uint32_t num_passes;                  /* forward 1, backward 2 */
+    uint32_t num_passes; /* forward 1, backward 2 */
     mfa_pass_plan passes[MFA_PLAN_MAX_PASSES];
-    int64_t scratch_bytes;                /* backward: bytes of the f32 D scratch; else 0 */
+    int64_t scratch_bytes; /* backward: bytes of the f32 D scratch; else 0 */
 } mfa_plan;
 
 /* Largest threadgroup memory a plan requests (Apple4+: 32 KB). */

@@ -18,60 +18,85 @@
  */
 #include "planner/tables.h"
 
-#define ROWS(array) {array, (uint32_t)(sizeof(array) / sizeof(array[0]))}
+#define ROWS(array)                                                                                \
+    { array, (uint32_t)(sizeof(array) / sizeof(array[0])) }
 
 /* ---- Apple9 (M3, M4, A17 Pro and later) ---- */
 static const mfa_block_row apple9_forward_f32[] = {
-    {8, 16, 128, 16, 1, 0},  {16, 16, 64, 16, 1, 0}, {48, 16, 32, 8, 1, 0},
+    {8, 16, 128, 16, 1, 0},  {16, 16, 64, 16, 1, 0},   {48, 16, 32, 8, 1, 0},
     {192, 16, 64, 16, 0, 0}, {384, 16, 128, 16, 0, 0},
 };
 static const mfa_block_row apple9_forward_16bit[] = {
-    {32, 16, 128, 16, 1, 0}, {96, 16, 128, 32, 1, 0}, {384, 16, 128, 32, 0, 0},
+    {32, 16, 128, 16, 1, 0},
+    {96, 16, 128, 32, 1, 0},
+    {384, 16, 128, 32, 0, 0},
 };
 static const mfa_block_row apple9_backward_query_f32[] = {
-    {16, 16, 64, 8, 1, 1}, {32, 16, 64, 16, 1, 0}, {192, 16, 64, 32, 1, 0}, {384, 16, 128, 16, 0, 0},
+    {16, 16, 64, 8, 1, 1},
+    {32, 16, 64, 16, 1, 0},
+    {192, 16, 64, 32, 1, 0},
+    {384, 16, 128, 16, 0, 0},
 };
 static const mfa_block_row apple9_backward_query_16bit[] = {
-    {80, 16, 64, 8, 1, 1}, {192, 16, 64, 32, 0, 0}, {384, 16, 128, 32, 0, 0},
+    {80, 16, 64, 8, 1, 1},
+    {192, 16, 64, 32, 0, 0},
+    {384, 16, 128, 32, 0, 0},
 };
 static const mfa_block_row apple9_backward_key_value_f32[] = {
-    {16, 16, 64, 8, 1, 1},   {32, 16, 32, 16, 1, 1},  {64, 16, 32, 16, 0, 1},
+    {16, 16, 64, 8, 1, 1},    {32, 16, 32, 16, 1, 1},   {64, 16, 32, 16, 0, 1},
     {128, 16, 128, 16, 0, 0}, {384, 16, 128, 16, 0, 0},
 };
 static const mfa_block_row apple9_backward_key_value_16bit[] = {
-    {56, 16, 64, 8, 1, 1},    {80, 16, 32, 16, 0, 1}, {144, 16, 128, 16, 0, 0},
+    {56, 16, 64, 8, 1, 1},
+    {80, 16, 32, 16, 0, 1},
+    {144, 16, 128, 16, 0, 0},
     {384, 16, 128, 32, 0, 0},
 };
 
 /* ---- Apple7 / Apple8 (M1, M2, A14 - A16) ---- */
 static const mfa_block_row apple7_forward_f32[] = {
-    {24, 32, 64, 24, 1, 0}, {32, 32, 64, 32, 0, 0}, {56, 32, 32, 56, 0, 0}, {384, 32, 80, 16, 0, 0},
+    {24, 32, 64, 24, 1, 0},
+    {32, 32, 64, 32, 0, 0},
+    {56, 32, 32, 56, 0, 0},
+    {384, 32, 80, 16, 0, 0},
 };
 static const mfa_block_row apple7_forward_16bit[] = {
-    {96, 32, 128, 32, 1, 0}, {384, 32, 128, 32, 0, 0},
+    {96, 32, 128, 32, 1, 0},
+    {384, 32, 128, 32, 0, 0},
 };
 static const mfa_block_row apple7_backward_query_f32[] = {
-    {16, 32, 64, 16, 1, 0}, {56, 32, 64, 24, 0, 0}, {384, 32, 80, 16, 0, 0},
+    {16, 32, 64, 16, 1, 0},
+    {56, 32, 64, 24, 0, 0},
+    {384, 32, 80, 16, 0, 0},
 };
 static const mfa_block_row apple7_backward_query_16bit[] = {
-    {32, 32, 64, 32, 1, 0}, {384, 32, 64, 32, 0, 0},
+    {32, 32, 64, 32, 1, 0},
+    {384, 32, 64, 32, 0, 0},
 };
 static const mfa_block_row apple7_backward_key_value_f32[] = {
-    {16, 32, 32, 16, 0, 1}, {24, 32, 64, 24, 0, 0}, {384, 32, 80, 16, 0, 0},
+    {16, 32, 32, 16, 0, 1},
+    {24, 32, 64, 24, 0, 0},
+    {384, 32, 80, 16, 0, 0},
 };
 static const mfa_block_row apple7_backward_key_value_16bit[] = {
-    {16, 32, 64, 16, 0, 1}, {56, 32, 80, 32, 0, 0}, {384, 32, 64, 32, 0, 0},
+    {16, 32, 64, 16, 0, 1},
+    {56, 32, 80, 32, 0, 0},
+    {384, 32, 64, 32, 0, 0},
 };
 
 mfa_block_table mfa_block_table_for(mfa_gpu_family family, mfa_precision_class precision,
                                     mfa_pass_kind pass) {
     static const mfa_block_table apple9[2][3] = {
-        {ROWS(apple9_forward_f32), ROWS(apple9_backward_query_f32), ROWS(apple9_backward_key_value_f32)},
-        {ROWS(apple9_forward_16bit), ROWS(apple9_backward_query_16bit), ROWS(apple9_backward_key_value_16bit)},
+        {ROWS(apple9_forward_f32), ROWS(apple9_backward_query_f32),
+         ROWS(apple9_backward_key_value_f32)},
+        {ROWS(apple9_forward_16bit), ROWS(apple9_backward_query_16bit),
+         ROWS(apple9_backward_key_value_16bit)},
     };
     static const mfa_block_table apple7[2][3] = {
-        {ROWS(apple7_forward_f32), ROWS(apple7_backward_query_f32), ROWS(apple7_backward_key_value_f32)},
-        {ROWS(apple7_forward_16bit), ROWS(apple7_backward_query_16bit), ROWS(apple7_backward_key_value_16bit)},
+        {ROWS(apple7_forward_f32), ROWS(apple7_backward_query_f32),
+         ROWS(apple7_backward_key_value_f32)},
+        {ROWS(apple7_forward_16bit), ROWS(apple7_backward_query_16bit),
+         ROWS(apple7_backward_key_value_16bit)},
     };
     return family == MFA_GPU_FAMILY_APPLE9 ? apple9[precision][pass] : apple7[precision][pass];
 }

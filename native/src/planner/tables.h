@@ -14,11 +14,11 @@
 
 typedef struct mfa_block_row {
     uint32_t max_head_dim;
-    uint32_t block_parallel;   /* multiple of 8 */
-    uint32_t block_traversal;  /* multiple of 8, <= MFA_MAX_BLOCK_TRAVERSAL */
-    uint32_t block_head;       /* multiple of 8 */
-    uint8_t cache_parallel;    /* Q (forward, backward-query) or K (backward-key-value) */
-    uint8_t cache_parallel2;   /* dO (backward-query) or V (backward-key-value) */
+    uint32_t block_parallel;  /* multiple of 8 */
+    uint32_t block_traversal; /* multiple of 8, <= MFA_MAX_BLOCK_TRAVERSAL */
+    uint32_t block_head;      /* multiple of 8 */
+    uint8_t cache_parallel;   /* Q (forward, backward-query) or K (backward-key-value) */
+    uint8_t cache_parallel2;  /* dO (backward-query) or V (backward-key-value) */
 } mfa_block_row;
 
 typedef struct mfa_block_table {
@@ -27,7 +27,10 @@ typedef struct mfa_block_table {
 } mfa_block_table;
 
 /* Precision classes: F32 memory, or 16-bit memory (f16 and bf16). */
-typedef enum mfa_precision_class { MFA_PRECISION_F32 = 0, MFA_PRECISION_16BIT = 1 } mfa_precision_class;
+typedef enum mfa_precision_class {
+    MFA_PRECISION_F32 = 0,
+    MFA_PRECISION_16BIT = 1
+} mfa_precision_class;
 
 /* The table for a pass; family is APPLE7, APPLE8 or APPLE9 (checked by the caller). */
 mfa_block_table mfa_block_table_for(mfa_gpu_family family, mfa_precision_class precision,

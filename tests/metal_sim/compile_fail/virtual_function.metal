@@ -6,6 +6,4 @@ struct Shape {
     virtual float area() const { return 0.0f; }
 };
 
-kernel void virtual_function(device float* out [[buffer(0)]]) {
-    out[0] = Shape().area();
-}
+kernel void virtual_function(device float* out [[buffer(0)]]) { out[0] = Shape().area(); }

@@ -3,19 +3,14 @@
 using namespace metal;
 
 // 12 values per thread, at its linear index in the grid.
-kernel void builtins_3d(device uint* out [[buffer(0)]],
-                        uint3 gid [[thread_position_in_grid]],
-                        uint3 lid [[thread_position_in_threadgroup]],
-                        uint3 group [[threadgroup_position_in_grid]],
-                        uint3 group_size [[threads_per_threadgroup]],
-                        uint3 groups [[threadgroups_per_grid]],
-                        uint3 grid [[threads_per_grid]],
-                        uint flat [[thread_index_in_threadgroup]],
-                        ushort lane [[thread_index_in_simdgroup]],
-                        ushort simd [[simdgroup_index_in_threadgroup]],
-                        ushort simds [[simdgroups_per_threadgroup]],
-                        ushort2 lid2 [[thread_position_in_threadgroup]],
-                        uint width [[threads_per_simdgroup]]) {
+kernel void builtins_3d(
+    device uint* out [[buffer(0)]], uint3 gid [[thread_position_in_grid]],
+    uint3 lid [[thread_position_in_threadgroup]], uint3 group [[threadgroup_position_in_grid]],
+    uint3 group_size [[threads_per_threadgroup]], uint3 groups [[threadgroups_per_grid]],
+    uint3 grid [[threads_per_grid]], uint flat [[thread_index_in_threadgroup]],
+    ushort lane [[thread_index_in_simdgroup]], ushort simd [[simdgroup_index_in_threadgroup]],
+    ushort simds [[simdgroups_per_threadgroup]], ushort2 lid2 [[thread_position_in_threadgroup]],
+    uint width [[threads_per_simdgroup]]) {
     const uint linear = (gid.z * grid.y + gid.y) * grid.x + gid.x;
     device uint* o = out + linear * 12;
     o[0] = gid.x;
@@ -62,8 +57,7 @@ struct ScaleParams {
     float scale;
 };
 
-kernel void struct_argument(constant ScaleParams& p [[buffer(0)]],
-                            device float* out [[buffer(1)]],
+kernel void struct_argument(constant ScaleParams& p [[buffer(0)]], device float* out [[buffer(1)]],
                             uint i [[thread_position_in_grid]]) {
     if (i < p.count) out[i] = p.scale * float(i);
 }

@@ -3,7 +3,6 @@
 #include <metal_stdlib>
 using namespace metal;
 
-kernel void write_past_end(device float* output [[buffer(0)]],
-                           uint i [[thread_position_in_grid]]) {
+kernel void write_past_end(device float* output [[buffer(0)]], uint i [[thread_position_in_grid]]) {
     output[i] = float(i);
 }

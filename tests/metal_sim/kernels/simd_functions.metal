@@ -4,7 +4,7 @@
 using namespace metal;
 
 struct PermuteParams {
-    uint argument;  // lane, mask or delta, depending on the function
+    uint argument; // lane, mask or delta, depending on the function
 };
 
 // output[f * threads + tid] holds function f's result in thread tid.
@@ -29,8 +29,7 @@ kernel void simd_permutations(device const float* input [[buffer(0)]],
 }
 
 // Threads may number any count: the last SIMD-group can be partial.
-kernel void simd_reductions(device const int* input [[buffer(0)]],
-                            device int* output [[buffer(1)]],
+kernel void simd_reductions(device const int* input [[buffer(0)]], device int* output [[buffer(1)]],
                             device uint* products [[buffer(2)]],
                             device float* float_sums [[buffer(3)]],
                             uint tid [[thread_index_in_threadgroup]],

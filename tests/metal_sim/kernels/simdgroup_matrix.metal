@@ -50,10 +50,8 @@ kernel void matrix_transfer(device const float* source [[buffer(0)]],
 
 // d = a * b + c and e = a * b, in the element type T.
 template <typename T>
-[[kernel]] void matrix_products(device const T* a [[buffer(0)]],
-                                device const T* b [[buffer(1)]],
-                                device const T* c [[buffer(2)]],
-                                device T* d [[buffer(3)]],
+[[kernel]] void matrix_products(device const T* a [[buffer(0)]], device const T* b [[buffer(1)]],
+                                device const T* c [[buffer(2)]], device T* d [[buffer(3)]],
                                 device T* e [[buffer(4)]]) {
     simdgroup_matrix<T, 8, 8> A, B, C, D;
     simdgroup_load(A, a);
@@ -64,9 +62,12 @@ template <typename T>
     simdgroup_multiply(C, A, B);
     simdgroup_store(C, e);
 }
-template [[host_name("matrix_products_float")]] [[kernel]] decltype(matrix_products<float>) matrix_products<float>;
-template [[host_name("matrix_products_half")]] [[kernel]] decltype(matrix_products<half>) matrix_products<half>;
-template [[host_name("matrix_products_bfloat")]] [[kernel]] decltype(matrix_products<bfloat>) matrix_products<bfloat>;
+template [[host_name(
+    "matrix_products_float")]] [[kernel]] decltype(matrix_products<float>) matrix_products<float>;
+template [[host_name(
+    "matrix_products_half")]] [[kernel]] decltype(matrix_products<half>) matrix_products<half>;
+template [[host_name("matrix_products_bfloat")]] [[kernel]] decltype(matrix_products<bfloat>)
+    matrix_products<bfloat>;
 
 // half inputs, a float accumulator updated in place twice: c + 2ab.
 kernel void matrix_mixed_accumulate(device const half* a [[buffer(0)]],

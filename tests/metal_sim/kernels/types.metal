@@ -18,15 +18,13 @@ kernel void convert_rounding(device const float* input [[buffer(0)]],
 
 // Stores bfloat values through a device bfloat pointer and reads them back.
 kernel void bfloat_memory(device const bfloat* input [[buffer(0)]],
-                          device bfloat* output [[buffer(1)]],
-                          uint i [[thread_position_in_grid]]) {
+                          device bfloat* output [[buffer(1)]], uint i [[thread_position_in_grid]]) {
     const bfloat x = input[i];
     output[i] = bfloat(float(x) * 2.0f) + x;
 }
 
 // Each result goes to its own slot; the test knows the slot order.
-kernel void vectors_and_math(device const float* x [[buffer(0)]],
-                             device float* out [[buffer(1)]]) {
+kernel void vectors_and_math(device const float* x [[buffer(0)]], device float* out [[buffer(1)]]) {
     const float a = x[0], b = x[1], c = x[2];
     const float4 v = float4(a, float2(b, c), 1.0f);
     const float4 w = v.wzyx;
@@ -34,10 +32,10 @@ kernel void vectors_and_math(device const float* x [[buffer(0)]],
     const int2 n = int2(-3, 5);
     const uint2 u = uint2(7u);
     int slot = 0;
-    out[slot++] = w.x;                              // 1
-    out[slot++] = w.y;                              // c
-    out[slot++] = dot(v.xy, float2(2.0f));          // 2a + 2b
-    out[slot++] = float(h.y);                       // b rounded to half
+    out[slot++] = w.x;                     // 1
+    out[slot++] = w.y;                     // c
+    out[slot++] = dot(v.xy, float2(2.0f)); // 2a + 2b
+    out[slot++] = float(h.y);              // b rounded to half
     out[slot++] = exp(a);
     out[slot++] = exp2(a);
     out[slot++] = log(c);
@@ -50,14 +48,15 @@ kernel void vectors_and_math(device const float* x [[buffer(0)]],
     out[slot++] = min(a, b);
     out[slot++] = clamp(a, -0.5f, 0.5f);
     out[slot++] = abs(-c);
-    out[slot++] = float(max(n.x, n.y));             // 5
-    out[slot++] = float(min(u.x, 3u));              // 3
-    out[slot++] = float(abs(n.x));                  // 3
-    out[slot++] = select(a, b, a < b);              // max(a, b)
-    const float2 picked = select(float2(1.0f, 2.0f), float2(3.0f, 4.0f), float2(a, b) > float2(0.0f));
+    out[slot++] = float(max(n.x, n.y)); // 5
+    out[slot++] = float(min(u.x, 3u));  // 3
+    out[slot++] = float(abs(n.x));      // 3
+    out[slot++] = select(a, b, a < b);  // max(a, b)
+    const float2 picked =
+        select(float2(1.0f, 2.0f), float2(3.0f, 4.0f), float2(a, b) > float2(0.0f));
     out[slot++] = picked.x;
     out[slot++] = picked.y;
-    out[slot++] = exp2(float2(a, b)).y;              // exp2(b)
+    out[slot++] = exp2(float2(a, b)).y;             // exp2(b)
     out[slot++] = as_type<float>(as_type<uint>(c)); // c
     out[slot++] = FLT_MAX;
     out[slot++] = numeric_limits<float>::infinity();
@@ -65,6 +64,6 @@ kernel void vectors_and_math(device const float* x [[buffer(0)]],
     out[slot++] = float(1.5h);
     out[slot++] = float(bfloat(2.5f));
     out[slot++] = INFINITY;
-    out[slot++] = float(max(h, half4(0.0h)).x);     // max(a, 0) in half
-    out[slot++] = isnan(a - a) ? 1.0f : 0.0f;       // 0 for finite a
+    out[slot++] = float(max(h, half4(0.0h)).x); // max(a, 0) in half
+    out[slot++] = isnan(a - a) ? 1.0f : 0.0f;   // 0 for finite a
 }

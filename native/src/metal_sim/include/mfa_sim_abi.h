@@ -26,15 +26,15 @@ struct ThreadInfo {
 
 // A bound buffer as the kernel sees it: base + offset, and the bytes left from there.
 struct BufferView {
-    char* data;  // nullptr when unbound
+    char* data; // nullptr when unbound
     unsigned long long size;
 };
 
 // What a kernel thread's argument glue reads: the dispatch's bindings and the memory of the
 // thread's own threadgroup.
 struct ArgumentTable {
-    const BufferView* buffers;         // [31]
-    char* const* threadgroup_memory;   // [31], nullptr where the length is 0
+    const BufferView* buffers;       // [31]
+    char* const* threadgroup_memory; // [31], nullptr where the length is 0
     const unsigned* threadgroup_memory_lengths;
 };
 
@@ -65,15 +65,15 @@ using KernelEntry = void (*)(const ThreadInfo& thread, const ArgumentTable& argu
 using ConstantSetup = const char* (*)(const ConstantTable& constants);
 
 struct KernelRecord {
-    const char* name;    // host name
-    const char* source;  // the .metal file, for messages
+    const char* name;   // host name
+    const char* source; // the .metal file, for messages
     KernelEntry entry;
     ConstantSetup setup_constants;
 };
 
 // A call site of a rendezvous (barrier or SIMD-group function), for matching and messages.
 struct Site {
-    const char* operation;  // "simd_sum", "threadgroup_barrier", ...
+    const char* operation; // "simd_sum", "threadgroup_barrier", ...
     const char* file;
     unsigned line;
 };
@@ -87,17 +87,15 @@ struct SimdRendezvous {
     unsigned lanes;
 };
 
-}  // namespace mfa_sim_abi
+} // namespace mfa_sim_abi
 
 extern "C" {
-void mfa_sim_register_kernels(const mfa_sim_abi::KernelRecord* kernels,
-                                                 unsigned count);
+void mfa_sim_register_kernels(const mfa_sim_abi::KernelRecord* kernels, unsigned count);
 // The calling kernel thread's built-ins.
 const mfa_sim_abi::ThreadInfo* mfa_sim_current_thread(void);
 // Ends the calling kernel thread and fails its dispatch with message (static storage).
 [[noreturn]] void mfa_sim_fail(const char* message);
-mfa_sim_abi::SimdRendezvous mfa_sim_simd_arrive(const mfa_sim_abi::Site* site,
-                                                                   void* record);
+mfa_sim_abi::SimdRendezvous mfa_sim_simd_arrive(const mfa_sim_abi::Site* site, void* record);
 void mfa_sim_simd_release(void);
 void mfa_sim_threadgroup_barrier(const mfa_sim_abi::Site* site);
 // The calling thread's threadgroup's memory for threadgroup variable `id` (a declaration
@@ -106,4 +104,4 @@ void mfa_sim_threadgroup_barrier(const mfa_sim_abi::Site* site);
 void* mfa_sim_threadgroup_variable(unsigned id, unsigned long size, unsigned long alignment);
 }
 
-#endif  // MFA_SIM_ABI_H
+#endif // MFA_SIM_ABI_H

@@ -29,13 +29,13 @@
 
 #include "mfa_sim_abi.h"
 
-#define device __mfa_sim_device__
-#define constant __mfa_sim_constant__
-#define threadgroup __mfa_sim_threadgroup__
-#define thread __mfa_sim_thread__
-#define kernel __mfa_sim_kernel__
+#define device                             __mfa_sim_device__
+#define constant                           __mfa_sim_constant__
+#define threadgroup                        __mfa_sim_threadgroup__
+#define thread                             __mfa_sim_thread__
+#define kernel                             __mfa_sim_kernel__
 #define is_function_constant_defined(name) (__mfa_sim_fc_defined_##name)
-#define METAL_FUNC inline __attribute__((always_inline))
+#define METAL_FUNC                         inline __attribute__((always_inline))
 
 // ---- Scalar types ------------------------------------------------------------------------
 
@@ -64,7 +64,9 @@ struct bfloat {
     explicit constexpr bfloat(half value) : bfloat(static_cast<float>(value)) {}
     explicit constexpr bfloat(int value) : bfloat(static_cast<float>(value)) {}
     explicit constexpr bfloat(uint value) : bfloat(static_cast<float>(value)) {}
-    constexpr operator float() const { return __builtin_bit_cast(float, static_cast<uint>(bits) << 16); }
+    constexpr operator float() const {
+        return __builtin_bit_cast(float, static_cast<uint>(bits) << 16);
+    }
 
     static constexpr bfloat from_bits(ushort b) {
         bfloat r{};
@@ -74,27 +76,34 @@ struct bfloat {
 
     static constexpr ushort round_to_nearest_even(float value) {
         const uint b = __builtin_bit_cast(uint, value);
-        if ((b & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<ushort>((b >> 16) | 0x0040u);  // quiet NaN
+        if ((b & 0x7FFFFFFFu) > 0x7F800000u)
+            return static_cast<ushort>((b >> 16) | 0x0040u); // quiet NaN
         const uint rounding = 0x7FFFu + ((b >> 16) & 1u);
         return static_cast<ushort>((b + rounding) >> 16);
     }
 };
 
 // Arithmetic rounds each result to bfloat, as a bfloat ALU would.
-#define MFA_SIM_BFLOAT_BINARY(op)                                                              \
-    constexpr bfloat operator op(bfloat a, bfloat b) {                                         \
-        return bfloat(static_cast<float>(a) op static_cast<float>(b));                         \
-    }                                                                                          \
-    constexpr bfloat& operator op##=(bfloat & a, bfloat b) { return a = a op b; }
+#define MFA_SIM_BFLOAT_BINARY(op)                                                                  \
+    constexpr bfloat operator op(bfloat a, bfloat b) {                                             \
+        return bfloat(static_cast<float>(a) op static_cast<float>(b));                             \
+    }                                                                                              \
+    constexpr bfloat& operator op##=(bfloat& a, bfloat b) { return a = a op b; }
 MFA_SIM_BFLOAT_BINARY(+)
 MFA_SIM_BFLOAT_BINARY(-)
 MFA_SIM_BFLOAT_BINARY(*)
 MFA_SIM_BFLOAT_BINARY(/)
 #undef MFA_SIM_BFLOAT_BINARY
-constexpr bfloat operator-(bfloat a) { return bfloat::from_bits(static_cast<ushort>(a.bits ^ 0x8000u)); }
+constexpr bfloat operator-(bfloat a) {
+    return bfloat::from_bits(static_cast<ushort>(a.bits ^ 0x8000u));
+}
 
-constexpr half operator""h(long double value) { return static_cast<half>(static_cast<float>(value)); }
-constexpr half operator""h(unsigned long long value) { return static_cast<half>(static_cast<float>(value)); }
+constexpr half operator""h(long double value) {
+    return static_cast<half>(static_cast<float>(value));
+}
+constexpr half operator""h(unsigned long long value) {
+    return static_cast<half>(static_cast<float>(value));
+}
 
 // ---- Type traits (<metal_type_traits>) ---------------------------------------------------
 
@@ -136,17 +145,29 @@ struct is_same<A, A> : true_type {};
 template <class A, class B>
 constexpr bool is_same_v = is_same<A, B>::value;
 
-template <class T> struct remove_cv { typedef T type; };
-template <class T> struct remove_cv<const T> { typedef T type; };
-template <class T> struct remove_cv<volatile T> { typedef T type; };
-template <class T> struct remove_cv<const volatile T> { typedef T type; };
+template <class T>
+struct remove_cv {
+    typedef T type;
+};
+template <class T>
+struct remove_cv<const T> {
+    typedef T type;
+};
+template <class T>
+struct remove_cv<volatile T> {
+    typedef T type;
+};
+template <class T>
+struct remove_cv<const volatile T> {
+    typedef T type;
+};
 template <class T>
 using remove_cv_t = typename remove_cv<T>::type;
 
 template <class T>
-constexpr bool is_floating_point_v = is_same_v<remove_cv_t<T>, float> ||
-                                     is_same_v<remove_cv_t<T>, half> ||
-                                     is_same_v<remove_cv_t<T>, bfloat>;
+constexpr bool is_floating_point_v =
+    is_same_v<remove_cv_t<T>, float> || is_same_v<remove_cv_t<T>, half> ||
+    is_same_v<remove_cv_t<T>, bfloat>;
 template <class T>
 constexpr bool is_integral_v =
     is_same_v<remove_cv_t<T>, bool> || is_same_v<remove_cv_t<T>, char> ||
@@ -217,7 +238,7 @@ inline void append_components(vec<T, N>& out, int& next, const A& part) {
         for (int i = 0; i < vec_traits<A>::size; ++i) out[next++] = T(part[i]);
     }
 }
-}  // namespace sim_detail
+} // namespace sim_detail
 
 // Metal's vector constructors: one scalar (splat), one vector of the same size (converting), or
 // scalars and vectors whose components add up to N.
@@ -236,11 +257,11 @@ inline vec<T, N> make_vec(const Parts&... parts) {
     return out;
 }
 
-}  // namespace metal
+} // namespace metal
 
-#define MFA_SIM_VECTOR_TYPES(T)                 \
-    typedef metal::vec<T, 2> T##2;              \
-    typedef metal::vec<T, 3> T##3;              \
+#define MFA_SIM_VECTOR_TYPES(T)                                                                    \
+    typedef metal::vec<T, 2> T##2;                                                                 \
+    typedef metal::vec<T, 3> T##3;                                                                 \
     typedef metal::vec<T, 4> T##4;
 MFA_SIM_VECTOR_TYPES(float)
 MFA_SIM_VECTOR_TYPES(half)
@@ -255,83 +276,83 @@ MFA_SIM_VECTOR_TYPES(long)
 MFA_SIM_VECTOR_TYPES(ulong)
 #undef MFA_SIM_VECTOR_TYPES
 
-#define float2(...) ::metal::make_vec<float, 2>(__VA_ARGS__)
-#define float3(...) ::metal::make_vec<float, 3>(__VA_ARGS__)
-#define float4(...) ::metal::make_vec<float, 4>(__VA_ARGS__)
-#define half2(...) ::metal::make_vec<half, 2>(__VA_ARGS__)
-#define half3(...) ::metal::make_vec<half, 3>(__VA_ARGS__)
-#define half4(...) ::metal::make_vec<half, 4>(__VA_ARGS__)
+#define float2(...)  ::metal::make_vec<float, 2>(__VA_ARGS__)
+#define float3(...)  ::metal::make_vec<float, 3>(__VA_ARGS__)
+#define float4(...)  ::metal::make_vec<float, 4>(__VA_ARGS__)
+#define half2(...)   ::metal::make_vec<half, 2>(__VA_ARGS__)
+#define half3(...)   ::metal::make_vec<half, 3>(__VA_ARGS__)
+#define half4(...)   ::metal::make_vec<half, 4>(__VA_ARGS__)
 #define bfloat2(...) ::metal::make_vec<bfloat, 2>(__VA_ARGS__)
 #define bfloat3(...) ::metal::make_vec<bfloat, 3>(__VA_ARGS__)
 #define bfloat4(...) ::metal::make_vec<bfloat, 4>(__VA_ARGS__)
-#define int2(...) ::metal::make_vec<int, 2>(__VA_ARGS__)
-#define int3(...) ::metal::make_vec<int, 3>(__VA_ARGS__)
-#define int4(...) ::metal::make_vec<int, 4>(__VA_ARGS__)
-#define uint2(...) ::metal::make_vec<uint, 2>(__VA_ARGS__)
-#define uint3(...) ::metal::make_vec<uint, 3>(__VA_ARGS__)
-#define uint4(...) ::metal::make_vec<uint, 4>(__VA_ARGS__)
-#define short2(...) ::metal::make_vec<short, 2>(__VA_ARGS__)
-#define short3(...) ::metal::make_vec<short, 3>(__VA_ARGS__)
-#define short4(...) ::metal::make_vec<short, 4>(__VA_ARGS__)
+#define int2(...)    ::metal::make_vec<int, 2>(__VA_ARGS__)
+#define int3(...)    ::metal::make_vec<int, 3>(__VA_ARGS__)
+#define int4(...)    ::metal::make_vec<int, 4>(__VA_ARGS__)
+#define uint2(...)   ::metal::make_vec<uint, 2>(__VA_ARGS__)
+#define uint3(...)   ::metal::make_vec<uint, 3>(__VA_ARGS__)
+#define uint4(...)   ::metal::make_vec<uint, 4>(__VA_ARGS__)
+#define short2(...)  ::metal::make_vec<short, 2>(__VA_ARGS__)
+#define short3(...)  ::metal::make_vec<short, 3>(__VA_ARGS__)
+#define short4(...)  ::metal::make_vec<short, 4>(__VA_ARGS__)
 #define ushort2(...) ::metal::make_vec<ushort, 2>(__VA_ARGS__)
 #define ushort3(...) ::metal::make_vec<ushort, 3>(__VA_ARGS__)
 #define ushort4(...) ::metal::make_vec<ushort, 4>(__VA_ARGS__)
-#define char2(...) ::metal::make_vec<char, 2>(__VA_ARGS__)
-#define char3(...) ::metal::make_vec<char, 3>(__VA_ARGS__)
-#define char4(...) ::metal::make_vec<char, 4>(__VA_ARGS__)
-#define uchar2(...) ::metal::make_vec<uchar, 2>(__VA_ARGS__)
-#define uchar3(...) ::metal::make_vec<uchar, 3>(__VA_ARGS__)
-#define uchar4(...) ::metal::make_vec<uchar, 4>(__VA_ARGS__)
-#define long2(...) ::metal::make_vec<long, 2>(__VA_ARGS__)
-#define long3(...) ::metal::make_vec<long, 3>(__VA_ARGS__)
-#define long4(...) ::metal::make_vec<long, 4>(__VA_ARGS__)
-#define ulong2(...) ::metal::make_vec<ulong, 2>(__VA_ARGS__)
-#define ulong3(...) ::metal::make_vec<ulong, 3>(__VA_ARGS__)
-#define ulong4(...) ::metal::make_vec<ulong, 4>(__VA_ARGS__)
+#define char2(...)   ::metal::make_vec<char, 2>(__VA_ARGS__)
+#define char3(...)   ::metal::make_vec<char, 3>(__VA_ARGS__)
+#define char4(...)   ::metal::make_vec<char, 4>(__VA_ARGS__)
+#define uchar2(...)  ::metal::make_vec<uchar, 2>(__VA_ARGS__)
+#define uchar3(...)  ::metal::make_vec<uchar, 3>(__VA_ARGS__)
+#define uchar4(...)  ::metal::make_vec<uchar, 4>(__VA_ARGS__)
+#define long2(...)   ::metal::make_vec<long, 2>(__VA_ARGS__)
+#define long3(...)   ::metal::make_vec<long, 3>(__VA_ARGS__)
+#define long4(...)   ::metal::make_vec<long, 4>(__VA_ARGS__)
+#define ulong2(...)  ::metal::make_vec<ulong, 2>(__VA_ARGS__)
+#define ulong3(...)  ::metal::make_vec<ulong, 3>(__VA_ARGS__)
+#define ulong4(...)  ::metal::make_vec<ulong, 4>(__VA_ARGS__)
 
 // ---- Constants ---------------------------------------------------------------------------
 
-#define INFINITY (__builtin_inff())
-#define NAN (__builtin_nanf(""))
-#define MAXFLOAT __FLT_MAX__
-#define FLT_MAX __FLT_MAX__
-#define FLT_MIN __FLT_MIN__
-#define FLT_EPSILON __FLT_EPSILON__
-#define HALF_MAX (static_cast<half>(65504.0f))
-#define HALF_MIN (static_cast<half>(6.103515625e-05f))
+#define INFINITY     (__builtin_inff())
+#define NAN          (__builtin_nanf(""))
+#define MAXFLOAT     __FLT_MAX__
+#define FLT_MAX      __FLT_MAX__
+#define FLT_MIN      __FLT_MIN__
+#define FLT_EPSILON  __FLT_EPSILON__
+#define HALF_MAX     (static_cast<half>(65504.0f))
+#define HALF_MIN     (static_cast<half>(6.103515625e-05f))
 #define HALF_EPSILON (static_cast<half>(0.0009765625f))
-#define M_E_F 2.71828182845904523536f
-#define M_LOG2E_F 1.44269504088896340736f
-#define M_LOG10E_F 0.434294481903251827651f
-#define M_LN2_F 0.693147180559945309417f
-#define M_LN10_F 2.30258509299404568402f
-#define M_PI_F 3.14159265358979323846f
-#define M_PI_2_F 1.57079632679489661923f
-#define M_PI_4_F 0.785398163397448309616f
-#define M_1_PI_F 0.318309886183790671538f
-#define M_2_PI_F 0.636619772367581343076f
+#define M_E_F        2.71828182845904523536f
+#define M_LOG2E_F    1.44269504088896340736f
+#define M_LOG10E_F   0.434294481903251827651f
+#define M_LN2_F      0.693147180559945309417f
+#define M_LN10_F     2.30258509299404568402f
+#define M_PI_F       3.14159265358979323846f
+#define M_PI_2_F     1.57079632679489661923f
+#define M_PI_4_F     0.785398163397448309616f
+#define M_1_PI_F     0.318309886183790671538f
+#define M_2_PI_F     0.636619772367581343076f
 #define M_2_SQRTPI_F 1.12837916709551257390f
-#define M_SQRT2_F 1.41421356237309504880f
-#define M_SQRT1_2_F 0.707106781186547524401f
+#define M_SQRT2_F    1.41421356237309504880f
+#define M_SQRT1_2_F  0.707106781186547524401f
 
 namespace metal {
 
 template <class T>
 struct numeric_limits;
 
-#define MFA_SIM_FLOAT_LIMITS(T, min_v, max_v, epsilon_v, infinity_v, nan_v) \
-    template <>                                                             \
-    struct numeric_limits<T> {                                              \
-        static constexpr bool is_specialized = true;                        \
-        static constexpr bool is_signed = true;                             \
-        static constexpr bool is_integer = false;                           \
-        static constexpr bool has_infinity = true;                          \
-        static constexpr T min() { return min_v; }                          \
-        static constexpr T max() { return max_v; }                          \
-        static constexpr T lowest() { return -max_v; }                      \
-        static constexpr T epsilon() { return epsilon_v; }                  \
-        static constexpr T infinity() { return infinity_v; }                \
-        static constexpr T quiet_NaN() { return nan_v; }                    \
+#define MFA_SIM_FLOAT_LIMITS(T, min_v, max_v, epsilon_v, infinity_v, nan_v)                        \
+    template <>                                                                                    \
+    struct numeric_limits<T> {                                                                     \
+        static constexpr bool is_specialized = true;                                               \
+        static constexpr bool is_signed = true;                                                    \
+        static constexpr bool is_integer = false;                                                  \
+        static constexpr bool has_infinity = true;                                                 \
+        static constexpr T min() { return min_v; }                                                 \
+        static constexpr T max() { return max_v; }                                                 \
+        static constexpr T lowest() { return -max_v; }                                             \
+        static constexpr T epsilon() { return epsilon_v; }                                         \
+        static constexpr T infinity() { return infinity_v; }                                       \
+        static constexpr T quiet_NaN() { return nan_v; }                                           \
     };
 MFA_SIM_FLOAT_LIMITS(float, __FLT_MIN__, __FLT_MAX__, __FLT_EPSILON__, __builtin_inff(),
                      __builtin_nanf(""))
@@ -343,16 +364,16 @@ MFA_SIM_FLOAT_LIMITS(bfloat, bfloat::from_bits(0x0080), bfloat::from_bits(0x7F7F
                      bfloat::from_bits(0x7FC0))
 #undef MFA_SIM_FLOAT_LIMITS
 
-#define MFA_SIM_INT_LIMITS(T, signed_v, min_v, max_v)          \
-    template <>                                                \
-    struct numeric_limits<T> {                                 \
-        static constexpr bool is_specialized = true;           \
-        static constexpr bool is_signed = signed_v;            \
-        static constexpr bool is_integer = true;               \
-        static constexpr bool has_infinity = false;            \
-        static constexpr T min() { return min_v; }             \
-        static constexpr T max() { return max_v; }             \
-        static constexpr T lowest() { return min_v; }          \
+#define MFA_SIM_INT_LIMITS(T, signed_v, min_v, max_v)                                              \
+    template <>                                                                                    \
+    struct numeric_limits<T> {                                                                     \
+        static constexpr bool is_specialized = true;                                               \
+        static constexpr bool is_signed = signed_v;                                                \
+        static constexpr bool is_integer = true;                                                   \
+        static constexpr bool has_infinity = false;                                                \
+        static constexpr T min() { return min_v; }                                                 \
+        static constexpr T max() { return max_v; }                                                 \
+        static constexpr T lowest() { return min_v; }                                              \
     };
 MFA_SIM_INT_LIMITS(char, true, -128, 127)
 MFA_SIM_INT_LIMITS(uchar, false, 0, 255)
@@ -383,7 +404,8 @@ inline T map(T x, F f) {
     } else {
         typedef typename vec_traits<T>::element E;
         T out;
-        for (int i = 0; i < vec_traits<T>::size; ++i) out[i] = static_cast<E>(f(static_cast<float>(x[i])));
+        for (int i = 0; i < vec_traits<T>::size; ++i)
+            out[i] = static_cast<E>(f(static_cast<float>(x[i])));
         return out;
     }
 }
@@ -402,7 +424,8 @@ inline T map2(T x, T y, F f) {
 template <class T, class F>
 inline T map3(T x, T y, T z, F f) {
     if constexpr (vec_traits<T>::size == 1) {
-        return static_cast<T>(f(static_cast<float>(x), static_cast<float>(y), static_cast<float>(z)));
+        return static_cast<T>(
+            f(static_cast<float>(x), static_cast<float>(y), static_cast<float>(z)));
     } else {
         typedef typename vec_traits<T>::element E;
         T out;
@@ -422,12 +445,12 @@ inline T splat(typename vec_traits<T>::element value) {
         return out;
     }
 }
-}  // namespace sim_detail
+} // namespace sim_detail
 
 #define MFA_SIM_FLOAT_T template <class T, enable_if_t<sim_detail::is_float_type<T>, int> = 0>
-#define MFA_SIM_UNARY(name, expression)                                         \
-    MFA_SIM_FLOAT_T inline T name(T x) {                                        \
-        return sim_detail::map(x, [](float v) -> float { return expression; }); \
+#define MFA_SIM_UNARY(name, expression)                                                            \
+    MFA_SIM_FLOAT_T inline T name(T x) {                                                           \
+        return sim_detail::map(x, [](float v) -> float { return expression; });                    \
     }
 MFA_SIM_UNARY(exp, __builtin_expf(v))
 MFA_SIM_UNARY(exp2, __builtin_exp2f(v))
@@ -450,9 +473,9 @@ MFA_SIM_UNARY(tanh, __builtin_tanhf(v))
 MFA_SIM_UNARY(saturate, __builtin_fminf(__builtin_fmaxf(v, 0.0f), 1.0f))
 #undef MFA_SIM_UNARY
 
-#define MFA_SIM_BINARY(name, expression)                                                  \
-    MFA_SIM_FLOAT_T inline T name(T x, T y) {                                             \
-        return sim_detail::map2(x, y, [](float a, float b) -> float { return expression; }); \
+#define MFA_SIM_BINARY(name, expression)                                                           \
+    MFA_SIM_FLOAT_T inline T name(T x, T y) {                                                      \
+        return sim_detail::map2(x, y, [](float a, float b) -> float { return expression; });       \
     }
 MFA_SIM_BINARY(fmax, __builtin_fmaxf(a, b))
 MFA_SIM_BINARY(fmin, __builtin_fminf(a, b))
@@ -464,7 +487,8 @@ MFA_SIM_BINARY(fmod, __builtin_fmodf(a, b))
 #undef MFA_SIM_BINARY
 
 MFA_SIM_FLOAT_T inline T fma(T a, T b, T c) {
-    return sim_detail::map3(a, b, c, [](float x, float y, float z) { return __builtin_fmaf(x, y, z); });
+    return sim_detail::map3(a, b, c,
+                            [](float x, float y, float z) { return __builtin_fmaf(x, y, z); });
 }
 MFA_SIM_FLOAT_T inline T mix(T x, T y, T a) {
     return sim_detail::map3(x, y, a, [](float u, float v, float w) { return u + (v - u) * w; });
@@ -528,19 +552,19 @@ inline T abs(T x) {
 
 // Classification: bool for scalars; for vectors an int mask (1 where true), which select(),
 // all() and any() accept as they accept comparison results.
-#define MFA_SIM_CLASSIFY(name, expression)                                  \
-    MFA_SIM_FLOAT_T inline auto name(T x) {                                 \
-        if constexpr (vec_traits<T>::size == 1) {                           \
-            const float v = static_cast<float>(x);                          \
-            return static_cast<bool>(expression);                           \
-        } else {                                                            \
-            vec<int, vec_traits<T>::size> mask;                             \
-            for (int i = 0; i < vec_traits<T>::size; ++i) {                 \
-                const float v = static_cast<float>(x[i]);                   \
-                mask[i] = (expression) ? 1 : 0;                             \
-            }                                                               \
-            return mask;                                                    \
-        }                                                                   \
+#define MFA_SIM_CLASSIFY(name, expression)                                                         \
+    MFA_SIM_FLOAT_T inline auto name(T x) {                                                        \
+        if constexpr (vec_traits<T>::size == 1) {                                                  \
+            const float v = static_cast<float>(x);                                                 \
+            return static_cast<bool>(expression);                                                  \
+        } else {                                                                                   \
+            vec<int, vec_traits<T>::size> mask;                                                    \
+            for (int i = 0; i < vec_traits<T>::size; ++i) {                                        \
+                const float v = static_cast<float>(x[i]);                                          \
+                mask[i] = (expression) ? 1 : 0;                                                    \
+            }                                                                                      \
+            return mask;                                                                           \
+        }                                                                                          \
     }
 MFA_SIM_CLASSIFY(isnan, __builtin_isnan(v))
 MFA_SIM_CLASSIFY(isinf, __builtin_isinf(v))
@@ -560,7 +584,9 @@ template <class T>
 inline T select(T a, T b, bool c) {
     return c ? b : a;
 }
-template <class T, class M, enable_if_t<(vec_traits<T>::size > 1 && vec_traits<T>::size == vec_traits<M>::size), int> = 0>
+template <
+    class T, class M,
+    enable_if_t<(vec_traits<T>::size > 1 && vec_traits<T>::size == vec_traits<M>::size), int> = 0>
 inline T select(T a, T b, M c) {
     T out;
     for (int i = 0; i < vec_traits<T>::size; ++i) out[i] = c[i] ? b[i] : a[i];
@@ -597,16 +623,37 @@ inline To as_type(const From& value) {
 #undef MFA_SIM_FLOAT_T
 
 // The simulator computes both variants precisely.
-#define MFA_SIM_MATH_VARIANT(ns)                                                            \
-    namespace ns {                                                                          \
-    using metal::abs; using metal::ceil; using metal::clamp; using metal::cos;              \
-    using metal::divide; using metal::exp; using metal::exp10; using metal::exp2;           \
-    using metal::fabs; using metal::floor; using metal::fma; using metal::fmax;             \
-    using metal::fmin; using metal::log; using metal::log10; using metal::log2;             \
-    using metal::max; using metal::min; using metal::pow; using metal::powr;                \
-    using metal::rint; using metal::round; using metal::rsqrt; using metal::saturate;       \
-    using metal::sin; using metal::sqrt; using metal::tan; using metal::tanh;               \
-    using metal::trunc;                                                                     \
+#define MFA_SIM_MATH_VARIANT(ns)                                                                   \
+    namespace ns {                                                                                 \
+    using metal::abs;                                                                              \
+    using metal::ceil;                                                                             \
+    using metal::clamp;                                                                            \
+    using metal::cos;                                                                              \
+    using metal::divide;                                                                           \
+    using metal::exp;                                                                              \
+    using metal::exp10;                                                                            \
+    using metal::exp2;                                                                             \
+    using metal::fabs;                                                                             \
+    using metal::floor;                                                                            \
+    using metal::fma;                                                                              \
+    using metal::fmax;                                                                             \
+    using metal::fmin;                                                                             \
+    using metal::log;                                                                              \
+    using metal::log10;                                                                            \
+    using metal::log2;                                                                             \
+    using metal::max;                                                                              \
+    using metal::min;                                                                              \
+    using metal::pow;                                                                              \
+    using metal::powr;                                                                             \
+    using metal::rint;                                                                             \
+    using metal::round;                                                                            \
+    using metal::rsqrt;                                                                            \
+    using metal::saturate;                                                                         \
+    using metal::sin;                                                                              \
+    using metal::sqrt;                                                                             \
+    using metal::tan;                                                                              \
+    using metal::tanh;                                                                             \
+    using metal::trunc;                                                                            \
     }
 MFA_SIM_MATH_VARIANT(fast)
 MFA_SIM_MATH_VARIANT(precise)
@@ -628,7 +675,7 @@ constexpr mem_flags operator|(mem_flags a, mem_flags b) {
 
 // Every rendezvous records its call site: lanes of a SIMD-group (threads of a threadgroup)
 // must all be in the same one, or the dispatch fails as divergent.
-#define MFA_SIM_SITE_PARAMETERS \
+#define MFA_SIM_SITE_PARAMETERS                                                                    \
     const char *mfa_sim_file = __builtin_FILE(), uint mfa_sim_line = __builtin_LINE()
 
 // Memory ordering needs no fence here: a threadgroup's threads all run on one OS thread.
@@ -659,7 +706,7 @@ struct ExchangeRecord {
     uint argument;
     T result;
 };
-}  // namespace sim_detail
+} // namespace sim_detail
 
 inline void simdgroup_barrier(mem_flags, MFA_SIM_SITE_PARAMETERS) {
     sim_detail::NoRecord none;
@@ -713,25 +760,26 @@ inline T simd_scan(const char* name, T value, bool inclusive, T identity, const 
     });
     return mine.result;
 }
-}  // namespace sim_detail
+} // namespace sim_detail
 
 template <class T>
 inline T simd_shuffle(T value, ushort lane, MFA_SIM_SITE_PARAMETERS) {
-    return sim_detail::simd_permute("simd_shuffle", value, lane, mfa_sim_file, mfa_sim_line,
-                                    [](uint, uint source, uint) { return static_cast<int>(source); });
+    return sim_detail::simd_permute(
+        "simd_shuffle", value, lane, mfa_sim_file, mfa_sim_line,
+        [](uint, uint source, uint) { return static_cast<int>(source); });
 }
 template <class T>
 inline T simd_shuffle_xor(T value, ushort mask, MFA_SIM_SITE_PARAMETERS) {
-    return sim_detail::simd_permute("simd_shuffle_xor", value, mask, mfa_sim_file, mfa_sim_line,
-                                    [](uint lane, uint m, uint) { return static_cast<int>(lane ^ m); });
+    return sim_detail::simd_permute(
+        "simd_shuffle_xor", value, mask, mfa_sim_file, mfa_sim_line,
+        [](uint lane, uint m, uint) { return static_cast<int>(lane ^ m); });
 }
 // Lanes whose source would fall outside the SIMD-group keep their own value.
 template <class T>
 inline T simd_shuffle_up(T value, ushort delta, MFA_SIM_SITE_PARAMETERS) {
-    return sim_detail::simd_permute("simd_shuffle_up", value, delta, mfa_sim_file, mfa_sim_line,
-                                    [](uint lane, uint d, uint) {
-                                        return lane >= d ? static_cast<int>(lane - d) : -1;
-                                    });
+    return sim_detail::simd_permute(
+        "simd_shuffle_up", value, delta, mfa_sim_file, mfa_sim_line,
+        [](uint lane, uint d, uint) { return lane >= d ? static_cast<int>(lane - d) : -1; });
 }
 template <class T>
 inline T simd_shuffle_down(T value, ushort delta, MFA_SIM_SITE_PARAMETERS) {
@@ -749,15 +797,15 @@ inline T simd_shuffle_rotate_up(T value, ushort delta, MFA_SIM_SITE_PARAMETERS) 
 }
 template <class T>
 inline T simd_shuffle_rotate_down(T value, ushort delta, MFA_SIM_SITE_PARAMETERS) {
-    return sim_detail::simd_permute("simd_shuffle_rotate_down", value, delta, mfa_sim_file,
-                                    mfa_sim_line, [](uint lane, uint d, uint count) {
-                                        return static_cast<int>((lane + d) % count);
-                                    });
+    return sim_detail::simd_permute(
+        "simd_shuffle_rotate_down", value, delta, mfa_sim_file, mfa_sim_line,
+        [](uint lane, uint d, uint count) { return static_cast<int>((lane + d) % count); });
 }
 template <class T>
 inline T simd_broadcast(T value, ushort lane, MFA_SIM_SITE_PARAMETERS) {
-    return sim_detail::simd_permute("simd_broadcast", value, lane, mfa_sim_file, mfa_sim_line,
-                                    [](uint, uint source, uint) { return static_cast<int>(source); });
+    return sim_detail::simd_permute(
+        "simd_broadcast", value, lane, mfa_sim_file, mfa_sim_line,
+        [](uint, uint source, uint) { return static_cast<int>(source); });
 }
 template <class T>
 inline T simd_broadcast_first(T value, MFA_SIM_SITE_PARAMETERS) {
@@ -840,11 +888,12 @@ namespace sim_detail {
 inline uint fragment_row(uint lane) { return ((lane / 4) & 4) + (lane / 2) % 4; }
 inline uint fragment_column(uint lane) { return ((lane / 4) & 2) * 2 + (lane % 2) * 2; }
 inline uint current_lane() { return mfa_sim_current_thread()->thread_index_in_simdgroup; }
-}  // namespace sim_detail
+} // namespace sim_detail
 
 template <class T, int Cols, int Rows>
 struct simdgroup_matrix {
-    static_assert(Cols == 8 && Rows == 8, "Apple GPUs (and the simulator) have 8x8 simdgroup matrices");
+    static_assert(Cols == 8 && Rows == 8,
+                  "Apple GPUs (and the simulator) have 8x8 simdgroup matrices");
     static_assert(is_same_v<T, float> || is_same_v<T, half> || is_same_v<T, bfloat>,
                   "simdgroup_matrix element types are float, half and bfloat");
 
@@ -895,11 +944,13 @@ inline ulong element_offset(ulong elements_per_row, ulong2 origin, bool transpos
 
 template <class Record>
 inline void require_uniform_transfer(Record* const* lanes, uint count, const char* what) {
-    if (count != 32) mfa_sim_fail("simdgroup_matrix operations need a full SIMD-group of 32 threads");
+    if (count != 32)
+        mfa_sim_fail("simdgroup_matrix operations need a full SIMD-group of 32 threads");
     for (uint lane = 1; lane < count; ++lane) {
         if (lanes[lane]->memory != lanes[0]->memory ||
             lanes[lane]->elements_per_row != lanes[0]->elements_per_row ||
-            lanes[lane]->origin.x != lanes[0]->origin.x || lanes[lane]->origin.y != lanes[0]->origin.y ||
+            lanes[lane]->origin.x != lanes[0]->origin.x ||
+            lanes[lane]->origin.y != lanes[0]->origin.y ||
             lanes[lane]->transpose != lanes[0]->transpose)
             mfa_sim_fail(what);
     }
@@ -911,7 +962,8 @@ inline void load_matrix(simdgroup_matrix<T, Cols, Rows>& d, const T* source, ulo
     typedef TransferRecord<T, const T*> Record;
     Record mine{&d, source, elements_per_row, matrix_origin, transpose_matrix};
     simd_rendezvous("simdgroup_load", file, line, mine, [](Record* const* lanes, uint count) {
-        require_uniform_transfer(lanes, count, "simdgroup_load: the lanes pass different arguments");
+        require_uniform_transfer(lanes, count,
+                                 "simdgroup_load: the lanes pass different arguments");
         for (uint lane = 0; lane < count; ++lane) {
             const Record& r = *lanes[lane];
             const uint row = fragment_row(lane), column = fragment_column(lane);
@@ -930,7 +982,8 @@ inline void store_matrix(const simdgroup_matrix<T, Cols, Rows>& a, T* destinatio
     Record mine{const_cast<simdgroup_matrix<T, Cols, Rows>*>(&a), destination, elements_per_row,
                 matrix_origin, transpose_matrix};
     simd_rendezvous("simdgroup_store", file, line, mine, [](Record* const* lanes, uint count) {
-        require_uniform_transfer(lanes, count, "simdgroup_store: the lanes pass different arguments");
+        require_uniform_transfer(lanes, count,
+                                 "simdgroup_store: the lanes pass different arguments");
         for (uint lane = 0; lane < count; ++lane) {
             const Record& r = *lanes[lane];
             const uint row = fragment_row(lane), column = fragment_column(lane);
@@ -940,26 +993,26 @@ inline void store_matrix(const simdgroup_matrix<T, Cols, Rows>& a, T* destinatio
         }
     });
 }
-}  // namespace sim_detail
+} // namespace sim_detail
 
 // MSL loads and stores matrices from device and threadgroup memory only. The address-space
 // type-checking pass (MFA_SIM_ADDRESS_SPACE_CHECK) declares exactly those two overloads; the
 // executable build, where address spaces are erased, one.
-#define MFA_SIM_MATRIX_LOAD_STORE(space)                                                        \
-    template <class T, int Cols, int Rows>                                                      \
-    inline void simdgroup_load(thread simdgroup_matrix<T, Cols, Rows>& d, const space T* source, \
-                               ulong elements_per_row = Cols, ulong2 matrix_origin = ulong2(0),  \
-                               bool transpose_matrix = false, MFA_SIM_SITE_PARAMETERS) {         \
-        sim_detail::load_matrix(d, (const T*)source, elements_per_row, matrix_origin,            \
-                                transpose_matrix, mfa_sim_file, mfa_sim_line);                  \
-    }                                                                                           \
-    template <class T, int Cols, int Rows>                                                      \
-    inline void simdgroup_store(thread const simdgroup_matrix<T, Cols, Rows>& a,                 \
-                                space T* destination, ulong elements_per_row = Cols,            \
-                                ulong2 matrix_origin = ulong2(0), bool transpose_matrix = false, \
-                                MFA_SIM_SITE_PARAMETERS) {                                      \
-        sim_detail::store_matrix(a, (T*)destination, elements_per_row, matrix_origin,            \
-                                 transpose_matrix, mfa_sim_file, mfa_sim_line);                 \
+#define MFA_SIM_MATRIX_LOAD_STORE(space)                                                           \
+    template <class T, int Cols, int Rows>                                                         \
+    inline void simdgroup_load(thread simdgroup_matrix<T, Cols, Rows>& d, const space T* source,   \
+                               ulong elements_per_row = Cols, ulong2 matrix_origin = ulong2(0),    \
+                               bool transpose_matrix = false, MFA_SIM_SITE_PARAMETERS) {           \
+        sim_detail::load_matrix(d, (const T*)source, elements_per_row, matrix_origin,              \
+                                transpose_matrix, mfa_sim_file, mfa_sim_line);                     \
+    }                                                                                              \
+    template <class T, int Cols, int Rows>                                                         \
+    inline void simdgroup_store(thread const simdgroup_matrix<T, Cols, Rows>& a,                   \
+                                space T* destination, ulong elements_per_row = Cols,               \
+                                ulong2 matrix_origin = ulong2(0), bool transpose_matrix = false,   \
+                                MFA_SIM_SITE_PARAMETERS) {                                         \
+        sim_detail::store_matrix(a, (T*)destination, elements_per_row, matrix_origin,              \
+                                 transpose_matrix, mfa_sim_file, mfa_sim_line);                    \
     }
 #if MFA_SIM_ADDRESS_SPACE_CHECK
 MFA_SIM_MATRIX_LOAD_STORE(device)
@@ -975,7 +1028,7 @@ struct MultiplyRecord {
     simdgroup_matrix<TD, 8, 8>* d;
     const simdgroup_matrix<TA, 8, 8>* a;
     const simdgroup_matrix<TB, 8, 8>* b;
-    const simdgroup_matrix<TC, 8, 8>* c;  // nullptr: no accumulator
+    const simdgroup_matrix<TC, 8, 8>* c; // nullptr: no accumulator
 };
 
 template <class M>
@@ -996,11 +1049,16 @@ inline void multiply(const char* name, simdgroup_matrix<TD, 8, 8>& d,
     typedef MultiplyRecord<TD, TA, TB, TC> Record;
     Record mine{&d, &a, &b, c};
     simd_rendezvous(name, file, line, mine, [](Record* const* lanes, uint count) {
-        if (count != 32) mfa_sim_fail("simdgroup_matrix operations need a full SIMD-group of 32 threads");
+        if (count != 32)
+            mfa_sim_fail("simdgroup_matrix operations need a full SIMD-group of 32 threads");
         float A[8][8], B[8][8], C[8][8] = {};
-        gather(A, [&](uint lane) { return lanes[lane]->a; }, count);
-        gather(B, [&](uint lane) { return lanes[lane]->b; }, count);
-        if (lanes[0]->c) gather(C, [&](uint lane) { return lanes[lane]->c; }, count);
+        gather(
+            A, [&](uint lane) { return lanes[lane]->a; }, count);
+        gather(
+            B, [&](uint lane) { return lanes[lane]->b; }, count);
+        if (lanes[0]->c)
+            gather(
+                C, [&](uint lane) { return lanes[lane]->c; }, count);
         for (uint lane = 0; lane < count; ++lane) {
             const uint row = fragment_row(lane), column = fragment_column(lane);
             for (uint j = 0; j < 2; ++j) {
@@ -1011,7 +1069,7 @@ inline void multiply(const char* name, simdgroup_matrix<TD, 8, 8>& d,
         }
     });
 }
-}  // namespace sim_detail
+} // namespace sim_detail
 
 template <class TD, class TA, class TB, class TC>
 inline void simdgroup_multiply_accumulate(thread simdgroup_matrix<TD, 8, 8>& d,
@@ -1023,9 +1081,9 @@ inline void simdgroup_multiply_accumulate(thread simdgroup_matrix<TD, 8, 8>& d,
 }
 
 template <class TD, class TA, class TB>
-inline void simdgroup_multiply(thread simdgroup_matrix<TD, 8, 8>& d,
-                               thread const simdgroup_matrix<TA, 8, 8>& a,
-                               thread const simdgroup_matrix<TB, 8, 8>& b, MFA_SIM_SITE_PARAMETERS) {
+inline void
+simdgroup_multiply(thread simdgroup_matrix<TD, 8, 8>& d, thread const simdgroup_matrix<TA, 8, 8>& a,
+                   thread const simdgroup_matrix<TB, 8, 8>& b, MFA_SIM_SITE_PARAMETERS) {
     sim_detail::multiply<TD, TA, TB, TD>("simdgroup_multiply", d, a, b, nullptr, mfa_sim_file,
                                          mfa_sim_line);
 }
@@ -1038,7 +1096,7 @@ inline simdgroup_matrix<T, 8, 8> operator*(const simdgroup_matrix<T, 8, 8>& a,
     return d;
 }
 
-}  // namespace metal
+} // namespace metal
 
 // ---- Argument binding for the generated glue ---------------------------------------------
 
@@ -1113,7 +1171,8 @@ struct Builtin {
         } else {
             static_assert(metal::vec_traits<P>::size <= 3, "built-ins have at most 3 components");
             P out;
-            for (int i = 0; i < metal::vec_traits<P>::size; ++i) out[i] = static_cast<E>(components[i]);
+            for (int i = 0; i < metal::vec_traits<P>::size; ++i)
+                out[i] = static_cast<E>(components[i]);
             return out;
         }
     }
@@ -1124,16 +1183,46 @@ inline Builtin builtin(const unsigned& component) { return {&component, 1}; }
 
 template <class T>
 struct constant_type;
-template <> struct constant_type<bool> { static constexpr mfa_sim_abi::ConstantType value = mfa_sim_abi::Bool; };
-template <> struct constant_type<char> { static constexpr mfa_sim_abi::ConstantType value = mfa_sim_abi::Char; };
-template <> struct constant_type<signed char> { static constexpr mfa_sim_abi::ConstantType value = mfa_sim_abi::Char; };
-template <> struct constant_type<uchar> { static constexpr mfa_sim_abi::ConstantType value = mfa_sim_abi::UChar; };
-template <> struct constant_type<short> { static constexpr mfa_sim_abi::ConstantType value = mfa_sim_abi::Short; };
-template <> struct constant_type<ushort> { static constexpr mfa_sim_abi::ConstantType value = mfa_sim_abi::UShort; };
-template <> struct constant_type<int> { static constexpr mfa_sim_abi::ConstantType value = mfa_sim_abi::Int; };
-template <> struct constant_type<uint> { static constexpr mfa_sim_abi::ConstantType value = mfa_sim_abi::UInt; };
-template <> struct constant_type<half> { static constexpr mfa_sim_abi::ConstantType value = mfa_sim_abi::Half; };
-template <> struct constant_type<float> { static constexpr mfa_sim_abi::ConstantType value = mfa_sim_abi::Float; };
+template <>
+struct constant_type<bool> {
+    static constexpr mfa_sim_abi::ConstantType value = mfa_sim_abi::Bool;
+};
+template <>
+struct constant_type<char> {
+    static constexpr mfa_sim_abi::ConstantType value = mfa_sim_abi::Char;
+};
+template <>
+struct constant_type<signed char> {
+    static constexpr mfa_sim_abi::ConstantType value = mfa_sim_abi::Char;
+};
+template <>
+struct constant_type<uchar> {
+    static constexpr mfa_sim_abi::ConstantType value = mfa_sim_abi::UChar;
+};
+template <>
+struct constant_type<short> {
+    static constexpr mfa_sim_abi::ConstantType value = mfa_sim_abi::Short;
+};
+template <>
+struct constant_type<ushort> {
+    static constexpr mfa_sim_abi::ConstantType value = mfa_sim_abi::UShort;
+};
+template <>
+struct constant_type<int> {
+    static constexpr mfa_sim_abi::ConstantType value = mfa_sim_abi::Int;
+};
+template <>
+struct constant_type<uint> {
+    static constexpr mfa_sim_abi::ConstantType value = mfa_sim_abi::UInt;
+};
+template <>
+struct constant_type<half> {
+    static constexpr mfa_sim_abi::ConstantType value = mfa_sim_abi::Half;
+};
+template <>
+struct constant_type<float> {
+    static constexpr mfa_sim_abi::ConstantType value = mfa_sim_abi::Float;
+};
 
 // Sets this OS thread's copy of one [[function_constant(index)]]: the dispatch's value, or
 // zero and "not defined" when the dispatch gives none (as Metal treats an unset constant).
@@ -1163,11 +1252,11 @@ inline const char* bind_constant(T& value, bool& defined, const mfa_sim_abi::Con
     return nullptr;
 }
 
-}  // namespace mfa_sim_glue
+} // namespace mfa_sim_glue
 
 // ---- What MSL forbids in kernels ---------------------------------------------------------
 // From here on these identifiers are compile errors, in the kernel and anything it includes.
 #pragma GCC poison double malloc calloc realloc free new typeid dynamic_cast throw try catch
 #pragma GCC poison virtual thread_local std printf fprintf puts asm __asm __asm__ setjmp longjmp
 
-#endif  // MFA_SIM_METAL_H
+#endif // MFA_SIM_METAL_H
