@@ -250,7 +250,7 @@ mfa_status mfa_attention_forward(mfa_context* ctx, const mfa_attention_params* p
  *   dout               gradient of the loss with respect to out; q's dtype.
  *   dq, dk, dv         outputs, shaped like q, k and v, q's dtype. With GQA, dk and dv sum
  *                      over the query heads that share each key/value head.
- * Runs D = rowsum(dout * out), then one pass parallel over query rows (dq) and one parallel
+ * Runs delta = rowsum(dout * out), then one pass parallel over query rows (dq) and one parallel
  * over key rows (dk, dv): no atomics and no N x N buffer. O(B * Hq * Nq) scratch. */
 mfa_status mfa_attention_backward(mfa_context* ctx, const mfa_attention_params* params,
                                   const mfa_tensor* q, const mfa_tensor* k, const mfa_tensor* v,

@@ -187,13 +187,13 @@ static void check_pass(const mfa_problem* p, const mfa_pass_plan* pass, uint32_t
             break;
         case MFA_PASS_BACKWARD_QUERY:
             want = 1u << MFA_OPERAND_Q | 1u << MFA_OPERAND_K | 1u << MFA_OPERAND_V |
-                   1u << MFA_OPERAND_O | 1u << MFA_OPERAND_L | 1u << MFA_OPERAND_D |
+                   1u << MFA_OPERAND_O | 1u << MFA_OPERAND_L | 1u << MFA_OPERAND_DELTA |
                    1u << MFA_OPERAND_DOUT | 1u << MFA_OPERAND_DQ;
-            writes = 1u << MFA_OPERAND_D | 1u << MFA_OPERAND_DQ;
+            writes = 1u << MFA_OPERAND_DELTA | 1u << MFA_OPERAND_DQ;
             break;
         default:
             want = 1u << MFA_OPERAND_Q | 1u << MFA_OPERAND_K | 1u << MFA_OPERAND_V |
-                   1u << MFA_OPERAND_L | 1u << MFA_OPERAND_D | 1u << MFA_OPERAND_DOUT |
+                   1u << MFA_OPERAND_L | 1u << MFA_OPERAND_DELTA | 1u << MFA_OPERAND_DOUT |
                    1u << MFA_OPERAND_DK | 1u << MFA_OPERAND_DV;
             writes = 1u << MFA_OPERAND_DK | 1u << MFA_OPERAND_DV;
             break;

@@ -77,7 +77,7 @@ plan_with_pipelines(LibMFAMetalContext* context, const mfa_problem* problem,
 }
 
 // The buffer of every operand the plan binds, one per operand for the whole call, so a later
-// pass reads what an earlier one wrote (D) and a staged output has a single copy.
+// pass reads what an earlier one wrote (delta) and a staged output has a single copy.
 static mfa_status bind_operands(LibMFAMetalContext* context, const mfa_problem* problem,
                                 const mfa_plan* plan, id<MTLBuffer> _Nullable scratch,
                                 __strong LibMFAOperandBuffer* _Nullable operands[_Nonnull]) {
@@ -176,7 +176,7 @@ mfa_status mfa_metal_run(LibMFAMetalContext* context, const mfa_problem* problem
                              context.deviceName, what);
     }
     commands.label = [NSString stringWithCString:what encoding:NSUTF8StringEncoding];
-    // One serial encoder: Metal orders dependent passes (D written, then read) by itself.
+    // One serial encoder: Metal orders dependent passes (delta written, then read) by itself.
     for (uint32_t i = 0; i < plan.num_passes; i++) {
         if (has_work(&plan.passes[i]))
             encode_pass(encoder, &plan.passes[i], pipelines[i], operands);

@@ -107,7 +107,7 @@ mfa_status mfa_metal_context_create(LibMFAMetalContext* _Nullable __autoreleasin
 - (void)copyResultsToCaller;
 @end
 
-/* Map `binding` of `problem` to a buffer; `scratch` backs MFA_OPERAND_D. nil with the error
+/* Map `binding` of `problem` to a buffer; `scratch` backs MFA_OPERAND_DELTA. nil with the error
  * recorded and *status set. */
 LibMFAOperandBuffer* _Nullable mfa_metal_bind_operand(LibMFAMetalContext* context,
                                                       const mfa_problem* problem,

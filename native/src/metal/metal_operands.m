@@ -57,7 +57,7 @@ static BOOL find_operand_view(const mfa_problem* p, mfa_operand operand, operand
             out->view = &p->dv;
             shape = value;
             break;
-        default: return NO; // D is the call's scratch, not caller memory
+        default: return NO; // delta is the call's scratch, not caller memory
     }
     memcpy(out->shape, shape, sizeof out->shape);
     out->element_size = operand == MFA_OPERAND_L ? sizeof(float) : element;
@@ -114,10 +114,10 @@ static BOOL find_operand_view(const mfa_problem* p, mfa_operand operand, operand
 LibMFAOperandBuffer* mfa_metal_bind_operand(LibMFAMetalContext* context, const mfa_problem* problem,
                                             const mfa_buffer_binding* binding,
                                             id<MTLBuffer> scratch, mfa_status* status) {
-    if (binding->operand == MFA_OPERAND_D) {
+    if (binding->operand == MFA_OPERAND_DELTA) {
         if (scratch == nil) {
             *status = mfa_set_error(MFA_ERROR_INTERNAL,
-                                    "metal: a pass binds D but the plan has no scratch");
+                                    "metal: a pass binds delta but the plan has no scratch");
             return nil;
         }
         return [[LibMFAOperandBuffer alloc] initWithBuffer:scratch offset:0];

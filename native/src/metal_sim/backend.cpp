@@ -69,7 +69,7 @@ char* operand_data(const mfa_problem* problem, mfa_operand operand, float* scrat
         case MFA_OPERAND_V: return problem->v.data;
         case MFA_OPERAND_O: return problem->out.data;
         case MFA_OPERAND_L: return problem->lse.data;
-        case MFA_OPERAND_D: return reinterpret_cast<char*>(scratch);
+        case MFA_OPERAND_DELTA: return reinterpret_cast<char*>(scratch);
         case MFA_OPERAND_DOUT: return problem->dout.data;
         case MFA_OPERAND_DV: return problem->dv.data;
         case MFA_OPERAND_DK: return problem->dk.data;

@@ -21,9 +21,9 @@ static const char* const kernel_names[3] = {
 };
 
 const char* mfa_operand_name(mfa_operand operand) {
-    static const char* const names[MFA_OPERAND_COUNT] = {"Q", "K",  "V",  "O",  "L",
-                                                         "D", "dO", "dV", "dK", "dQ"};
-    return (unsigned)operand < MFA_OPERAND_COUNT ? names[operand] : "?";
+    static const char* const names[MFA_OPERAND_COUNT] = {"q",     "k",    "v",  "out", "lse",
+                                                         "delta", "dout", "dv", "dk",  "dq"};
+    return operand < MFA_OPERAND_COUNT ? names[operand] : "?";
 }
 
 static uint32_t round_up(uint32_t value, uint32_t multiple) {
@@ -61,7 +61,7 @@ static mfa_status view_extent(const int64_t shape[4], const int64_t stride[4], c
 typedef struct operand_spec {
     mfa_operand operand;
     int writable;
-    const mfa_view* view; /* NULL: the D scratch */
+    const mfa_view* view; /* NULL: the delta scratch */
     int64_t shape[4];
     int64_t elem_size;
 } operand_spec;
@@ -73,13 +73,13 @@ static mfa_status bind_operand(mfa_pass_plan* pass, const operand_spec* spec,
     int64_t stride[4];
     if (spec->view) {
         memcpy(stride, spec->view->stride, sizeof stride);
-    } else { /* scratch D: contiguous [B, Hq, Nq] */
+    } else { /* the delta scratch: contiguous [B, Hq, Nq] */
         stride[3] = 0;
         stride[2] = 1;
         stride[1] = spec->shape[2];
         stride[0] = spec->shape[1] * spec->shape[2];
     }
-    if (spec->operand == MFA_OPERAND_L || spec->operand == MFA_OPERAND_D) stride[3] = 0;
+    if (spec->operand == MFA_OPERAND_L || spec->operand == MFA_OPERAND_DELTA) stride[3] = 0;
     extent e;
     mfa_status status = view_extent(spec->shape, stride, mfa_operand_name(spec->operand), &e);
     if (status != MFA_OK) return status;
@@ -92,7 +92,7 @@ static mfa_status bind_operand(mfa_pass_plan* pass, const operand_spec* spec,
     layout->origin = -e.lowest;
     memcpy(layout->stride, stride, sizeof stride);
     mfa_buffer_binding* binding = &pass->bindings[pass->num_bindings++];
-    binding->index = (uint32_t)spec->operand; /* MFA_BUFFER_* equals the operand number */
+    binding->index = spec->operand; /* operands are bound at their own number */
     binding->operand = spec->operand;
     binding->writable = spec->writable;
     binding->byte_offset = e.empty ? 0 : offset;
@@ -283,8 +283,8 @@ static mfa_status plan_pass(const mfa_problem* problem, mfa_gpu_family family, u
     const operand_spec k = {MFA_OPERAND_K, 0, &problem->k, {B, Hkv, Nk, D}, esize};
     const operand_spec v = {MFA_OPERAND_V, 0, &problem->v, {B, Hkv, Nk, Dv}, esize};
     const operand_spec l_in = {MFA_OPERAND_L, 0, &problem->lse, {B, Hq, Nq, 1}, 4};
-    const operand_spec d_scratch_out = {MFA_OPERAND_D, 1, NULL, {B, Hq, Nq, 1}, 4};
-    const operand_spec d_scratch_in = {MFA_OPERAND_D, 0, NULL, {B, Hq, Nq, 1}, 4};
+    const operand_spec delta_out = {MFA_OPERAND_DELTA, 1, NULL, {B, Hq, Nq, 1}, 4};
+    const operand_spec delta_in = {MFA_OPERAND_DELTA, 0, NULL, {B, Hq, Nq, 1}, 4};
     const operand_spec dout = {MFA_OPERAND_DOUT, 0, &problem->dout, {B, Hq, Nq, Dv}, esize};
 
     const struct {
@@ -295,13 +295,13 @@ static mfa_status plan_pass(const mfa_problem* problem, mfa_gpu_family family, u
                                  {&k, &params->k},
                                  {&v, &params->v},
                                  {&l_in, &params->l},
-                                 {&d_scratch_out, &params->d},
+                                 {&delta_out, &params->delta},
                                  {&dout, &params->dout}},
              backward_key_value[] = {{&q, &params->q},
                                      {&k, &params->k},
                                      {&v, &params->v},
                                      {&l_in, &params->l},
-                                     {&d_scratch_in, &params->d},
+                                     {&delta_in, &params->delta},
                                      {&dout, &params->dout}};
     size_t count;
     if (kind == MFA_PASS_FORWARD) {
