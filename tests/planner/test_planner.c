@@ -119,7 +119,7 @@ static void check_pass(const mfa_problem* p, const mfa_pass_plan* pass, uint32_t
     CHECK(pass->block_out % pass->block_head == 0 && pass->block_out <= MFA_MAX_BLOCK_OUT,
           "out %u head %u", pass->block_out, pass->block_head);
     CHECK(pass->params_index == MFA_BUFFER_PARAMS, "params index");
-    CHECK(pass->kernel_name && strncmp(pass->kernel_name, "mfa_attention_", 14) == 0, "name");
+    CHECK(pass->kernel_name && strncmp(pass->kernel_name, "kernel_attention_", 17) == 0, "name");
 
     /* Function constants: distinct indices, values equal to the plan's fields. */
     for (uint32_t i = 0; i < pass->num_constants; ++i)

@@ -11,8 +11,8 @@
 
 namespace {
 
-const char* const kKernels[] = {"mfa_attention_forward", "mfa_attention_backward_query",
-                                "mfa_attention_backward_key_value"};
+const char* const kKernels[] = {"kernel_attention_forward", "kernel_attention_backward_query",
+                                "kernel_attention_backward_key_value"};
 
 struct SimState {
     mfa_gpu_family family;

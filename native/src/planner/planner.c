@@ -15,9 +15,9 @@ _Static_assert(sizeof(mfa_kernel_params) == MFA_KERNEL_PARAMS_SIZE,
 #define MFA_PLAN_MAX_SEQUENCE (INT64_C(1) << 30)
 
 static const char* const kernel_names[3] = {
-    "mfa_attention_forward",
-    "mfa_attention_backward_query",
-    "mfa_attention_backward_key_value",
+    "kernel_attention_forward",
+    "kernel_attention_backward_query",
+    "kernel_attention_backward_key_value",
 };
 
 const char* mfa_operand_name(mfa_operand operand) {
