@@ -7,9 +7,6 @@
 #include "core/backend.h"
 #include "core/export.h"
 #include "core/validate.h"
-#if MFA_HAVE_METAL
-#include "metal/metal_backend.h"
-#endif
 
 _Static_assert(MFA_VERSION_NUMBER ==
                    MFA_VERSION_MAJOR * 10000 + MFA_VERSION_MINOR * 100 + MFA_VERSION_PATCH,
@@ -225,12 +222,13 @@ MFA_EXPORT mfa_status mfa_context_capabilities(const mfa_context* ctx, mfa_capab
 MFA_EXPORT mfa_status mfa_context_last_gpu_time(const mfa_context* ctx, double* seconds) {
     mfa_status status = check_context(ctx);
     if (status) return status;
-#if MFA_HAVE_METAL
-    if (ctx->ops->backend == MFA_BACKEND_METAL) return mfa_metal_last_gpu_time(ctx->state, seconds);
-#endif
-    return mfa_set_error(MFA_ERROR_UNSUPPORTED,
-                         "GPU timing is recorded by the metal backend only, not %s",
-                         mfa_backend_name(ctx->ops->backend));
+    if (ctx->ops->last_gpu_time == NULL) {
+        return mfa_set_error(MFA_ERROR_UNSUPPORTED,
+                             "GPU timing is recorded by the metal backend only, not %s",
+                             mfa_backend_name(ctx->ops->backend));
+    }
+    if (seconds == NULL) return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT, "seconds is NULL");
+    return ctx->ops->last_gpu_time(ctx->state, seconds);
 }
 
 MFA_EXPORT mfa_status mfa_attention_forward(mfa_context* ctx, const mfa_attention_params* params,

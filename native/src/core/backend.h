@@ -58,6 +58,10 @@ typedef struct mfa_backend_ops {
     void (*capabilities)(void* state, mfa_capabilities* caps); /* full struct, core copies */
     mfa_status (*forward)(void* state, const mfa_problem* problem);
     mfa_status (*backward)(void* state, const mfa_problem* problem);
+    /* Optional; NULL where the backend records no GPU time. Seconds the GPU spent on the most
+     * recently completed call (mfa_context_last_gpu_time); seconds is never NULL. Fails with
+     * MFA_ERROR_INVALID_ARGUMENT while no call has completed. */
+    mfa_status (*last_gpu_time)(void* state, double* seconds);
 } mfa_backend_ops;
 
 /* The backends compiled into this library; NULL where a backend was not built. */

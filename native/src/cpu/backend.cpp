@@ -282,8 +282,8 @@ mfa_status cpu_backward(void* opaque, const mfa_problem* problem) {
 }
 
 const mfa_backend_ops cpu_ops = {
-    MFA_BACKEND_CPU, cpu_available,    cpu_create,  cpu_destroy,
-    cpu_device_name, cpu_capabilities, cpu_forward, cpu_backward,
+    MFA_BACKEND_CPU,  cpu_available, cpu_create,   cpu_destroy, cpu_device_name,
+    cpu_capabilities, cpu_forward,   cpu_backward, nullptr, /* no GPU time */
 };
 
 } // namespace

@@ -2,8 +2,6 @@
 // callers are plain C threads (Python's among them) that have none.
 #import "metal_host.h"
 
-#include "metal/metal_backend.h"
-
 static int metal_available(void) {
     @autoreleasepool {
         return mfa_metal_select_device() != nil;
@@ -60,17 +58,7 @@ static mfa_status metal_backward(void* state, const mfa_problem* problem) {
     }
 }
 
-static const mfa_backend_ops metal_ops = {
-    MFA_BACKEND_METAL, metal_available,    metal_create,  metal_destroy,
-    metal_device_name, metal_capabilities, metal_forward, metal_backward,
-};
-
-const mfa_backend_ops* mfa_metal_backend_ops(void) { return &metal_ops; }
-
-mfa_status mfa_metal_last_gpu_time(void* state, double* seconds) {
-    if (seconds == NULL) {
-        return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT, "seconds must not be NULL");
-    }
+static mfa_status metal_last_gpu_time(void* state, double* seconds) {
     @autoreleasepool {
         if (![(__bridge LibMFAMetalContext*)state lastGPUTime:seconds]) {
             return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
@@ -79,3 +67,10 @@ mfa_status mfa_metal_last_gpu_time(void* state, double* seconds) {
         return MFA_OK;
     }
 }
+
+static const mfa_backend_ops metal_ops = {
+    MFA_BACKEND_METAL,  metal_available, metal_create,   metal_destroy,       metal_device_name,
+    metal_capabilities, metal_forward,   metal_backward, metal_last_gpu_time,
+};
+
+const mfa_backend_ops* mfa_metal_backend_ops(void) { return &metal_ops; }

@@ -11,7 +11,7 @@
  *   metal_errors.m     NSError and Metal failures as an mfa_status with a message
  *   metal_portable.c   the arithmetic that needs no Metal (tested on Linux): page spans,
  *                      staged copy-back, pipeline keys
- * Everything the rest of libmfa sees is in core/backend.h and metal_backend.h.
+ * Everything the rest of libmfa sees is mfa_metal_backend_ops() (core/backend.h).
  *
  * Compiled with ARC. Every object here is safe to share between threads once created: the
  * mutable parts (pipeline cache, lazily compiled source, timing) lock themselves.

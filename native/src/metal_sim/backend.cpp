@@ -156,8 +156,9 @@ mfa_status backward(void* state, const mfa_problem* problem) {
     return status;
 }
 
-const mfa_backend_ops ops = {MFA_BACKEND_METAL_SIM, available,    create,  destroy,
-                             device_name,           capabilities, forward, backward};
+// No GPU timing: a simulated dispatch's time says nothing about a GPU's.
+const mfa_backend_ops ops = {MFA_BACKEND_METAL_SIM, available, create,   destroy, device_name,
+                             capabilities,          forward,   backward, nullptr};
 
 } // namespace
 
