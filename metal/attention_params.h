@@ -34,9 +34,9 @@ typedef struct mfa_kernel_params {
     int32_t group; /* heads_q / heads_kv: query head h reads key/value head h / group */
     int32_t seq_q;
     int32_t seq_k;
-    /* Key j is visible from query i iff  i + band_lo <= j <= i + band_hi.  The planner derives
-     * both from diag_offset and the window, clamped to [-seq_q, seq_k] so that "unbounded" is an
-     * ordinary value and no sum below overflows 32 bits. */
+    /* Key j is visible from query i iff  i + band_lo <= j <= i + band_hi: the validated
+     * problem's band, clamped to [-seq_q, seq_k] so that "unbounded" is an ordinary value and no
+     * sum below overflows 32 bits. */
     int32_t band_lo;
     int32_t band_hi;
     int32_t out_blocks; /* threadgroups sharing one row block, each owning block_out columns */

@@ -204,10 +204,11 @@ static mfa_status resolve_params(const mfa_attention_params* given, mfa_problem*
     }
     problem->scale =
         params.scale != 0.0f ? params.scale : (float)(1.0 / sqrt((double)problem->head_dim));
-    problem->diag_offset =
+    const int64_t diag_offset =
         alignment == MFA_ALIGN_BOTTOM_RIGHT ? problem->seq_k - problem->seq_q : 0;
-    problem->window_left = params.window_left;
-    problem->window_right = params.causal ? 0 : params.window_right;
+    mfa_visibility_band(problem->seq_q, problem->seq_k, diag_offset, params.window_left,
+                        params.causal ? 0 : params.window_right, &problem->band_lo,
+                        &problem->band_hi);
     return MFA_OK;
 }
 

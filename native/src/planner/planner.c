@@ -30,10 +30,6 @@ static uint32_t round_up(uint32_t value, uint32_t multiple) {
     return (value + multiple - 1) / multiple * multiple;
 }
 
-static int64_t clamp64(int64_t value, int64_t lo, int64_t hi) {
-    return value < lo ? lo : value > hi ? hi : value;
-}
-
 /* The extent of a strided view in elements: the lowest and highest element offsets reached. */
 typedef struct extent {
     int64_t lowest, highest;
@@ -219,17 +215,9 @@ static void fill_params(const mfa_problem* problem, mfa_kernel_params* params) {
     params->group = (int32_t)problem->group;
     params->seq_q = (int32_t)problem->seq_q;
     params->seq_k = (int32_t)problem->seq_k;
-    /* Window widths beyond both lengths are unbounded in effect; capping them first keeps the
-     * 64-bit sums below from overflowing. */
-    const int64_t far = INT64_C(4) * MFA_PLAN_MAX_SEQUENCE;
-    const int64_t lo = problem->window_left < 0
-                           ? -problem->seq_q
-                           : problem->diag_offset - clamp64(problem->window_left, 0, far);
-    const int64_t hi = problem->window_right < 0
-                           ? problem->seq_k
-                           : problem->diag_offset + clamp64(problem->window_right, 0, far);
-    params->band_lo = (int32_t)clamp64(lo, -problem->seq_q, problem->seq_k);
-    params->band_hi = (int32_t)clamp64(hi, -problem->seq_q, problem->seq_k);
+    /* The core's band lies in [-seq_q, seq_k], which check_problem bounds by 2^30. */
+    params->band_lo = (int32_t)problem->band_lo;
+    params->band_hi = (int32_t)problem->band_hi;
     params->scale = problem->scale;
     params->scale_log2 = (float)((double)problem->scale * 1.4426950408889634);
 }
