@@ -132,13 +132,10 @@ MFA_EXPORT mfa_status mfa_context_create(mfa_backend backend, const mfa_context_
     mfa_context_options resolved;
     mfa_context_options_init(&resolved);
     if (options != NULL) {
-        if (options->struct_size != sizeof(mfa_context_options)) {
-            return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
-                                 "options.struct_size = %zu, expected %zu: initialise options "
-                                 "with mfa_context_options_init()",
-                                 options->struct_size, sizeof(mfa_context_options));
-        }
-        resolved = *options;
+        mfa_status status =
+            mfa_read_input_struct(options, &resolved, MFA_CONTEXT_OPTIONS_FIRST_SIZE,
+                                  sizeof resolved, "options", "mfa_context_options");
+        if (status != MFA_OK) return status;
     }
     if (backend == MFA_BACKEND_AUTO) {
         backend = mfa_backend_available(MFA_BACKEND_METAL) ? MFA_BACKEND_METAL : MFA_BACKEND_CPU;

@@ -19,6 +19,36 @@ typedef struct mfa_call_tensors {
     const mfa_tensor* dv;
 } mfa_call_tensors;
 
+/* The input structs as libmfa 0.1.0, the first release, laid them out: frozen copies, so that
+ * their sizes stay the smallest struct_size accepted whatever mfa.h appends later. validate.c
+ * asserts that mfa.h's structs start with exactly these fields. */
+typedef struct mfa_attention_params_0_1_0 {
+    size_t struct_size;
+    float scale;
+    int32_t causal;
+    mfa_alignment alignment;
+    int64_t window_left;
+    int64_t window_right;
+} mfa_attention_params_0_1_0;
+
+typedef struct mfa_context_options_0_1_0 {
+    size_t struct_size;
+    int32_t num_threads;
+    mfa_gpu_family gpu_family;
+    uint64_t sim_schedule_seed;
+} mfa_context_options_0_1_0;
+
+#define MFA_ATTENTION_PARAMS_FIRST_SIZE sizeof(mfa_attention_params_0_1_0)
+#define MFA_CONTEXT_OPTIONS_FIRST_SIZE  sizeof(mfa_context_options_0_1_0)
+
+/* Read a caller's input struct (its first field is struct_size) over *resolved, which holds the
+ * defaults and is current_size bytes long. Any struct_size from first_size (the first release's
+ * size) to current_size is accepted: the caller's bytes up to its struct_size are taken and every
+ * field beyond keeps its default. Larger and smaller sizes fail, naming `name` ("params") and the
+ * struct's type and init function. */
+mfa_status mfa_read_input_struct(const void* given, void* resolved, size_t first_size,
+                                 size_t current_size, const char* name, const char* type);
+
 /* The visibility band of backend.h for a query row aligned at p(i) = i + diag_offset and a
  * window of (window_left, window_right) keys around it, -1 meaning unbounded (causal masking
  * is window_right = 0): lo = diag_offset - window_left and hi = diag_offset + window_right,
