@@ -1,5 +1,6 @@
-// The Metal backend's C entry points (mfa_backend_ops). Each drains its own autorelease pool:
-// callers are plain C threads (Python's among them) that have none.
+// The Metal backend's C entry points (mfa_backend_ops): a call is the plan runner's
+// (planner/runner.h) on the context's device. Each drains its own autorelease pool: callers are
+// plain C threads (Python's among them) that have none.
 #import "metal_host.h"
 
 static int metal_available(void) {
@@ -46,15 +47,13 @@ static void metal_capabilities(void* state, mfa_capabilities* caps) {
 
 static mfa_status metal_forward(void* state, const mfa_problem* problem) {
     @autoreleasepool {
-        return mfa_metal_run((__bridge LibMFAMetalContext*)state, problem, mfa_plan_forward,
-                             "forward");
+        return mfa_gpu_run(((__bridge LibMFAMetalContext*)state).gpuDevice, problem, false);
     }
 }
 
 static mfa_status metal_backward(void* state, const mfa_problem* problem) {
     @autoreleasepool {
-        return mfa_metal_run((__bridge LibMFAMetalContext*)state, problem, mfa_plan_backward,
-                             "backward");
+        return mfa_gpu_run(((__bridge LibMFAMetalContext*)state).gpuDevice, problem, true);
     }
 }
 

@@ -2,12 +2,10 @@
  * planner.h - how to run one attention call on an Apple GPU: which kernels, in which order,
  * with which function constants, grid, threadgroup memory and buffer bindings.
  *
- * Portable C11, no Metal types: the Objective-C host turns a plan into encoder calls and the
- * metal-sim backend turns the same plan into simulator dispatches, so both run exactly the
- * same configuration. A plan is plain data owned by the caller; planning is pure and
- * thread-safe.
- *
- * Host recipe for each pass of a plan, in order:
+ * Portable C11, no Metal types. A plan is plain data owned by the caller; planning is pure and
+ * thread-safe. The plan runner (runner.h) carries a plan out on a device, the Metal host's or
+ * metal-sim's, so both run exactly the same configuration. What a plan asks, pass by pass in
+ * order:
  *   1. function  = library function `kernel_name`, specialised with every entry of
  *                  `function_constants` (setConstantValue:type:atIndex: with the entry's
  *                  type code; bool values are one byte, uint values four).
@@ -39,6 +37,7 @@ typedef enum mfa_pass_kind {
     MFA_PASS_BACKWARD_QUERY = 1,    /* delta = rowsum(dO * O), then dQ */
     MFA_PASS_BACKWARD_KEY_VALUE = 2 /* dK and dV */
 } mfa_pass_kind;
+#define MFA_PASS_KIND_COUNT 3
 
 /* The memory a binding refers to: one of MFA_OPERAND_* (attention_params.h), which is also the
  * kernel argument index the operand is bound at. */
@@ -110,6 +109,21 @@ mfa_status mfa_plan_forward(const mfa_problem* problem, mfa_gpu_family family,
                             uint32_t max_threads_per_threadgroup, mfa_plan* plan);
 mfa_status mfa_plan_backward(const mfa_problem* problem, mfa_gpu_family family,
                              uint32_t max_threads_per_threadgroup, mfa_plan* plan);
+
+/* mfa_pass_kernel_name(): the kernel that runs passes of kind (kernel_attention_forward, ...);
+ * NULL for an unknown kind. Static storage. */
+const char* mfa_pass_kernel_name(mfa_pass_kind kind);
+
+/* The memory behind an operand of problem: the caller's view (NULL for delta, the call's
+ * scratch, contiguous [B, Hq, Nq]), the shape the problem gives it and its element size. */
+typedef struct mfa_operand_view {
+    const mfa_view* view;
+    int64_t shape[4];
+    int64_t element_size;
+} mfa_operand_view;
+
+/* mfa_problem_operand(): fill *out for operand; 0 for an operand that is not an MFA_OPERAND_*. */
+int mfa_problem_operand(const mfa_problem* problem, mfa_operand operand, mfa_operand_view* out);
 
 /* mfa_operand_name(): the operand as messages name it: the public argument ("q", "out", "lse",
  * "dout", ...) or "delta" for the backward's scratch; "?" otherwise. Static storage. */
