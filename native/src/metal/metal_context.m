@@ -86,7 +86,7 @@ static mfa_gpu_family family_of(id<MTLDevice> device) {
 - (BOOL)lastGPUTime:(double*)seconds {
     [_timingLock lock];
     const BOOL has = _hasGPUTime;
-    *seconds = _lastGPUTime;
+    if (has) *seconds = _lastGPUTime; // a failed call writes nothing
     [_timingLock unlock];
     return has;
 }

@@ -84,7 +84,8 @@ mfa_status mfa_metal_error(mfa_status status, NSError* _Nullable error, const ch
 @property (nonatomic, readonly) const mfa_gpu_device* gpuDevice;
 /* Called once a command buffer has completed; keeps the most recent GPUEndTime - GPUStartTime. */
 - (void)recordGPUStart:(CFTimeInterval)start end:(CFTimeInterval)end;
-/* Seconds of GPU time of the most recently completed command buffer; NO before the first. */
+/* Seconds of GPU time of the most recently completed command buffer; NO, leaving *seconds
+ * alone, before the first. */
 - (BOOL)lastGPUTime:(double*)seconds;
 @end
 

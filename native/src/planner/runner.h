@@ -14,7 +14,7 @@
  *      allocate the scratch and resolve every operand's memory, bounds included. Everything
  *      that can fail fails here, and then releases what it acquired.
  *   2. mfa_gpu_call_encode(): encode the passes that have work, in order, into commands of the
- *      device's (on metal a compute encoder's command buffer). Cannot fail.
+ *      device's (on metal a command buffer's compute encoder). Cannot fail.
  *   3. mfa_gpu_call_finish(): after the commands ran, or when they never will: copy staged
  *      outputs back if they completed, and release everything the call acquired.
  * mfa_gpu_run() is the synchronous call: prepare, the device's own commands (begin, encode,
