@@ -88,6 +88,7 @@ int mfa_problem_operand(const mfa_problem* p, mfa_operand operand, mfa_operand_v
     return 1;
 }
 
+/* The argument block's layout of an operand; operand is one the planner's tables bind. */
 static mfa_operand_layout* layout_of(mfa_kernel_params* params, mfa_operand operand) {
     switch (operand) {
         case MFA_OPERAND_Q: return &params->q;
@@ -99,7 +100,7 @@ static mfa_operand_layout* layout_of(mfa_kernel_params* params, mfa_operand oper
         case MFA_OPERAND_DOUT: return &params->dout;
         case MFA_OPERAND_DV: return &params->dv;
         case MFA_OPERAND_DK: return &params->dk;
-        default: return &params->dq;
+        default: return &params->dq; /* MFA_OPERAND_DQ */
     }
 }
 
