@@ -8,37 +8,16 @@
  *
  * metal-sim runs the same runner with real kernels in every numeric test; this test reaches
  * the paths a simulator never takes (a pipeline with a lower thread limit, failing devices).
- * The planner and runner are compiled into it directly (hidden inside libmfa), so it supplies
- * the one symbol they need from the core, mfa_set_error.
+ * The planner and runner are compiled into it directly (hidden inside libmfa), with the core's
+ * errors.c for mfa_set_error.
  */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/validate.h"
 #include "planner/runner.h"
-
-static int failures = 0;
-static char last_error[512];
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, #cond);               \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-            ++failures;                                                                            \
-        }                                                                                          \
-    } while (0)
-
-mfa_status mfa_set_error(mfa_status status, const char* format, ...) {
-    va_list args;
-    va_start(args, format);
-    vsnprintf(last_error, sizeof last_error, format, args);
-    va_end(args);
-    return status;
-}
+#include "test_util.h"
 
 /* ---- A scripted device ---------------------------------------------------------------------- */
 
@@ -186,14 +165,6 @@ static void fake_init(fake_device* f) {
 /* A contiguous bhsd problem over one buffer, each operand at its own offset (never read). */
 static char memory[1 << 16];
 
-static void contiguous(mfa_view* view, char* base, int64_t h, int64_t n, int64_t d) {
-    view->data = base;
-    view->stride[3] = 1;
-    view->stride[2] = d;
-    view->stride[1] = n * d;
-    view->stride[0] = h * n * d;
-}
-
 static mfa_problem make_problem(int64_t batch, int with_lse) {
     const int64_t hq = 4, hkv = 2, nq = 33, nk = 70, d = 16, dv = 8;
     mfa_problem p;
@@ -203,15 +174,19 @@ static mfa_problem make_problem(int64_t batch, int with_lse) {
     p.seq_q = nq, p.seq_k = nk, p.head_dim = d, p.head_dim_v = dv;
     p.scale = 0.25f;
     mfa_visibility_band(nq, nk, nk - nq, -1, 0, &p.band_lo, &p.band_hi);
-    contiguous(&p.q, memory + 0 * 4096, hq, nq, d);
-    contiguous(&p.k, memory + 1 * 4096, hkv, nk, d);
-    contiguous(&p.v, memory + 2 * 4096, hkv, nk, dv);
-    contiguous(&p.out, memory + 3 * 4096, hq, nq, dv);
-    contiguous(&p.lse, with_lse ? memory + 4 * 4096 : NULL, hq, nq, 1);
-    contiguous(&p.dout, memory + 5 * 4096, hq, nq, dv);
-    contiguous(&p.dq, memory + 6 * 4096, hq, nq, d);
-    contiguous(&p.dk, memory + 7 * 4096, hkv, nk, d);
-    contiguous(&p.dv, memory + 8 * 4096, hkv, nk, dv);
+    const struct {
+        mfa_view* view;
+        int64_t heads, rows, width;
+    } views[] = {{&p.q, hq, nq, d},    {&p.k, hkv, nk, d},  {&p.v, hkv, nk, dv},
+                 {&p.out, hq, nq, dv}, {&p.lse, hq, nq, 1}, {&p.dout, hq, nq, dv},
+                 {&p.dq, hq, nq, d},   {&p.dk, hkv, nk, d}, {&p.dv, hkv, nk, dv}};
+    for (size_t i = 0; i < sizeof views / sizeof views[0]; ++i) {
+        const int64_t strides[4] = {views[i].heads * views[i].rows * views[i].width,
+                                    views[i].rows * views[i].width, views[i].width, 1};
+        views[i].view->data = memory + i * 4096;
+        memcpy(views[i].view->stride, strides, sizeof strides);
+    }
+    if (!with_lse) p.lse.data = NULL;
     return p;
 }
 
@@ -237,8 +212,8 @@ static void test_bindings(void) {
             mfa_plan plan;
             CHECK((backward ? mfa_plan_backward : mfa_plan_forward)(&p, f.device.family, 1024,
                                                                     &plan) == MFA_OK,
-                  "%s", last_error);
-            CHECK(mfa_gpu_run(&f.device, &p, backward) == MFA_OK, "run: %s", last_error);
+                  "%s", mfa_last_error());
+            CHECK(mfa_gpu_run(&f.device, &p, backward) == MFA_OK, "run: %s", mfa_last_error());
             CHECK(f.begins == 1 && f.commits == 1, "begins %d commits %d", f.begins, f.commits);
             CHECK(f.encoded == (int)plan.num_passes, "%d of %u passes encoded", f.encoded,
                   plan.num_passes);
@@ -306,7 +281,8 @@ static void test_replan(void) {
         fake_init(&f);
         f.pipeline_max[MFA_PASS_BACKWARD_KEY_VALUE] = limits[l];
         const mfa_problem p = make_problem(1, 1);
-        CHECK(mfa_gpu_run(&f.device, &p, true) == MFA_OK, "limit %u: %s", limits[l], last_error);
+        CHECK(mfa_gpu_run(&f.device, &p, true) == MFA_OK, "limit %u: %s", limits[l],
+              mfa_last_error());
         CHECK(f.encoded == 2, "limit %u: %d passes", limits[l], f.encoded);
         for (int i = 0; i < f.encoded; ++i)
             CHECK(f.passes[i].threads <= f.pipeline_max[f.passes[i].kind],
@@ -318,7 +294,7 @@ static void test_replan(void) {
     f.pipeline_max[MFA_PASS_FORWARD] = 16;
     const mfa_problem p = make_problem(1, 1);
     CHECK(mfa_gpu_run(&f.device, &p, false) == MFA_ERROR_INVALID_ARGUMENT, "16 threads planned");
-    CHECK(strstr(last_error, "one simdgroup") != NULL, "message: %s", last_error);
+    CHECK(strstr(mfa_last_error(), "one simdgroup") != NULL, "message: %s", mfa_last_error());
     check_nothing_ran(&f, "16 threads");
 }
 
@@ -351,8 +327,8 @@ static void test_failures_before_running(void) {
         f.fail_begin = c == 6;
         const mfa_status status = mfa_gpu_run(&f.device, &p, cases[c].backward);
         CHECK(status == cases[c].status, "%s: status %d", cases[c].name, (int)status);
-        CHECK(strstr(last_error, cases[c].message) != NULL, "%s: message %s", cases[c].name,
-              last_error);
+        CHECK(strstr(mfa_last_error(), cases[c].message) != NULL, "%s: message %s", cases[c].name,
+              mfa_last_error());
         CHECK(f.encoded == 0 && f.commits == 0, "%s: %d encoded", cases[c].name, f.encoded);
         CHECK(f.live == 0 && f.released_completed == 0, "%s: %d live, %d completed", cases[c].name,
               f.live, f.released_completed);
@@ -381,10 +357,11 @@ static void test_no_work(void) {
     const mfa_problem p = make_problem(0, 1);
     for (int backward = 0; backward < 2; ++backward) {
         mfa_gpu_call call;
-        CHECK(mfa_gpu_call_prepare(&call, &f.device, &p, backward) == MFA_OK, "%s", last_error);
+        CHECK(mfa_gpu_call_prepare(&call, &f.device, &p, backward) == MFA_OK, "%s",
+              mfa_last_error());
         CHECK(!mfa_gpu_call_has_work(&call), "batch 0 has work");
         mfa_gpu_call_finish(&call, true);
-        CHECK(mfa_gpu_run(&f.device, &p, backward) == MFA_OK, "%s", last_error);
+        CHECK(mfa_gpu_run(&f.device, &p, backward) == MFA_OK, "%s", mfa_last_error());
     }
     CHECK(f.pipelines == 0 && f.wraps == 0 && f.scratches == 0 && f.begins == 0,
           "pipelines %d wraps %d scratches %d begins %d", f.pipelines, f.wraps, f.scratches,
@@ -397,10 +374,5 @@ int main(void) {
     test_failures_before_running();
     test_failure_while_running();
     test_no_work();
-    if (failures) {
-        fprintf(stderr, "runner tests: %d check(s) failed\n", failures);
-        return 1;
-    }
-    printf("runner tests: all checks passed\n");
-    return 0;
+    return test_finish("runner tests");
 }
