@@ -119,7 +119,9 @@ typedef struct mfa_gpu_device {
 } mfa_gpu_device;
 
 /* One call, from prepare to finish. Plain data owned by the caller (the stack, or the heap while
- * encoded commands are in flight); its fields are for the runner. */
+ * encoded commands are in flight); its fields are for the runner. Only prepare reads the
+ * problem: encode and finish work from the plan and the resolved memory, so a call may outlive
+ * the problem (and the public call) it was prepared for. */
 typedef struct mfa_gpu_call {
     const mfa_gpu_device* device;
     const mfa_problem* problem;
