@@ -3,7 +3,8 @@
  *
  * Compiled three ways: as MSL by the Metal compiler, as C++ by the metal-sim compatibility
  * layer, and as C11 by the planner and the Objective-C host. So: fixed-width types, no
- * pointers, no enums, every field naturally aligned, 64-bit fields first.
+ * pointers, no enums (indices are integer #defines, usable in attributes), every field
+ * naturally aligned, 64-bit fields first.
  *
  * Everything that varies per call (lengths, strides, scale, window) lives here rather than in
  * function constants, so that one pipeline serves every sequence length. Function constants
@@ -29,13 +30,13 @@ typedef struct mfa_operand_layout {
 
 /* Per-call arguments of all three attention kernels; bound with setBytes at MFA_BUFFER_PARAMS. */
 typedef struct mfa_kernel_params {
-    mfa_operand_layout q, k, v, o, l, d, dout, dq, dk, dv; /* l, d: stride[3] unused */
+    mfa_operand_layout q, k, v, o, l, delta, dout, dq, dk, dv; /* l, delta: stride[3] unused */
     int32_t group; /* heads_q / heads_kv: query head h reads key/value head h / group */
     int32_t seq_q;
     int32_t seq_k;
-    /* Key j is visible from query i iff  i + band_lo <= j <= i + band_hi.  The planner derives
-     * both from diag_offset and the window, clamped to [-seq_q, seq_k] so that "unbounded" is an
-     * ordinary value and no sum below overflows 32 bits. */
+    /* Key j is visible from query i iff  i + band_lo <= j <= i + band_hi: the validated
+     * problem's band, clamped to [-seq_q, seq_k] so that "unbounded" is an ordinary value and no
+     * sum below overflows 32 bits. */
     int32_t band_lo;
     int32_t band_hi;
     int32_t out_blocks; /* threadgroups sharing one row block, each owning block_out columns */
@@ -46,19 +47,21 @@ typedef struct mfa_kernel_params {
 /* C and MSL must agree on the layout; both sides assert this size. */
 #define MFA_KERNEL_PARAMS_SIZE 432
 
-/* Buffer binding indices (MFA's numbering, plus the argument block). */
-#define MFA_BUFFER_Q            0
-#define MFA_BUFFER_K            1
-#define MFA_BUFFER_V            2
-#define MFA_BUFFER_O            3
-#define MFA_BUFFER_L            4
-#define MFA_BUFFER_D            5
-#define MFA_BUFFER_DOUT         6
-#define MFA_BUFFER_DV           7
-#define MFA_BUFFER_DK           8
-#define MFA_BUFFER_DQ           9
-#define MFA_BUFFER_PARAMS       10
-#define MFA_THREADGROUP_STAGING 0 /* [[threadgroup(0)]]: the one threadgroup allocation */
+/* The operands of the attention kernels, numbered as in MFA. Operand x is bound at
+ * [[buffer(MFA_OPERAND_x)]]; the planner, the Metal host and metal-sim all index by these. */
+#define MFA_OPERAND_Q           0
+#define MFA_OPERAND_K           1
+#define MFA_OPERAND_V           2
+#define MFA_OPERAND_O           3
+#define MFA_OPERAND_L           4 /* the log-sum-exp, f32 */
+#define MFA_OPERAND_DELTA       5 /* the backward's delta = rowsum(dO * O): f32 scratch of the call */
+#define MFA_OPERAND_DOUT        6
+#define MFA_OPERAND_DV          7
+#define MFA_OPERAND_DK          8
+#define MFA_OPERAND_DQ          9
+#define MFA_OPERAND_COUNT       10
+#define MFA_BUFFER_PARAMS       10 /* the argument block, after the operands */
+#define MFA_THREADGROUP_STAGING 0  /* [[threadgroup(0)]]: the one threadgroup allocation */
 
 /* Function-constant indices of the attention family (100..199). */
 #define MFA_FC_ATTENTION 100
@@ -95,8 +98,8 @@ typedef struct mfa_kernel_params {
 
 /* Floats of threadgroup memory each kernel needs: one [block_parallel x block_head] staging tile
  * for the parallel operands, one [block_traversal x block_head] for the traversed operands, and,
- * for backward-key-value, the traversed rows' L and D. Shared by kernels and planner so the two
- * can never disagree. */
+ * for backward-key-value, the traversed rows' L and delta. Shared by kernels and planner so the
+ * two can never disagree. */
 static inline uint32_t mfa_staging_floats(uint32_t block_parallel, uint32_t block_traversal,
                                           uint32_t block_head, uint32_t per_row_vectors) {
     return (block_parallel + block_traversal) * block_head + per_row_vectors * block_traversal;

@@ -10,9 +10,9 @@ using namespace metal;
 //   [64, 128)  where fragment.h says it should be: row * 8 + col + e
 //   [128, 192) a store of lane-written elements (element e of lane L set to 2 * L + e)
 //   [192, 256) what each lane holds after a transposed load
-kernel void mfa_lane_layout_probe(device const float* matrix [[buffer(0)]],
-                                  device float* out [[buffer(1)]],
-                                  ushort lane [[thread_index_in_simdgroup]]) {
+kernel void kernel_lane_layout_probe(device const float* matrix [[buffer(0)]],
+                                     device float* out [[buffer(1)]],
+                                     ushort lane [[thread_index_in_simdgroup]]) {
     simd_fragment loaded;
     simdgroup_load(loaded, matrix, 8, ulong2(0, 0), false);
     simd_fragment transposed;

@@ -1,6 +1,6 @@
 // Backward-key-value: one threadgroup per block of key rows (and per block of output columns
 // for wide heads) walks the query blocks of every query head that shares its key/value head:
-//   P^T = exp2(K Q^T - L),  dV += P^T dO,  dP^T = V dO^T,  dS^T = P^T * (dP^T - D),
+//   P^T = exp2(K Q^T - L),  dV += P^T dO,  dP^T = V dO^T,  dS^T = P^T * (dP^T - delta),
 //   dK += scale * dS^T Q.
 // Summing over the group inside the threadgroup is what makes GQA need no atomics.
 #ifndef MFA_ATTENTION_BACKWARD_KEY_VALUE_H
@@ -51,14 +51,14 @@ inline void attention_backward_key_value(device const uchar* q, device const uch
         staged_operand grads =
             single_head_rows(dout, slice_of(p.dout, batch, head), 0, p.seq_q, fc_head_dim_v);
         const operand_slice l_slice = slice_of(p.l, batch, head);
-        const operand_slice d_slice = slice_of(p.d, batch, head);
+        const operand_slice delta_slice = slice_of(p.delta, batch, head);
 
         for (int block = blocks.begin; block < blocks.end; ++block) {
             const int query0 = block * int(fc_block_traversal);
             queries.row0 = query0;
             grads.row0 = query0;
 
-            // The block's L and D, read by every simdgroup; the barrier keeps the previous
+            // The block's L and delta, read by every simdgroup; the barrier keeps the previous
             // block's readers ahead of these writes.
             threadgroup_barrier(mem_flags::mem_threadgroup);
             for (uint i = thread_index; i < fc_block_traversal; i += fc_threads) {
@@ -66,7 +66,7 @@ inline void attention_backward_key_value(device const uchar* q, device const uch
                 const bool real = query < p.seq_q;
                 query_lse2[i] =
                     real ? log_sum_exp2_from_stored(l[l_slice.at(query, 0)]) : kEmptyRowLogSumExp2;
-                query_delta[i] = real ? delta[d_slice.at(query, 0)] : 0.0f;
+                query_delta[i] = real ? delta[delta_slice.at(query, 0)] : 0.0f;
             }
 
             // P^T = exp2(K Q^T - L): rows are keys, columns queries.
@@ -91,7 +91,7 @@ inline void attention_backward_key_value(device const uchar* q, device const uch
             accumulate_product(dv_acc, probs, traversal_tile, grads, dv_cols.begin, dv_cols.end,
                                thread_index);
 
-// dS^T = P^T * (dP^T - D), in place of dP^T.
+// dS^T = P^T * (dP^T - delta), in place of dP^T.
 #pragma unroll
             for (uint t = 0; t < fc_traversal_fragments; ++t)
                 for (ushort e = 0; e < 2; ++e)

@@ -1,5 +1,5 @@
-// Backward-query: D = rowsum(dO * O) (saved for backward-key-value) and
-//   dQ = scale * sum_j dS_ij K_j,   dS = P * (dP - D),   P = exp2(S - L),   dP = dO V^T
+// Backward-query: delta = rowsum(dO * O) (saved for backward-key-value) and
+//   dQ = scale * sum_j dS_ij K_j,   dS = P * (dP - delta),   P = exp2(S - L),   dP = dO V^T
 // one threadgroup per block of query rows (and per block of dQ columns for wide D).
 #ifndef MFA_ATTENTION_BACKWARD_QUERY_H
 #define MFA_ATTENTION_BACKWARD_QUERY_H
@@ -48,7 +48,7 @@ inline void attention_backward_query(device const uchar* q, device const uchar* 
     const float delta =
         output_gradient_dot(o, slice_of(p.o, batch, head), dout, grads.slice, row, p.seq_q, lane);
     if (out_block == 0 && fragment_row_quarter(lane) == 0 && row < p.seq_q)
-        delta_out[slice_of(p.d, batch, head).at(row, 0)] = delta;
+        delta_out[slice_of(p.delta, batch, head).at(row, 0)] = delta;
     const float lse2 = row < p.seq_q
                            ? log_sum_exp2_from_stored(l[slice_of(p.l, batch, head).at(row, 0)])
                            : kEmptyRowLogSumExp2;
@@ -79,7 +79,7 @@ inline void attention_backward_query(device const uchar* q, device const uchar* 
         compute_scores(dprobs, dout_cache, fc_cache_parallel2, parallel_tile, grads, traversal_tile,
                        values, thread_index, simd_index);
 
-// dS = P * (dP - D), in place of dP.
+// dS = P * (dP - delta), in place of dP.
 #pragma unroll
         for (uint t = 0; t < fc_traversal_fragments; ++t)
             for (ushort e = 0; e < 2; ++e) {

@@ -1,5 +1,5 @@
 // The visibility band: key j is visible from query i iff i + band_lo <= j <= i + band_hi
-// (causal masks and sliding windows, normalized by the planner). Whole blocks outside the band
+// (alignment, causal mask and window, derived once by the core). Whole blocks outside the band
 // are never visited; blocks inside it skip the per-element test; only blocks on its edge, or on
 // the end of a sequence, are masked element by element.
 #ifndef MFA_ATTENTION_BAND_H

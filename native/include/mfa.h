@@ -17,7 +17,16 @@
  *     backend), outputs it writes in place may hold partial results.
  *   - Sizes and strides are int64_t and counted in elements, not bytes.
  *   - Structs that may grow carry their own size in `struct_size`; fill them with the matching
- *     *_init function, which sets struct_size and every default. Fields are only ever appended.
+ *     *_init function, which sets struct_size and every default. Fields are only ever appended,
+ *     each at or beyond the previous release's sizeof. The input structs (mfa_attention_params,
+ *     mfa_context_options) are accepted with any struct_size from their size in the first
+ *     release, 0.1.0, up to the library's own sizeof; fields beyond struct_size take their
+ *     defaults, so a program built against an older mfa.h runs unchanged on a newer libmfa.
+ *     A larger struct_size (a program built against a newer mfa.h than the library) or a
+ *     smaller one fails with MFA_ERROR_INVALID_ARGUMENT and a message naming the struct. An
+ *     *_init function keeps filling the layout of the release that introduced it (a struct that
+ *     grows comes with a new one), so it never writes past an older program's struct.
+ *     mfa_capabilities, an output, is written only up to the caller's struct_size.
  *   - A context may be used by many threads at once. All per-call state lives in the call.
  *
  * This header is parsed by the Python bindings (cffi, ABI mode): keep it plain C declarations,
@@ -250,7 +259,7 @@ mfa_status mfa_attention_forward(mfa_context* ctx, const mfa_attention_params* p
  *   dout               gradient of the loss with respect to out; q's dtype.
  *   dq, dk, dv         outputs, shaped like q, k and v, q's dtype. With GQA, dk and dv sum
  *                      over the query heads that share each key/value head.
- * Runs D = rowsum(dout * out), then one pass parallel over query rows (dq) and one parallel
+ * Runs delta = rowsum(dout * out), then one pass parallel over query rows (dq) and one parallel
  * over key rows (dk, dv): no atomics and no N x N buffer. O(B * Hq * Nq) scratch. */
 mfa_status mfa_attention_backward(mfa_context* ctx, const mfa_attention_params* params,
                                   const mfa_tensor* q, const mfa_tensor* k, const mfa_tensor* v,

@@ -77,10 +77,10 @@ int main(void) {
                        "#line 2 \"second.metal\"\nkernel void second_kernel() {}\n") == 1,
            "second.metal resumes at its line 2");
 
-    expect(strncmp(mfa_metal_source_stamp, "mfa_source_", 11) == 0 &&
-               strlen(mfa_metal_source_stamp) == 11 + 16 &&
-               strspn(mfa_metal_source_stamp + 11, "0123456789abcdef") == 16,
-           "stamp is mfa_source_ and 16 hex digits");
+    expect(strncmp(mfa_metal_source_stamp, "kernel_source_stamp_", 20) == 0 &&
+               strlen(mfa_metal_source_stamp) == 20 + 16 &&
+               strspn(mfa_metal_source_stamp + 20, "0123456789abcdef") == 16,
+           "stamp is kernel_source_stamp_ and 16 hex digits");
 
     if (failures == 0) printf("embedded sources OK (stamp %s)\n", mfa_metal_source_stamp);
     return failures == 0 ? 0 : 1;

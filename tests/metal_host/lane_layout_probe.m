@@ -51,7 +51,7 @@ static id<MTLLibrary> _Nullable library_from_metallib(id<MTLDevice> device, cons
 static BOOL run_probe(id<MTLDevice> device, id<MTLLibrary> library, float* out) {
     NSError* error = nil;
     MTLFunctionConstantValues* none = [[MTLFunctionConstantValues alloc] init];
-    NSString* name = [NSString stringWithCString:"mfa_lane_layout_probe"
+    NSString* name = [NSString stringWithCString:"kernel_lane_layout_probe"
                                         encoding:NSUTF8StringEncoding];
     id<MTLFunction> function = [library newFunctionWithName:name constantValues:none error:&error];
     id<MTLComputePipelineState> pipeline =

@@ -101,18 +101,18 @@ static void test_copy_back(void) {
 static void test_pipeline_key(void) {
     mfa_pass_plan pass;
     memset(&pass, 0, sizeof pass);
-    pass.kernel_name = "mfa_attention_forward";
+    pass.kernel_name = "kernel_attention_forward";
     pass.num_constants = 2;
     pass.constants[0] = (mfa_function_constant){100, MFA_CONSTANT_TYPE_UINT, 1};
     pass.constants[1] = (mfa_function_constant){109, MFA_CONSTANT_TYPE_BOOL, 0};
     char key[256], other[256];
     EXPECT(mfa_metal_pipeline_key(&pass, key, sizeof key));
-    EXPECT(strcmp(key, "mfa_attention_forward|100:33=1|109:53=0") == 0);
+    EXPECT(strcmp(key, "kernel_attention_forward|100:33=1|109:53=0") == 0);
     EXPECT(mfa_metal_pipeline_key(&pass, other, sizeof other) && strcmp(key, other) == 0);
     pass.constants[1].value = 1;
     EXPECT(mfa_metal_pipeline_key(&pass, other, sizeof other) && strcmp(key, other) != 0);
     pass.constants[1].value = 0;
-    pass.kernel_name = "mfa_attention_backward_query";
+    pass.kernel_name = "kernel_attention_backward_query";
     EXPECT(mfa_metal_pipeline_key(&pass, other, sizeof other) && strcmp(key, other) != 0);
     // Values that would collide if concatenated without separators: 1|11 vs 11|1.
     pass.constants[0].value = 1;
@@ -123,10 +123,10 @@ static void test_pipeline_key(void) {
     EXPECT(mfa_metal_pipeline_key(&pass, other, sizeof other) && strcmp(key, other) != 0);
     // Too small a buffer is reported, whether the name or a constant overflows it.
     EXPECT(!mfa_metal_pipeline_key(&pass, key, 10));
-    EXPECT(
-        !mfa_metal_pipeline_key(&pass, key, strlen("mfa_attention_backward_query|100:33=11") + 1));
-    EXPECT(mfa_metal_pipeline_key(&pass, key,
-                                  strlen("mfa_attention_backward_query|100:33=11|101:33=1") + 1));
+    EXPECT(!mfa_metal_pipeline_key(&pass, key,
+                                   strlen("kernel_attention_backward_query|100:33=11") + 1));
+    EXPECT(mfa_metal_pipeline_key(
+        &pass, key, strlen("kernel_attention_backward_query|100:33=11|101:33=1") + 1));
 }
 
 int main(void) {

@@ -11,7 +11,7 @@ function(embed out_var)
   if(NOT result EQUAL 0)
     message(FATAL_ERROR "embed_sources.cmake failed (${result})")
   endif()
-  file(STRINGS ${WORK_DIR}/out/source_stamp.metal stamp REGEX "^kernel void mfa_source_")
+  file(STRINGS ${WORK_DIR}/out/source_stamp.metal stamp REGEX "^kernel void kernel_source_stamp_")
   set(${out_var} "${stamp}" PARENT_SCOPE)
 endfunction()
 

@@ -32,7 +32,7 @@ int main() {
     std::memset(out, 0xff, sizeof out); // NaN: unwritten elements cannot pass
 
     mfa::sim::Dispatch d;
-    d.kernel = "mfa_lane_layout_probe";
+    d.kernel = "kernel_lane_layout_probe";
     d.buffers[0].base = matrix;
     d.buffers[0].length = sizeof matrix;
     d.buffers[1].base = out;

@@ -1,7 +1,8 @@
 /*
  * Planner unit tests: every table row fits the hardware limits, every plan covers the problem
  * exactly once, bindings are complete and distinct, function constants agree with the plan,
- * and the band folded into the kernel arguments sees exactly the keys backend.h says.
+ * and the band the core derives and the planner hands the kernels sees exactly the keys mfa.h
+ * says.
  *
  * The planner is compiled into this test directly (it is hidden inside libmfa), so the test
  * supplies the one symbol it needs from the core, mfa_set_error.
@@ -11,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/validate.h"
 #include "planner/planner.h"
 #include "planner/tables.h"
 
@@ -70,9 +72,7 @@ static mfa_problem make_problem(mfa_dtype dtype, int64_t b, int64_t hq, int64_t 
     p.head_dim = d;
     p.head_dim_v = dv;
     p.scale = 0.125f;
-    p.diag_offset = nk - nq;
-    p.window_left = -1;
-    p.window_right = -1;
+    mfa_visibility_band(nq, nk, nk - nq, -1, -1, &p.band_lo, &p.band_hi);
     contiguous(&p.q, base + 1, hq, nq, d);
     contiguous(&p.k, base + 2, hkv, nk, d);
     contiguous(&p.v, base + 3, hkv, nk, dv);
@@ -119,7 +119,7 @@ static void check_pass(const mfa_problem* p, const mfa_pass_plan* pass, uint32_t
     CHECK(pass->block_out % pass->block_head == 0 && pass->block_out <= MFA_MAX_BLOCK_OUT,
           "out %u head %u", pass->block_out, pass->block_head);
     CHECK(pass->params_index == MFA_BUFFER_PARAMS, "params index");
-    CHECK(pass->kernel_name && strncmp(pass->kernel_name, "mfa_attention_", 14) == 0, "name");
+    CHECK(pass->kernel_name && strncmp(pass->kernel_name, "kernel_attention_", 17) == 0, "name");
 
     /* Function constants: distinct indices, values equal to the plan's fields. */
     for (uint32_t i = 0; i < pass->num_constants; ++i)
@@ -187,13 +187,13 @@ static void check_pass(const mfa_problem* p, const mfa_pass_plan* pass, uint32_t
             break;
         case MFA_PASS_BACKWARD_QUERY:
             want = 1u << MFA_OPERAND_Q | 1u << MFA_OPERAND_K | 1u << MFA_OPERAND_V |
-                   1u << MFA_OPERAND_O | 1u << MFA_OPERAND_L | 1u << MFA_OPERAND_D |
+                   1u << MFA_OPERAND_O | 1u << MFA_OPERAND_L | 1u << MFA_OPERAND_DELTA |
                    1u << MFA_OPERAND_DOUT | 1u << MFA_OPERAND_DQ;
-            writes = 1u << MFA_OPERAND_D | 1u << MFA_OPERAND_DQ;
+            writes = 1u << MFA_OPERAND_DELTA | 1u << MFA_OPERAND_DQ;
             break;
         default:
             want = 1u << MFA_OPERAND_Q | 1u << MFA_OPERAND_K | 1u << MFA_OPERAND_V |
-                   1u << MFA_OPERAND_L | 1u << MFA_OPERAND_D | 1u << MFA_OPERAND_DOUT |
+                   1u << MFA_OPERAND_L | 1u << MFA_OPERAND_DELTA | 1u << MFA_OPERAND_DOUT |
                    1u << MFA_OPERAND_DK | 1u << MFA_OPERAND_DV;
             writes = 1u << MFA_OPERAND_DK | 1u << MFA_OPERAND_DV;
             break;
@@ -356,9 +356,10 @@ static void test_band(void) {
                 for (size_t a = 0; a < nw; ++a)
                     for (size_t b = 0; b < nw; ++b) {
                         mfa_problem p = make_problem(MFA_DTYPE_F32, 1, 1, 1, nq, nk, 8, 8, 1);
-                        p.diag_offset = align ? 0 : nk - nq;
-                        p.window_left = windows[a];
-                        p.window_right = windows[b];
+                        const int64_t diag_offset = align ? 0 : nk - nq;
+                        const int64_t window_left = windows[a], window_right = windows[b];
+                        mfa_visibility_band(nq, nk, diag_offset, window_left, window_right,
+                                            &p.band_lo, &p.band_hi);
                         mfa_plan plan;
                         if (mfa_plan_forward(&p, MFA_GPU_FAMILY_APPLE9, 1024, &plan) != MFA_OK) {
                             CHECK(0, "%s", last_error);
@@ -370,18 +371,18 @@ static void test_band(void) {
                         for (int64_t i = 0; i < nq; ++i)
                             for (int64_t j = 0; j < nk; ++j) {
                                 /* backend.h, in 128-bit-safe form: lo/hi may be huge. */
-                                int lo_ok = p.window_left < 0 ||
-                                            (double)j >=
-                                                (double)(i + p.diag_offset) - (double)p.window_left;
+                                int lo_ok =
+                                    window_left < 0 ||
+                                    (double)j >= (double)(i + diag_offset) - (double)window_left;
                                 int hi_ok =
-                                    p.window_right < 0 || (double)j <= (double)(i + p.diag_offset) +
-                                                                           (double)p.window_right;
+                                    window_right < 0 ||
+                                    (double)j <= (double)(i + diag_offset) + (double)window_right;
                                 int expected = lo_ok && hi_ok;
                                 int got = i + k->band_lo <= j && j <= i + k->band_hi;
                                 CHECK(expected == got,
                                       "nq=%lld nk=%lld wl=%lld wr=%lld i=%lld j=%lld",
-                                      (long long)nq, (long long)nk, (long long)p.window_left,
-                                      (long long)p.window_right, (long long)i, (long long)j);
+                                      (long long)nq, (long long)nk, (long long)window_left,
+                                      (long long)window_right, (long long)i, (long long)j);
                             }
                     }
 }

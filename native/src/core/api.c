@@ -7,9 +7,6 @@
 #include "core/backend.h"
 #include "core/export.h"
 #include "core/validate.h"
-#if MFA_HAVE_METAL
-#include "metal/metal_backend.h"
-#endif
 
 _Static_assert(MFA_VERSION_NUMBER ==
                    MFA_VERSION_MAJOR * 10000 + MFA_VERSION_MINOR * 100 + MFA_VERSION_PATCH,
@@ -135,13 +132,10 @@ MFA_EXPORT mfa_status mfa_context_create(mfa_backend backend, const mfa_context_
     mfa_context_options resolved;
     mfa_context_options_init(&resolved);
     if (options != NULL) {
-        if (options->struct_size != sizeof(mfa_context_options)) {
-            return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
-                                 "options.struct_size = %zu, expected %zu: initialise options "
-                                 "with mfa_context_options_init()",
-                                 options->struct_size, sizeof(mfa_context_options));
-        }
-        resolved = *options;
+        mfa_status status =
+            mfa_read_input_struct(options, &resolved, MFA_CONTEXT_OPTIONS_FIRST_SIZE,
+                                  sizeof resolved, "options", "mfa_context_options");
+        if (status != MFA_OK) return status;
     }
     if (backend == MFA_BACKEND_AUTO) {
         backend = mfa_backend_available(MFA_BACKEND_METAL) ? MFA_BACKEND_METAL : MFA_BACKEND_CPU;
@@ -225,12 +219,13 @@ MFA_EXPORT mfa_status mfa_context_capabilities(const mfa_context* ctx, mfa_capab
 MFA_EXPORT mfa_status mfa_context_last_gpu_time(const mfa_context* ctx, double* seconds) {
     mfa_status status = check_context(ctx);
     if (status) return status;
-#if MFA_HAVE_METAL
-    if (ctx->ops->backend == MFA_BACKEND_METAL) return mfa_metal_last_gpu_time(ctx->state, seconds);
-#endif
-    return mfa_set_error(MFA_ERROR_UNSUPPORTED,
-                         "GPU timing is recorded by the metal backend only, not %s",
-                         mfa_backend_name(ctx->ops->backend));
+    if (ctx->ops->last_gpu_time == NULL) {
+        return mfa_set_error(MFA_ERROR_UNSUPPORTED,
+                             "GPU timing is recorded by the metal backend only, not %s",
+                             mfa_backend_name(ctx->ops->backend));
+    }
+    if (seconds == NULL) return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT, "seconds is NULL");
+    return ctx->ops->last_gpu_time(ctx->state, seconds);
 }
 
 MFA_EXPORT mfa_status mfa_attention_forward(mfa_context* ctx, const mfa_attention_params* params,

@@ -2,9 +2,10 @@
  * The contract between libmfa's core (validation, errors, dispatch) and its backends.
  *
  * The core validates every argument of a public call and turns it into an mfa_problem: a
- * normalized, already-checked description in which defaults are resolved and the causal mask
- * is folded into the window. A backend therefore never re-validates and never sees an
- * mfa_attention_params or an mfa_tensor. Plain C so the Objective-C host can include it.
+ * normalized, already-checked description in which defaults are resolved and the alignment,
+ * causal mask and window are one visibility band. A backend therefore never re-validates and
+ * never sees an mfa_attention_params or an mfa_tensor. Plain C so the Objective-C host can
+ * include it.
  */
 #ifndef MFA_CORE_BACKEND_H
 #define MFA_CORE_BACKEND_H
@@ -22,11 +23,12 @@ typedef struct mfa_view {
     int64_t stride[4];
 } mfa_view;
 
-/* Visibility of key j from query i, for every backend:
- *   lo(i) = window_left  < 0 ? -inf : i + diag_offset - window_left
- *   hi(i) = window_right < 0 ? +inf : i + diag_offset + window_right
- *   visible(i, j) = lo(i) <= j && j <= hi(i)      (0 <= j < seq_k)
- * Causal masking arrives here as window_right = 0 (or the smaller given right bound). */
+/* Visibility of key j from query i, for every backend, is one band of diagonals:
+ *   visible(i, j) = band_lo <= j - i <= band_hi        (0 <= i < seq_q, 0 <= j < seq_k)
+ * The core derives it once from mfa.h's rule (alignment, causal, window) and clamps both ends to
+ * [-seq_q, seq_k]. Clamping changes no visibility, since every j - i lies strictly inside that
+ * range; it makes "unbounded" an ordinary value, keeps i + band_lo and j - band_hi from
+ * overflowing, and lets the kernels take the band as 32-bit integers. Backends use it as is. */
 typedef struct mfa_problem {
     mfa_dtype dtype; /* q, k, v, out, dout, dq, dk, dv */
     int64_t batch;
@@ -35,12 +37,11 @@ typedef struct mfa_problem {
     int64_t group;    /* heads_q / heads_kv */
     int64_t seq_q;
     int64_t seq_k;
-    int64_t head_dim;     /* D */
-    int64_t head_dim_v;   /* Dv */
-    float scale;          /* resolved: never 0, always finite */
-    int64_t diag_offset;  /* seq_k - seq_q (bottom-right) or 0 (top-left) */
-    int64_t window_left;  /* -1 = unbounded */
-    int64_t window_right; /* -1 = unbounded */
+    int64_t head_dim;   /* D */
+    int64_t head_dim_v; /* Dv */
+    float scale;        /* resolved: never 0, always finite */
+    int64_t band_lo;    /* lowest visible j - i; in [-seq_q, seq_k] */
+    int64_t band_hi;    /* highest visible j - i; in [-seq_q, seq_k] */
     mfa_view q, k, v, out;
     mfa_view lse;              /* f32, stride[3] unused; data NULL when not requested (forward) */
     mfa_view dout, dq, dk, dv; /* backward only */
@@ -58,6 +59,10 @@ typedef struct mfa_backend_ops {
     void (*capabilities)(void* state, mfa_capabilities* caps); /* full struct, core copies */
     mfa_status (*forward)(void* state, const mfa_problem* problem);
     mfa_status (*backward)(void* state, const mfa_problem* problem);
+    /* Optional; NULL where the backend records no GPU time. Seconds the GPU spent on the most
+     * recently completed call (mfa_context_last_gpu_time); seconds is never NULL. Fails with
+     * MFA_ERROR_INVALID_ARGUMENT while no call has completed. */
+    mfa_status (*last_gpu_time)(void* state, double* seconds);
 } mfa_backend_ops;
 
 /* The backends compiled into this library; NULL where a backend was not built. */

@@ -6,12 +6,60 @@
 #include "core/validate.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 static const char* const dim_names[4] = {"batch", "heads", "seq", "head dim"};
+
+/* Fields are only ever appended: every field of the first release keeps its offset and size, and
+ * no first-release layout ends in padding, so a field appended later starts at or beyond the
+ * first release's struct_size and an older caller's struct never covers part of it. */
+#define SAME_FIELD(type, field)                                                                    \
+    (offsetof(type, field) == offsetof(type##_0_1_0, field) &&                                     \
+     sizeof(((type*)0)->field) == sizeof(((type##_0_1_0*)0)->field))
+_Static_assert(SAME_FIELD(mfa_attention_params, struct_size) &&
+                   SAME_FIELD(mfa_attention_params, scale) &&
+                   SAME_FIELD(mfa_attention_params, causal) &&
+                   SAME_FIELD(mfa_attention_params, alignment) &&
+                   SAME_FIELD(mfa_attention_params, window_left) &&
+                   SAME_FIELD(mfa_attention_params, window_right),
+               "mfa_attention_params must start with the fields of its first release");
+_Static_assert(MFA_ATTENTION_PARAMS_FIRST_SIZE ==
+                   offsetof(mfa_attention_params_0_1_0, window_right) + sizeof(int64_t),
+               "the first mfa_attention_params layout ends in no padding");
+_Static_assert(SAME_FIELD(mfa_context_options, struct_size) &&
+                   SAME_FIELD(mfa_context_options, num_threads) &&
+                   SAME_FIELD(mfa_context_options, gpu_family) &&
+                   SAME_FIELD(mfa_context_options, sim_schedule_seed),
+               "mfa_context_options must start with the fields of its first release");
+_Static_assert(MFA_CONTEXT_OPTIONS_FIRST_SIZE ==
+                   offsetof(mfa_context_options_0_1_0, sim_schedule_seed) + sizeof(uint64_t),
+               "the first mfa_context_options layout ends in no padding");
+#undef SAME_FIELD
+
+mfa_status mfa_read_input_struct(const void* given, void* resolved, size_t first_size,
+                                 size_t current_size, const char* name, const char* type) {
+    size_t size;
+    memcpy(&size, given, sizeof size); /* struct_size, the first field of every input struct */
+    if (size > current_size) {
+        return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
+                             "%s.struct_size = %zu is larger than this library's %s (%zu bytes, "
+                             "libmfa %s): the caller was built against a newer mfa.h",
+                             name, size, type, current_size, mfa_version_string());
+    }
+    if (size < first_size) {
+        return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
+                             "%s.struct_size = %zu is smaller than %s has ever been (%zu bytes in "
+                             "libmfa 0.1.0): initialise %s with %s_init()",
+                             name, size, type, first_size, name, type);
+    }
+    memcpy(resolved, given, size);
+    memcpy(resolved, &current_size, sizeof current_size);
+    return MFA_OK;
+}
 
 #define ANY_SIZE (-1)
 
@@ -173,14 +221,9 @@ static mfa_status resolve_params(const mfa_attention_params* given, mfa_problem*
     mfa_attention_params params;
     mfa_attention_params_init(&params);
     if (given != NULL) {
-        if (given->struct_size != sizeof(mfa_attention_params)) {
-            return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
-                                 "params.struct_size = %zu, expected %zu: initialise params with "
-                                 "mfa_attention_params_init() from the mfa.h this library was "
-                                 "built with",
-                                 given->struct_size, sizeof(mfa_attention_params));
-        }
-        params = *given;
+        mfa_status status = mfa_read_input_struct(given, &params, MFA_ATTENTION_PARAMS_FIRST_SIZE,
+                                                  sizeof params, "params", "mfa_attention_params");
+        if (status != MFA_OK) return status;
     }
     const int alignment = (int)params.alignment;
     if (!isfinite(params.scale)) {
@@ -204,10 +247,11 @@ static mfa_status resolve_params(const mfa_attention_params* given, mfa_problem*
     }
     problem->scale =
         params.scale != 0.0f ? params.scale : (float)(1.0 / sqrt((double)problem->head_dim));
-    problem->diag_offset =
+    const int64_t diag_offset =
         alignment == MFA_ALIGN_BOTTOM_RIGHT ? problem->seq_k - problem->seq_q : 0;
-    problem->window_left = params.window_left;
-    problem->window_right = params.causal ? 0 : params.window_right;
+    mfa_visibility_band(problem->seq_q, problem->seq_k, diag_offset, params.window_left,
+                        params.causal ? 0 : params.window_right, &problem->band_lo,
+                        &problem->band_hi);
     return MFA_OK;
 }
 

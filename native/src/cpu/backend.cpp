@@ -95,11 +95,6 @@ void cpu_capabilities(void* state, mfa_capabilities* caps) {
     caps->num_threads = static_cast<cpu_state*>(state)->threads;
 }
 
-int64_t clamp_window(int64_t bound, const mfa_problem* p) {
-    const int64_t widest = p->seq_q + p->seq_k;
-    return bound > widest ? widest : bound;
-}
-
 /* Every pack and tile size is a product of a padded sequence length and at most
  * 2 * (padded D + padded Dv) + a few floats per row; checking that bound once here lets the layout
  * code in plan.h use plain int64 arithmetic. (Zero strides let a small input describe a huge
@@ -136,8 +131,6 @@ mfa_status make_plan(const cpu_state* state, const mfa_problem* p, mfa_cpu_plan*
     plan.q_blocks = (p->seq_q + kBlockQ - 1) / kBlockQ;
     plan.k_blocks = (p->seq_k + kBlockK - 1) / kBlockK;
     plan.pack_rows = kPackRows;
-    plan.window_left = clamp_window(p->window_left, p);
-    plan.window_right = clamp_window(p->window_right, p);
     plan.score_scale = p->scale * mfa_cpu_log2e;
     *out = plan;
     return MFA_OK;
@@ -282,8 +275,8 @@ mfa_status cpu_backward(void* opaque, const mfa_problem* problem) {
 }
 
 const mfa_backend_ops cpu_ops = {
-    MFA_BACKEND_CPU, cpu_available,    cpu_create,  cpu_destroy,
-    cpu_device_name, cpu_capabilities, cpu_forward, cpu_backward,
+    MFA_BACKEND_CPU,  cpu_available, cpu_create,   cpu_destroy, cpu_device_name,
+    cpu_capabilities, cpu_forward,   cpu_backward, nullptr, /* no GPU time */
 };
 
 } // namespace

@@ -6,6 +6,7 @@
  * stands in for the two core functions they call.
  */
 #include "core/backend.h"
+#include "core/validate.h"
 #include "cpu/convert.h"
 
 #include <math.h>
@@ -265,8 +266,8 @@ static void run_case(const mfa_backend_ops* ops, void* state, const Case& c, std
     p.batch = B, p.heads_q = Hq, p.heads_kv = Hkv, p.group = group;
     p.seq_q = Nq, p.seq_k = Nk, p.head_dim = D, p.head_dim_v = Dv;
     p.scale = 1.3f / sqrtf((float)D);
-    p.diag_offset = c.bottom_right ? Nk - Nq : 0;
-    p.window_left = c.window_left, p.window_right = c.window_right;
+    const int64_t diag_offset = c.bottom_right ? Nk - Nq : 0;
+    mfa_visibility_band(Nq, Nk, diag_offset, c.window_left, c.window_right, &p.band_lo, &p.band_hi);
     p.q = q.view, p.k = k.view, p.v = v.view, p.out = out.view, p.lse = lse.view;
     p.dout = dout.view, p.dq = dq.view, p.dk = dk.view, p.dv = dv.view;
     if (ops->forward(state, &p) != MFA_OK || ops->backward(state, &p) != MFA_OK) {
@@ -282,7 +283,7 @@ static void run_case(const mfa_backend_ops* ops, void* state, const Case& c, std
             const int64_t hk = h / group;
             for (int64_t i = 0; i < Nq; ++i) {
                 /* Row i's softmax in float64 from the (rounded) inputs as stored. */
-                const int64_t aligned = i + p.diag_offset;
+                const int64_t aligned = i + diag_offset;
                 double peak = -INFINITY;
                 for (int64_t j = 0; j < Nk; ++j) {
                     const bool visible = (c.window_left < 0 || j >= aligned - c.window_left) &&
@@ -366,7 +367,7 @@ static void test_concurrent_callers(const mfa_backend_ops* ops, void* state) {
         memset(&p, 0, sizeof p);
         p.dtype = MFA_DTYPE_F32, p.batch = 1, p.heads_q = H, p.heads_kv = H, p.group = 1;
         p.seq_q = N, p.seq_k = N, p.head_dim = D, p.head_dim_v = D, p.scale = 0.2f;
-        p.window_left = -1, p.window_right = seed % 2 ? 0 : -1;
+        mfa_visibility_band(N, N, 0, -1, seed % 2 ? 0 : -1, &p.band_lo, &p.band_hi);
         mfa_view view = {(char*)problem.qkv.data(), {H * N * D, N * D, D, 1}};
         p.q = p.k = p.v = view;
         view.data = (char*)problem.out.data();

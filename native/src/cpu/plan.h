@@ -37,10 +37,6 @@ typedef struct mfa_cpu_plan {
     int64_t k_blocks; /* per key/value head */
     /* Rows converted by one pack task. */
     int64_t pack_rows;
-    /* The problem's window with bounds wider than seq_q + seq_k clamped to that (which changes
-     * no visibility) so that i + diag_offset +- bound cannot overflow; -1 = unbounded. */
-    int64_t window_left;
-    int64_t window_right;
     /* Scores are kept in base 2: scale * log2(e) is folded into the packed Q. */
     float score_scale;
     /* The chunk: key/value heads [first_kv_head, first_kv_head + chunk_kv_heads) counted over
@@ -65,29 +61,25 @@ typedef struct mfa_cpu_plan {
 
 /* Keys [key_begin, key_end) are visible from query row i (possibly empty). */
 static inline int64_t mfa_cpu_key_begin(const mfa_cpu_plan* plan, int64_t i) {
-    if (plan->window_left < 0) return 0;
-    const int64_t lo = i + plan->problem->diag_offset - plan->window_left;
+    const int64_t lo = i + plan->problem->band_lo;
     return lo > 0 ? lo : 0;
 }
 
 static inline int64_t mfa_cpu_key_end(const mfa_cpu_plan* plan, int64_t i) {
     const int64_t seq_k = plan->problem->seq_k;
-    if (plan->window_right < 0) return seq_k;
-    const int64_t end = i + plan->problem->diag_offset + plan->window_right + 1;
+    const int64_t end = i + plan->problem->band_hi + 1;
     return end < seq_k ? end : seq_k;
 }
 
 /* Query rows [query_begin, query_end) see key j: the same rule solved for i. */
 static inline int64_t mfa_cpu_query_begin(const mfa_cpu_plan* plan, int64_t j) {
-    if (plan->window_right < 0) return 0;
-    const int64_t lo = j - plan->problem->diag_offset - plan->window_right;
+    const int64_t lo = j - plan->problem->band_hi;
     return lo > 0 ? lo : 0;
 }
 
 static inline int64_t mfa_cpu_query_end(const mfa_cpu_plan* plan, int64_t j) {
     const int64_t seq_q = plan->problem->seq_q;
-    if (plan->window_left < 0) return seq_q;
-    const int64_t end = j - plan->problem->diag_offset + plan->window_left + 1;
+    const int64_t end = j - plan->problem->band_lo + 1;
     return end < seq_q ? end : seq_q;
 }
 

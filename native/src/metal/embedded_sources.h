@@ -26,7 +26,7 @@ typedef struct mfa_metal_embedded_source {
 
 extern const mfa_metal_embedded_source mfa_metal_embedded_sources[];
 extern const size_t mfa_metal_embedded_source_count;
-extern const char mfa_metal_source_stamp[]; /* "mfa_source_<sha256 prefix>" */
+extern const char mfa_metal_source_stamp[]; /* "kernel_source_stamp_<sha256 prefix>" */
 
 #ifdef __cplusplus
 }

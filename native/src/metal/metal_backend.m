@@ -1,8 +1,7 @@
-// The Metal backend's C entry points (mfa_backend_ops). Each drains its own autorelease pool:
-// callers are plain C threads (Python's among them) that have none.
+// The Metal backend's C entry points (mfa_backend_ops): a call is the plan runner's
+// (planner/runner.h) on the context's device. Each drains its own autorelease pool: callers are
+// plain C threads (Python's among them) that have none.
 #import "metal_host.h"
-
-#include "metal/metal_backend.h"
 
 static int metal_available(void) {
     @autoreleasepool {
@@ -48,29 +47,17 @@ static void metal_capabilities(void* state, mfa_capabilities* caps) {
 
 static mfa_status metal_forward(void* state, const mfa_problem* problem) {
     @autoreleasepool {
-        return mfa_metal_run((__bridge LibMFAMetalContext*)state, problem, mfa_plan_forward,
-                             "forward");
+        return mfa_gpu_run(((__bridge LibMFAMetalContext*)state).gpuDevice, problem, false);
     }
 }
 
 static mfa_status metal_backward(void* state, const mfa_problem* problem) {
     @autoreleasepool {
-        return mfa_metal_run((__bridge LibMFAMetalContext*)state, problem, mfa_plan_backward,
-                             "backward");
+        return mfa_gpu_run(((__bridge LibMFAMetalContext*)state).gpuDevice, problem, true);
     }
 }
 
-static const mfa_backend_ops metal_ops = {
-    MFA_BACKEND_METAL, metal_available,    metal_create,  metal_destroy,
-    metal_device_name, metal_capabilities, metal_forward, metal_backward,
-};
-
-const mfa_backend_ops* mfa_metal_backend_ops(void) { return &metal_ops; }
-
-mfa_status mfa_metal_last_gpu_time(void* state, double* seconds) {
-    if (seconds == NULL) {
-        return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT, "seconds must not be NULL");
-    }
+static mfa_status metal_last_gpu_time(void* state, double* seconds) {
     @autoreleasepool {
         if (![(__bridge LibMFAMetalContext*)state lastGPUTime:seconds]) {
             return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
@@ -79,3 +66,10 @@ mfa_status mfa_metal_last_gpu_time(void* state, double* seconds) {
         return MFA_OK;
     }
 }
+
+static const mfa_backend_ops metal_ops = {
+    MFA_BACKEND_METAL,  metal_available, metal_create,   metal_destroy,       metal_device_name,
+    metal_capabilities, metal_forward,   metal_backward, metal_last_gpu_time,
+};
+
+const mfa_backend_ops* mfa_metal_backend_ops(void) { return &metal_ops; }

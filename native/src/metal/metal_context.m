@@ -1,4 +1,5 @@
-// Device selection, limits, the command queue and GPU timing of one Metal context.
+// Device selection, limits, the command queue and GPU timing of one Metal context, and the
+// context as the plan runner's device.
 #import "metal_host.h"
 
 #include <stdio.h>
@@ -24,6 +25,8 @@ static mfa_gpu_family family_of(id<MTLDevice> device) {
 
 @implementation LibMFAMetalContext {
     char _deviceNameStorage[256];
+    id<MTLBuffer> _placeholder; // kept alive for _gpuDeviceStorage.placeholder
+    mfa_gpu_device _gpuDeviceStorage;
     NSLock* _timingLock; // guards the two fields below
     BOOL _hasGPUTime;
     double _lastGPUTime;
@@ -42,15 +45,31 @@ static mfa_gpu_family family_of(id<MTLDevice> device) {
         const char* name = device.name.UTF8String;
         snprintf(_deviceNameStorage, sizeof _deviceNameStorage, "%s",
                  name != NULL ? name : "Apple GPU");
-        // maxThreadsPerThreadgroup bounds each dimension; the kernels' threadgroups are 1-D.
-        const NSUInteger threads = device.maxThreadsPerThreadgroup.width;
-        _maxThreadsPerThreadgroup = threads < 1024 ? (uint32_t)threads : 1024;
-        _maxThreadgroupMemoryLength = device.maxThreadgroupMemoryLength;
         _maxBufferLength = device.maxBufferLength;
         _pipelines = [[LibMFAPipelineCache alloc] initWithDevice:device kernels:kernels];
         _timingLock = [[NSLock alloc] init];
+
+        mfa_gpu_device* gpu = &_gpuDeviceStorage;
+        gpu->ops = &mfa_metal_device_ops;
+        gpu->self = (__bridge void*)self; // the context owns the device, not the reverse
+        gpu->backend = "metal";
+        gpu->name = _deviceNameStorage;
+        gpu->family = _family;
+        // maxThreadsPerThreadgroup bounds each dimension; the kernels' threadgroups are 1-D.
+        const NSUInteger threads = device.maxThreadsPerThreadgroup.width;
+        gpu->max_threads_per_threadgroup = threads < 1024 ? (uint32_t)threads : 1024;
+        gpu->max_threadgroup_memory_length = device.maxThreadgroupMemoryLength;
+        gpu->max_buffer_length = device.maxBufferLength;
+        gpu->placeholder.buffer = (__bridge void*)placeholder;
+        gpu->placeholder.offset = 0;
+        gpu->placeholder.length = placeholder.length;
+        gpu->placeholder.owner = NULL;
     }
     return self;
+}
+
+- (const mfa_gpu_device*)gpuDevice {
+    return &_gpuDeviceStorage;
 }
 
 - (const char*)deviceName {
@@ -67,7 +86,7 @@ static mfa_gpu_family family_of(id<MTLDevice> device) {
 - (BOOL)lastGPUTime:(double*)seconds {
     [_timingLock lock];
     const BOOL has = _hasGPUTime;
-    *seconds = _lastGPUTime;
+    if (has) *seconds = _lastGPUTime; // a failed call writes nothing
     [_timingLock unlock];
     return has;
 }
@@ -97,6 +116,7 @@ mfa_status mfa_metal_context_create(LibMFAMetalContext* __autoreleasing* out) {
         return mfa_set_error(MFA_ERROR_DEVICE, "metal: %s refused to create a command queue",
                              name != NULL ? name : "the GPU");
     }
+    // Bound where a pass has nothing to bind: Metal wants every argument index bound.
     id<MTLBuffer> placeholder = [device newBufferWithLength:16
                                                     options:MTLResourceStorageModeShared];
     if (placeholder == nil) {

@@ -1,17 +1,22 @@
 /*
  * metal_host.h - the Objective-C side of the Metal backend, shared by its .m files only.
  *
- * The host is split by the Metal object each file owns, as ggml-metal splits its host:
- *   metal_context.m    device selection, limits, the command queue, GPU timing
+ * The host is the Metal device of the plan runner (planner/runner.h), which owns everything
+ * between a plan and the encoder calls; what is left here is what needs Metal objects. It is
+ * split by the Metal object each file owns, as ggml-metal splits its host:
+ *   metal_context.m    device selection, limits, the command queue, GPU timing, and the
+ *                      runner's view of the device (mfa_gpu_device)
  *   metal_library.m    where kernel functions come from: mfa.metallib or the embedded source
- *   metal_pipelines.m  the thread-safe pipeline cache
- *   metal_operands.m   caller memory as MTLBuffers (zero-copy or staged)
- *   metal_dispatch.m   a planner's plan turned into one command buffer, run and checked
+ *   metal_pipelines.m  the thread-safe pipeline cache; the runner's `pipeline`
+ *   metal_operands.m   caller memory as MTLBuffers (zero-copy or staged) and the scratch; the
+ *                      runner's `wrap_host`, `scratch` and `release`
+ *   metal_commands.m   command buffers and compute encoders; the runner's `encode`, `begin`
+ *                      and `commit_and_wait`
  *   metal_backend.m    the C entry points of mfa_backend_ops
  *   metal_errors.m     NSError and Metal failures as an mfa_status with a message
  *   metal_portable.c   the arithmetic that needs no Metal (tested on Linux): page spans,
  *                      staged copy-back, pipeline keys
- * Everything the rest of libmfa sees is in core/backend.h and metal_backend.h.
+ * Everything the rest of libmfa sees is mfa_metal_backend_ops() (core/backend.h).
  *
  * Compiled with ARC. Every object here is safe to share between threads once created: the
  * mutable parts (pipeline cache, lazily compiled source, timing) lock themselves.
@@ -27,7 +32,7 @@
 #import <Metal/Metal.h>
 
 #include "core/backend.h"
-#include "planner/planner.h"
+#include "planner/runner.h"
 
 #pragma clang assume_nonnull begin
 
@@ -72,17 +77,15 @@ mfa_status mfa_metal_error(mfa_status status, NSError* _Nullable error, const ch
 @property (nonatomic, readonly) id<MTLDevice> device;
 @property (nonatomic, readonly) id<MTLCommandQueue> queue;
 @property (nonatomic, readonly) mfa_gpu_family family;
-@property (nonatomic, readonly) const char* deviceName;            /* owned by the context */
-@property (nonatomic, readonly) uint32_t maxThreadsPerThreadgroup; /* device-wide bound */
-@property (nonatomic, readonly) NSUInteger maxThreadgroupMemoryLength;
+@property (nonatomic, readonly) const char* deviceName; /* owned by the context */
 @property (nonatomic, readonly) NSUInteger maxBufferLength;
 @property (nonatomic, readonly) LibMFAPipelineCache* pipelines;
-/* Bound where a pass has nothing to bind (an operand without elements, an lse nobody asked
- * for): the kernel never touches it, but Metal wants every argument index bound. */
-@property (nonatomic, readonly) id<MTLBuffer> placeholder;
+/* The context as the plan runner's device; owned by the context. */
+@property (nonatomic, readonly) const mfa_gpu_device* gpuDevice;
 /* Called once a command buffer has completed; keeps the most recent GPUEndTime - GPUStartTime. */
 - (void)recordGPUStart:(CFTimeInterval)start end:(CFTimeInterval)end;
-/* Seconds of GPU time of the most recently completed command buffer; NO before the first. */
+/* Seconds of GPU time of the most recently completed command buffer; NO, leaving *seconds
+ * alone, before the first. */
 - (BOOL)lastGPUTime:(double*)seconds;
 @end
 
@@ -92,38 +95,22 @@ id<MTLDevice> _Nullable mfa_metal_select_device(void);
 /* A context on the selected device; on failure the error is recorded and returned. */
 mfa_status mfa_metal_context_create(LibMFAMetalContext* _Nullable __autoreleasing* _Nonnull out);
 
-/* ---- Operands ------------------------------------------------------------------------------ */
+/* ---- The runner's device operations (mfa_gpu_device_ops) ----------------------------------- */
+/* `device` is the LibMFAMetalContext, bridged. */
 
-/* One operand's memory as the kernels see it: `buffer` at `offset` holds the first byte of the
- * planner's binding. Caller memory is wrapped without a copy (the enclosing whole pages,
- * newBufferWithBytesNoCopy); when Metal cannot wrap it, or its elements are not naturally
- * aligned, it is staged through a shared buffer and, for outputs, copied back by
- * -copyResultsToCaller after the GPU has finished. */
-@interface LibMFAOperandBuffer : NSObject
-@property (nonatomic, readonly) id<MTLBuffer> buffer;
-@property (nonatomic, readonly) NSUInteger offset;
-@property (nonatomic, readonly) BOOL staged;
-/* Copy a staged output's elements (and nothing between them) back to the caller's view. */
-- (void)copyResultsToCaller;
-@end
+/* metal_pipelines.m: the cached pipeline of a pass. */
+mfa_status mfa_metal_pipeline(void* device, const mfa_pass_plan* pass, mfa_gpu_pipeline* out);
 
-/* Map `binding` of `problem` to a buffer; `scratch` backs MFA_OPERAND_D. nil with the error
- * recorded and *status set. */
-LibMFAOperandBuffer* _Nullable mfa_metal_bind_operand(LibMFAMetalContext* context,
-                                                      const mfa_problem* problem,
-                                                      const mfa_buffer_binding* binding,
-                                                      id<MTLBuffer> _Nullable scratch,
-                                                      mfa_status* status);
+/* metal_operands.m: caller memory wrapped without a copy (the enclosing whole pages,
+ * newBufferWithBytesNoCopy) or, when Metal cannot wrap it or its elements are not naturally
+ * aligned, staged through a shared buffer and, for outputs, copied back by release once the
+ * commands completed; the scratch, private to the GPU; and their release. */
+mfa_status mfa_metal_wrap_host(void* device, const mfa_host_range* range, mfa_gpu_memory* out);
+mfa_status mfa_metal_scratch(void* device, uint64_t bytes, mfa_gpu_memory* out);
+void mfa_metal_release(void* device, void* owner, bool completed);
 
-/* ---- Dispatch ------------------------------------------------------------------------------ */
-
-typedef mfa_status (*mfa_metal_planner)(const mfa_problem* problem, mfa_gpu_family family,
-                                        uint32_t max_threads_per_threadgroup, mfa_plan* plan);
-
-/* Plan `problem` with `planner`, run every pass in one command buffer, wait, check, record the
- * GPU time and copy staged outputs back. `what` names the call in messages ("forward"). */
-mfa_status mfa_metal_run(LibMFAMetalContext* context, const mfa_problem* problem,
-                         mfa_metal_planner planner, const char* what);
+/* metal_commands.m: the table of all seven, with encode, begin and commit_and_wait. */
+extern const mfa_gpu_device_ops mfa_metal_device_ops;
 
 #pragma clang assume_nonnull end
 

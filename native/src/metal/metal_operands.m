@@ -1,101 +1,46 @@
-// Caller memory as MTLBuffers: wrapped without a copy where Metal allows, staged otherwise.
+// The runner's memory operations on Metal: caller memory as MTLBuffers, wrapped without a copy
+// where Metal allows and staged otherwise, and the scratch.
 #import "metal_host.h"
 
 #include <string.h>
 
 #include "metal/metal_portable.h"
 
-// The caller's view behind an operand, with the shape the problem gives it.
-typedef struct operand_view {
-    const mfa_view* view;
-    int64_t shape[4];
-    size_t element_size;
-} operand_view;
-
-static BOOL find_operand_view(const mfa_problem* p, mfa_operand operand, operand_view* out) {
-    const size_t element = mfa_dtype_size(p->dtype);
-    const int64_t query[4] = {p->batch, p->heads_q, p->seq_q, p->head_dim};
-    const int64_t key[4] = {p->batch, p->heads_kv, p->seq_k, p->head_dim};
-    const int64_t value[4] = {p->batch, p->heads_kv, p->seq_k, p->head_dim_v};
-    const int64_t output[4] = {p->batch, p->heads_q, p->seq_q, p->head_dim_v};
-    const int64_t rows[4] = {p->batch, p->heads_q, p->seq_q, 1};
-    const int64_t* shape = NULL;
-    switch (operand) {
-        case MFA_OPERAND_Q:
-            out->view = &p->q;
-            shape = query;
-            break;
-        case MFA_OPERAND_K:
-            out->view = &p->k;
-            shape = key;
-            break;
-        case MFA_OPERAND_V:
-            out->view = &p->v;
-            shape = value;
-            break;
-        case MFA_OPERAND_O:
-            out->view = &p->out;
-            shape = output;
-            break;
-        case MFA_OPERAND_L:
-            out->view = &p->lse;
-            shape = rows;
-            break;
-        case MFA_OPERAND_DOUT:
-            out->view = &p->dout;
-            shape = output;
-            break;
-        case MFA_OPERAND_DQ:
-            out->view = &p->dq;
-            shape = query;
-            break;
-        case MFA_OPERAND_DK:
-            out->view = &p->dk;
-            shape = key;
-            break;
-        case MFA_OPERAND_DV:
-            out->view = &p->dv;
-            shape = value;
-            break;
-        default: return NO; // D is the call's scratch, not caller memory
-    }
-    memcpy(out->shape, shape, sizeof out->shape);
-    out->element_size = operand == MFA_OPERAND_L ? sizeof(float) : element;
-    return YES;
-}
+// What a call holds for one operand until it finishes: `buffer`, plus for a staged output the
+// way back to the caller's view.
+@interface LibMFAOperandBuffer : NSObject
+@property (nonatomic, readonly) id<MTLBuffer> buffer;
+- (instancetype)initWithBuffer:(id<MTLBuffer>)buffer;
+- (instancetype)initStagingBuffer:(id<MTLBuffer>)buffer forRange:(const mfa_host_range*)range;
+// Copy a staged output's elements (and nothing between them) back to the caller's view.
+- (void)copyResultsToCaller;
+@end
 
 @implementation LibMFAOperandBuffer {
-    // A staged output's way back: the caller's view and where its binding starts.
     BOOL _copyBack;
     char* _callerData;
     int64_t _shape[4];
     int64_t _stride[4];
     size_t _elementSize;
-    int64_t _byteOffset;
+    int64_t _byteOffset; // from the caller's element (0,0,0,0) to the first staged byte
 }
 
-- (instancetype)initWithBuffer:(id<MTLBuffer>)buffer offset:(NSUInteger)offset {
+- (instancetype)initWithBuffer:(id<MTLBuffer>)buffer {
     self = [super init];
-    if (self != nil) {
-        _buffer = buffer;
-        _offset = offset;
-    }
+    if (self != nil) _buffer = buffer;
     return self;
 }
 
-- (instancetype)initStagingBuffer:(id<MTLBuffer>)buffer
-                          forView:(const operand_view*)view
-                          binding:(const mfa_buffer_binding*)binding {
+- (instancetype)initStagingBuffer:(id<MTLBuffer>)buffer forRange:(const mfa_host_range*)range {
     self = [super init];
     if (self != nil) {
         _buffer = buffer;
-        _staged = YES;
-        _copyBack = binding->writable != 0;
-        _callerData = view->view->data;
-        memcpy(_shape, view->shape, sizeof _shape);
-        memcpy(_stride, view->view->stride, sizeof _stride);
-        _elementSize = view->element_size;
-        _byteOffset = binding->byte_offset;
+        _copyBack = range->writable;
+        _callerData = range->data;
+        memcpy(_shape, range->shape, sizeof _shape);
+        memcpy(_stride, range->stride, sizeof _stride);
+        _elementSize = range->element_size;
+        _byteOffset = (int64_t)(range->first - range->data);
     }
     return self;
 }
@@ -111,54 +56,39 @@ static BOOL find_operand_view(const mfa_problem* p, mfa_operand operand, operand
 
 @end
 
-LibMFAOperandBuffer* mfa_metal_bind_operand(LibMFAMetalContext* context, const mfa_problem* problem,
-                                            const mfa_buffer_binding* binding,
-                                            id<MTLBuffer> scratch, mfa_status* status) {
-    if (binding->operand == MFA_OPERAND_D) {
-        if (scratch == nil) {
-            *status = mfa_set_error(MFA_ERROR_INTERNAL,
-                                    "metal: a pass binds D but the plan has no scratch");
-            return nil;
-        }
-        return [[LibMFAOperandBuffer alloc] initWithBuffer:scratch offset:0];
+// Hands `operand` to the call, which gives it back through mfa_metal_release.
+static mfa_status hand_out(LibMFAOperandBuffer* _Nullable operand, NSUInteger offset,
+                           uint64_t length, mfa_gpu_memory* out) {
+    if (operand == nil) {
+        return mfa_set_error(MFA_ERROR_OUT_OF_MEMORY, "metal: cannot allocate an operand record");
     }
-    operand_view view;
-    if (!find_operand_view(problem, binding->operand, &view)) {
-        *status = mfa_set_error(MFA_ERROR_INTERNAL, "metal: the plan binds unknown operand %d",
-                                (int)binding->operand);
-        return nil;
-    }
-    // An optional output the caller did not ask for (lse), or an operand with no elements: the
-    // kernel is planned not to touch it.
-    if (view.view->data == NULL || binding->byte_length == 0) {
-        return [[LibMFAOperandBuffer alloc] initWithBuffer:context.placeholder offset:0];
-    }
-    const char* name = mfa_operand_name(binding->operand);
-    if (binding->byte_length < 0 || (uint64_t)binding->byte_length > context.maxBufferLength) {
-        *status =
-            mfa_set_error(MFA_ERROR_UNSUPPORTED,
-                          "metal: operand %s spans %lld bytes; %s's largest buffer is %lu bytes",
-                          name, (long long)binding->byte_length, context.deviceName,
-                          (unsigned long)context.maxBufferLength);
-        return nil;
-    }
-    char* first = view.view->data + binding->byte_offset;
-    const size_t length = (size_t)binding->byte_length;
+    out->buffer = (__bridge void*)operand.buffer;
+    out->offset = offset;
+    out->length = length;
+    out->owner = (__bridge_retained void*)operand;
+    return MFA_OK;
+}
+
+mfa_status mfa_metal_wrap_host(void* device, const mfa_host_range* range, mfa_gpu_memory* out) {
+    LibMFAMetalContext* context = (__bridge LibMFAMetalContext*)device;
+    const size_t length = (size_t)range->length; // within maxBufferLength: the runner checked
 
     // Zero copy: wrap the whole pages that enclose the operand (Metal wants a page-aligned
     // start and length) and bind at the operand's offset within them. GPU reads need naturally
     // aligned elements, so a misaligned view is staged instead.
     mfa_page_span pages;
-    if ((uintptr_t)first % view.element_size == 0 &&
-        mfa_metal_page_span((uintptr_t)first, length, mfa_page_size(), &pages) &&
+    if ((uintptr_t)range->first % range->element_size == 0 &&
+        mfa_metal_page_span((uintptr_t)range->first, length, mfa_page_size(), &pages) &&
         pages.length <= context.maxBufferLength) {
         id<MTLBuffer> wrapped =
             [context.device newBufferWithBytesNoCopy:(void*)pages.start
                                               length:pages.length
                                              options:MTLResourceStorageModeShared
                                          deallocator:nil];
-        if (wrapped != nil)
-            return [[LibMFAOperandBuffer alloc] initWithBuffer:wrapped offset:pages.offset];
+        if (wrapped != nil) {
+            return hand_out([[LibMFAOperandBuffer alloc] initWithBuffer:wrapped], pages.offset,
+                            range->length, out);
+        }
     }
 
     // Staged: the binding's exact extent in a shared buffer. Outputs are copied in too, so the
@@ -166,11 +96,31 @@ LibMFAOperandBuffer* mfa_metal_bind_operand(LibMFAMetalContext* context, const m
     id<MTLBuffer> staging = [context.device newBufferWithLength:length
                                                         options:MTLResourceStorageModeShared];
     if (staging == nil) {
-        *status =
-            mfa_set_error(MFA_ERROR_OUT_OF_MEMORY,
-                          "metal: cannot allocate %zu bytes to stage operand %s", length, name);
-        return nil;
+        return mfa_set_error(MFA_ERROR_OUT_OF_MEMORY,
+                             "metal: cannot allocate %zu bytes to stage operand %s", length,
+                             mfa_operand_name(range->operand));
     }
-    memcpy(staging.contents, first, length);
-    return [[LibMFAOperandBuffer alloc] initStagingBuffer:staging forView:&view binding:binding];
+    memcpy(staging.contents, range->first, length);
+    return hand_out([[LibMFAOperandBuffer alloc] initStagingBuffer:staging forRange:range], 0,
+                    range->length, out);
+}
+
+mfa_status mfa_metal_scratch(void* device, uint64_t bytes, mfa_gpu_memory* out) {
+    LibMFAMetalContext* context = (__bridge LibMFAMetalContext*)device;
+    // Written and read only by the GPU, within the call.
+    id<MTLBuffer> scratch = [context.device newBufferWithLength:(NSUInteger)bytes
+                                                        options:MTLResourceStorageModePrivate];
+    if (scratch == nil) {
+        return mfa_set_error(MFA_ERROR_OUT_OF_MEMORY,
+                             "metal: cannot allocate %llu bytes of scratch",
+                             (unsigned long long)bytes);
+    }
+    return hand_out([[LibMFAOperandBuffer alloc] initWithBuffer:scratch], 0, bytes, out);
+}
+
+void mfa_metal_release(void* device, void* owner, bool completed) {
+    (void)device;
+    // Takes back the reference hand_out gave the call; ARC releases it at the end of the scope.
+    LibMFAOperandBuffer* operand = (__bridge_transfer LibMFAOperandBuffer*)owner;
+    if (completed) [operand copyResultsToCaller];
 }

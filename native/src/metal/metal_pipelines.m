@@ -1,4 +1,5 @@
-// The pipeline cache: one MTLComputePipelineState per kernel and function-constant values.
+// The pipeline cache: one MTLComputePipelineState per kernel and function-constant values, and
+// the runner's pipeline operation over it.
 #import "metal_host.h"
 
 #include <stdio.h>
@@ -153,3 +154,16 @@ static MTLFunctionConstantValues* _Nullable constant_values(const mfa_pass_plan*
 }
 
 @end
+
+mfa_status mfa_metal_pipeline(void* device, const mfa_pass_plan* pass, mfa_gpu_pipeline* out) {
+    LibMFAMetalContext* context = (__bridge LibMFAMetalContext*)device;
+    mfa_status status = MFA_OK;
+    id<MTLComputePipelineState> pipeline = [context.pipelines pipelineForPass:pass status:&status];
+    if (pipeline == nil) return status;
+    // Borrowed: the cache keeps every pipeline for the context's lifetime.
+    out->pipeline = (__bridge void*)pipeline;
+    const NSUInteger threads = pipeline.maxTotalThreadsPerThreadgroup;
+    out->max_total_threads_per_threadgroup = threads < UINT32_MAX ? (uint32_t)threads : UINT32_MAX;
+    out->static_threadgroup_memory_length = pipeline.staticThreadgroupMemoryLength;
+    return MFA_OK;
+}

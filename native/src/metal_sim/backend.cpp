@@ -1,29 +1,145 @@
-// The metal-sim backend: plans a call with the same planner as the Metal host and runs each
-// pass of the plan through the simulator, so the kernels and the configuration it tests are
-// exactly those a Mac would run.
+// The metal-sim backend: the plan runner (planner/runner.h), the same one the Metal host uses,
+// drives the simulator as its device, so the kernels, the configuration and the host-side rules
+// it tests are exactly those a Mac would run. What is left here is the simulator's side of the
+// device: caller memory is used in place, the scratch is heap memory, and the commands of a call
+// are recorded dispatches that run when committed.
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <new>
 #include <thread>
 
 #include "core/backend.h"
 #include "metal_sim/sim.h"
-#include "planner/planner.h"
+#include "planner/runner.h"
 
 namespace {
-
-const char* const kKernels[] = {"mfa_attention_forward", "mfa_attention_backward_query",
-                                "mfa_attention_backward_key_value"};
 
 struct SimState {
     mfa_gpu_family family;
     uint64_t schedule_seed;
     int workers;
     char device_name[64];
+    mfa_gpu_device device;
 };
 
+// Bound where a pass has nothing to bind; the kernels never touch it.
+char placeholder_bytes[16];
+
+// A call's commands: its passes, recorded with everything they refer to, run by commit.
+struct SimCommands {
+    uint32_t count = 0;
+    mfa::sim::Dispatch dispatches[MFA_PLAN_MAX_PASSES];
+    mfa::sim::FunctionConstant constants[MFA_PLAN_MAX_PASSES][MFA_PLAN_MAX_CONSTANTS];
+    mfa_kernel_params params[MFA_PLAN_MAX_PASSES];
+};
+
+mfa_status sim_pipeline(void* device, const mfa_pass_plan* pass, mfa_gpu_pipeline* out) {
+    (void)device;
+    if (!mfa::sim::has_kernel(pass->kernel_name))
+        return mfa_set_error(MFA_ERROR_INTERNAL, "metal-sim: kernel %s is not compiled in",
+                             pass->kernel_name);
+    // Function constants are bound per dispatch: there is nothing to compile ahead.
+    out->pipeline = nullptr;
+    out->max_total_threads_per_threadgroup = mfa::sim::kMaxThreadsPerThreadgroup;
+    out->static_threadgroup_memory_length = 0;
+    return MFA_OK;
+}
+
+mfa_status sim_wrap_host(void* device, const mfa_host_range* range, mfa_gpu_memory* out) {
+    (void)device;
+    out->buffer = range->first; // host memory is the simulator's device memory
+    out->offset = 0;
+    out->length = range->length;
+    out->owner = nullptr;
+    return MFA_OK;
+}
+
+mfa_status sim_scratch(void* device, uint64_t bytes, mfa_gpu_memory* out) {
+    (void)device;
+    void* memory = bytes <= SIZE_MAX ? std::malloc((size_t)bytes) : nullptr;
+    if (!memory)
+        return mfa_set_error(MFA_ERROR_OUT_OF_MEMORY,
+                             "metal-sim: cannot allocate %llu bytes of scratch",
+                             (unsigned long long)bytes);
+    out->buffer = memory;
+    out->offset = 0;
+    out->length = bytes;
+    out->owner = memory;
+    return MFA_OK;
+}
+
+void sim_release(void* device, void* owner, bool completed) {
+    (void)device;
+    (void)completed; // nothing is staged: outputs were written in place
+    std::free(owner);
+}
+
+mfa_status sim_begin(void* device, const char* label, void** commands) {
+    (void)device;
+    (void)label;
+    auto* recorded = new (std::nothrow) SimCommands;
+    if (!recorded)
+        return mfa_set_error(MFA_ERROR_OUT_OF_MEMORY, "metal-sim: cannot allocate commands");
+    *commands = recorded;
+    return MFA_OK;
+}
+
+// The runner encodes at most one dispatch per pass of a plan, MFA_PLAN_MAX_PASSES in all.
+void sim_encode(void* device, void* commands, const mfa_gpu_dispatch* dispatch) {
+    const auto* s = static_cast<const SimState*>(device);
+    auto* recorded = static_cast<SimCommands*>(commands);
+    const uint32_t n = recorded->count++;
+    const mfa_pass_plan& pass = *dispatch->pass;
+    mfa::sim::FunctionConstant* constants = recorded->constants[n];
+    for (uint32_t i = 0; i < pass.num_constants; ++i) {
+        const mfa_function_constant& c = pass.constants[i];
+        constants[i] = c.type == MFA_CONSTANT_TYPE_BOOL
+                           ? mfa::sim::FunctionConstant::of_bool((uint16_t)c.index, c.value != 0)
+                           : mfa::sim::FunctionConstant::of_uint((uint16_t)c.index, c.value);
+    }
+    mfa::sim::Dispatch& d = recorded->dispatches[n];
+    d.kernel = pass.kernel_name;
+    d.constants = constants;
+    d.num_constants = pass.num_constants;
+    for (uint32_t i = 0; i < dispatch->num_buffers; ++i) {
+        const mfa_gpu_memory& memory = *dispatch->buffers[i].memory;
+        mfa::sim::BufferBinding& slot = d.buffers[dispatch->buffers[i].index];
+        slot.base = memory.buffer;
+        slot.offset = (size_t)memory.offset;
+        slot.length = (size_t)(memory.offset + memory.length);
+    }
+    // setBytes copies the arguments when encoding; so does this.
+    std::memcpy(&recorded->params[n], &pass.params, sizeof pass.params);
+    d.buffers[pass.params_index].base = &recorded->params[n];
+    d.buffers[pass.params_index].length = sizeof pass.params;
+    d.threadgroup_memory_lengths[MFA_THREADGROUP_STAGING] = pass.threadgroup_memory_length;
+    d.threadgroups.x = (uint32_t)pass.threadgroups[0];
+    d.threadgroups.y = (uint32_t)pass.threadgroups[1];
+    d.threadgroups.z = (uint32_t)pass.threadgroups[2];
+    d.threads_per_threadgroup.x = pass.threads_per_threadgroup;
+    d.schedule_seed = s->schedule_seed;
+    d.num_workers = s->workers;
+}
+
+// In order, each dispatch to completion before the next, as one serial compute encoder runs.
+mfa_status sim_commit_and_wait(void* device, void* commands, const char* what) {
+    (void)device;
+    (void)what; // the simulator's own message names the kernel and the fault
+    auto* recorded = static_cast<SimCommands*>(commands);
+    mfa_status status = MFA_OK;
+    for (uint32_t i = 0; i < recorded->count && status == MFA_OK; ++i)
+        status = mfa::sim::dispatch(recorded->dispatches[i]);
+    delete recorded;
+    return status;
+}
+
+const mfa_gpu_device_ops device_ops = {sim_pipeline, sim_wrap_host, sim_scratch,        sim_release,
+                                       sim_encode,   sim_begin,     sim_commit_and_wait};
+
 int available() {
-    for (const char* name : kKernels)
-        if (!mfa::sim::has_kernel(name)) return 0;
+    for (int kind = 0; kind < MFA_PASS_KIND_COUNT; ++kind)
+        if (!mfa::sim::has_kernel(mfa_pass_kernel_name((mfa_pass_kind)kind))) return 0;
     return 1;
 }
 
@@ -42,6 +158,17 @@ mfa_status create(const mfa_context_options* options, void** state) {
     const unsigned cores = std::thread::hardware_concurrency();
     s->workers = options->num_threads > 0 ? options->num_threads : (cores ? (int)cores : 1);
     std::snprintf(s->device_name, sizeof s->device_name, "metal-sim (Apple%d tables)", (int)family);
+    mfa_gpu_device& device = s->device;
+    device.ops = &device_ops;
+    device.self = s;
+    device.backend = "metal-sim";
+    device.name = s->device_name;
+    device.family = family;
+    device.max_threads_per_threadgroup = mfa::sim::kMaxThreadsPerThreadgroup;
+    device.max_threadgroup_memory_length = mfa::sim::kMaxThreadgroupMemoryBytes;
+    device.max_buffer_length = SIZE_MAX;
+    device.placeholder.buffer = placeholder_bytes;
+    device.placeholder.length = sizeof placeholder_bytes;
     *state = s;
     return MFA_OK;
 }
@@ -61,103 +188,17 @@ void capabilities(void* state, mfa_capabilities* caps) {
     caps->num_threads = s->workers;
 }
 
-// The memory behind an operand of the plan.
-char* operand_data(const mfa_problem* problem, mfa_operand operand, float* scratch) {
-    switch (operand) {
-        case MFA_OPERAND_Q: return problem->q.data;
-        case MFA_OPERAND_K: return problem->k.data;
-        case MFA_OPERAND_V: return problem->v.data;
-        case MFA_OPERAND_O: return problem->out.data;
-        case MFA_OPERAND_L: return problem->lse.data;
-        case MFA_OPERAND_D: return reinterpret_cast<char*>(scratch);
-        case MFA_OPERAND_DOUT: return problem->dout.data;
-        case MFA_OPERAND_DV: return problem->dv.data;
-        case MFA_OPERAND_DK: return problem->dk.data;
-        case MFA_OPERAND_DQ: return problem->dq.data;
-        default: return nullptr;
-    }
-}
-
-mfa_status run_pass(const SimState* s, const mfa_problem* problem, const mfa_pass_plan& pass,
-                    float* scratch) {
-    if (pass.threadgroups[0] == 0 || pass.threadgroups[1] == 0 || pass.threadgroups[2] == 0)
-        return MFA_OK;
-    mfa::sim::FunctionConstant constants[MFA_PLAN_MAX_CONSTANTS];
-    for (uint32_t i = 0; i < pass.num_constants; ++i) {
-        const mfa_function_constant& c = pass.constants[i];
-        constants[i] = c.type == MFA_CONSTANT_TYPE_BOOL
-                           ? mfa::sim::FunctionConstant::of_bool((uint16_t)c.index, c.value != 0)
-                           : mfa::sim::FunctionConstant::of_uint((uint16_t)c.index, c.value);
-    }
-    mfa::sim::Dispatch d;
-    d.kernel = pass.kernel_name;
-    d.constants = constants;
-    d.num_constants = pass.num_constants;
-    // An operand with no elements is never read; the kernel signature still wants a buffer.
-    static char empty_operand[16];
-    for (uint32_t i = 0; i < pass.num_bindings; ++i) {
-        const mfa_buffer_binding& b = pass.bindings[i];
-        mfa::sim::BufferBinding& slot = d.buffers[b.index];
-        if (b.byte_length == 0) {
-            slot.base = empty_operand;
-            slot.length = sizeof empty_operand;
-            continue;
-        }
-        char* data = operand_data(problem, b.operand, scratch);
-        if (!data)
-            return mfa_set_error(MFA_ERROR_INTERNAL,
-                                 "metal-sim: the plan binds %s, which is absent",
-                                 mfa_operand_name(b.operand));
-        slot.base = data + b.byte_offset;
-        slot.length = (size_t)b.byte_length;
-    }
-    d.buffers[pass.params_index].base = const_cast<mfa_kernel_params*>(&pass.params);
-    d.buffers[pass.params_index].length = sizeof pass.params;
-    d.threadgroup_memory_lengths[MFA_THREADGROUP_STAGING] = pass.threadgroup_memory_length;
-    d.threadgroups.x = (uint32_t)pass.threadgroups[0];
-    d.threadgroups.y = (uint32_t)pass.threadgroups[1];
-    d.threadgroups.z = (uint32_t)pass.threadgroups[2];
-    d.threads_per_threadgroup.x = pass.threads_per_threadgroup;
-    d.schedule_seed = s->schedule_seed;
-    d.num_workers = s->workers;
-    return mfa::sim::dispatch(d);
-}
-
 mfa_status forward(void* state, const mfa_problem* problem) {
-    const auto* s = static_cast<SimState*>(state);
-    mfa_plan plan;
-    mfa_status status =
-        mfa_plan_forward(problem, s->family, mfa::sim::kMaxThreadsPerThreadgroup, &plan);
-    if (status != MFA_OK) return status;
-    return run_pass(s, problem, plan.passes[0], nullptr);
+    return mfa_gpu_run(&static_cast<SimState*>(state)->device, problem, false);
 }
 
 mfa_status backward(void* state, const mfa_problem* problem) {
-    const auto* s = static_cast<SimState*>(state);
-    mfa_plan plan;
-    mfa_status status =
-        mfa_plan_backward(problem, s->family, mfa::sim::kMaxThreadsPerThreadgroup, &plan);
-    if (status != MFA_OK) return status;
-    if ((uint64_t)plan.scratch_bytes > SIZE_MAX)
-        return mfa_set_error(MFA_ERROR_SIZE_OVERFLOW,
-                             "metal-sim: backward scratch of %lld bytes exceeds the address space",
-                             (long long)plan.scratch_bytes);
-    float* scratch = nullptr;
-    if (plan.scratch_bytes > 0) {
-        scratch = static_cast<float*>(std::malloc((size_t)plan.scratch_bytes));
-        if (!scratch)
-            return mfa_set_error(MFA_ERROR_OUT_OF_MEMORY,
-                                 "metal-sim: cannot allocate %lld bytes of backward scratch",
-                                 (long long)plan.scratch_bytes);
-    }
-    for (uint32_t i = 0; i < plan.num_passes && status == MFA_OK; ++i)
-        status = run_pass(s, problem, plan.passes[i], scratch);
-    std::free(scratch);
-    return status;
+    return mfa_gpu_run(&static_cast<SimState*>(state)->device, problem, true);
 }
 
-const mfa_backend_ops ops = {MFA_BACKEND_METAL_SIM, available,    create,  destroy,
-                             device_name,           capabilities, forward, backward};
+// No GPU timing: a simulated dispatch's time says nothing about a GPU's.
+const mfa_backend_ops ops = {MFA_BACKEND_METAL_SIM, available, create,   destroy, device_name,
+                             capabilities,          forward,   backward, nullptr};
 
 } // namespace
 

@@ -14,24 +14,24 @@ _Static_assert(sizeof(mfa_kernel_params) == MFA_KERNEL_PARAMS_SIZE,
 /* Sequence lengths are int32 in the kernels, and row + band sums must not overflow. */
 #define MFA_PLAN_MAX_SEQUENCE (INT64_C(1) << 30)
 
-static const char* const kernel_names[3] = {
-    "mfa_attention_forward",
-    "mfa_attention_backward_query",
-    "mfa_attention_backward_key_value",
+static const char* const kernel_names[MFA_PASS_KIND_COUNT] = {
+    "kernel_attention_forward",
+    "kernel_attention_backward_query",
+    "kernel_attention_backward_key_value",
 };
 
+const char* mfa_pass_kernel_name(mfa_pass_kind kind) {
+    return (unsigned)kind < MFA_PASS_KIND_COUNT ? kernel_names[kind] : NULL;
+}
+
 const char* mfa_operand_name(mfa_operand operand) {
-    static const char* const names[MFA_OPERAND_COUNT] = {"Q", "K",  "V",  "O",  "L",
-                                                         "D", "dO", "dV", "dK", "dQ"};
-    return (unsigned)operand < MFA_OPERAND_COUNT ? names[operand] : "?";
+    static const char* const names[MFA_OPERAND_COUNT] = {"q",     "k",    "v",  "out", "lse",
+                                                         "delta", "dout", "dv", "dk",  "dq"};
+    return operand < MFA_OPERAND_COUNT ? names[operand] : "?";
 }
 
 static uint32_t round_up(uint32_t value, uint32_t multiple) {
     return (value + multiple - 1) / multiple * multiple;
-}
-
-static int64_t clamp64(int64_t value, int64_t lo, int64_t hi) {
-    return value < lo ? lo : value > hi ? hi : value;
 }
 
 /* The extent of a strided view in elements: the lowest and highest element offsets reached. */
@@ -58,43 +58,83 @@ static mfa_status view_extent(const int64_t shape[4], const int64_t stride[4], c
     return MFA_OK;
 }
 
-typedef struct operand_spec {
-    mfa_operand operand;
-    int writable;
-    const mfa_view* view; /* NULL: the D scratch */
-    int64_t shape[4];
-    int64_t elem_size;
-} operand_spec;
+int mfa_problem_operand(const mfa_problem* p, mfa_operand operand, mfa_operand_view* out) {
+    const int64_t element = p->dtype == MFA_DTYPE_F32 ? 4 : 2; /* f16 and bf16 */
+    const int64_t query[4] = {p->batch, p->heads_q, p->seq_q, p->head_dim};
+    const int64_t key[4] = {p->batch, p->heads_kv, p->seq_k, p->head_dim};
+    const int64_t value[4] = {p->batch, p->heads_kv, p->seq_k, p->head_dim_v};
+    const int64_t output[4] = {p->batch, p->heads_q, p->seq_q, p->head_dim_v};
+    const int64_t rows[4] = {p->batch, p->heads_q, p->seq_q, 1};
+    const struct {
+        const mfa_view* view;
+        const int64_t* shape;
+        int64_t element_size;
+    } table[MFA_OPERAND_COUNT] = {
+        [MFA_OPERAND_Q] = {&p->q, query, element},
+        [MFA_OPERAND_K] = {&p->k, key, element},
+        [MFA_OPERAND_V] = {&p->v, value, element},
+        [MFA_OPERAND_O] = {&p->out, output, element},
+        [MFA_OPERAND_L] = {&p->lse, rows, 4},
+        [MFA_OPERAND_DELTA] = {NULL, rows, 4},
+        [MFA_OPERAND_DOUT] = {&p->dout, output, element},
+        [MFA_OPERAND_DV] = {&p->dv, value, element},
+        [MFA_OPERAND_DK] = {&p->dk, key, element},
+        [MFA_OPERAND_DQ] = {&p->dq, query, element},
+    };
+    if (operand >= MFA_OPERAND_COUNT) return 0;
+    out->view = table[operand].view;
+    memcpy(out->shape, table[operand].shape, sizeof out->shape);
+    out->element_size = table[operand].element_size;
+    return 1;
+}
+
+/* The argument block's layout of an operand; operand is one the planner's tables bind. */
+static mfa_operand_layout* layout_of(mfa_kernel_params* params, mfa_operand operand) {
+    switch (operand) {
+        case MFA_OPERAND_Q: return &params->q;
+        case MFA_OPERAND_K: return &params->k;
+        case MFA_OPERAND_V: return &params->v;
+        case MFA_OPERAND_O: return &params->o;
+        case MFA_OPERAND_L: return &params->l;
+        case MFA_OPERAND_DELTA: return &params->delta;
+        case MFA_OPERAND_DOUT: return &params->dout;
+        case MFA_OPERAND_DV: return &params->dv;
+        case MFA_OPERAND_DK: return &params->dk;
+        default: return &params->dq; /* MFA_OPERAND_DQ */
+    }
+}
 
 /* Binds one operand: the binding covers exactly the bytes the view can reach, and the
  * layout's origin locates element (0,0,0,0) inside it. */
-static mfa_status bind_operand(mfa_pass_plan* pass, const operand_spec* spec,
-                               mfa_operand_layout* layout) {
+static mfa_status bind_operand(const mfa_problem* problem, mfa_pass_plan* pass, mfa_operand operand,
+                               int writable) {
+    mfa_operand_view view;
+    mfa_problem_operand(problem, operand, &view);
     int64_t stride[4];
-    if (spec->view) {
-        memcpy(stride, spec->view->stride, sizeof stride);
-    } else { /* scratch D: contiguous [B, Hq, Nq] */
-        stride[3] = 0;
+    if (view.view) {
+        memcpy(stride, view.view->stride, sizeof stride);
+    } else { /* the delta scratch: contiguous [B, Hq, Nq] */
         stride[2] = 1;
-        stride[1] = spec->shape[2];
-        stride[0] = spec->shape[1] * spec->shape[2];
+        stride[1] = view.shape[2];
+        stride[0] = view.shape[1] * view.shape[2];
     }
-    if (spec->operand == MFA_OPERAND_L || spec->operand == MFA_OPERAND_D) stride[3] = 0;
+    if (operand == MFA_OPERAND_L || operand == MFA_OPERAND_DELTA) stride[3] = 0;
     extent e;
-    mfa_status status = view_extent(spec->shape, stride, mfa_operand_name(spec->operand), &e);
+    mfa_status status = view_extent(view.shape, stride, mfa_operand_name(operand), &e);
     if (status != MFA_OK) return status;
     int64_t bytes, offset;
-    if (__builtin_mul_overflow(e.highest - e.lowest + 1, spec->elem_size, &bytes) ||
-        __builtin_mul_overflow(e.lowest, spec->elem_size, &offset))
+    if (__builtin_mul_overflow(e.highest - e.lowest + 1, view.element_size, &bytes) ||
+        __builtin_mul_overflow(e.lowest, view.element_size, &offset))
         return mfa_set_error(MFA_ERROR_SIZE_OVERFLOW,
                              "metal planner: the byte extent of %s does not fit in 64 bits",
-                             mfa_operand_name(spec->operand));
+                             mfa_operand_name(operand));
+    mfa_operand_layout* layout = layout_of(&pass->params, operand);
     layout->origin = -e.lowest;
     memcpy(layout->stride, stride, sizeof stride);
     mfa_buffer_binding* binding = &pass->bindings[pass->num_bindings++];
-    binding->index = (uint32_t)spec->operand; /* MFA_BUFFER_* equals the operand number */
-    binding->operand = spec->operand;
-    binding->writable = spec->writable;
+    binding->index = operand; /* operands are bound at their own number */
+    binding->operand = operand;
+    binding->writable = writable;
     binding->byte_offset = e.empty ? 0 : offset;
     binding->byte_length = e.empty ? 0 : bytes;
     return MFA_OK;
@@ -219,17 +259,9 @@ static void fill_params(const mfa_problem* problem, mfa_kernel_params* params) {
     params->group = (int32_t)problem->group;
     params->seq_q = (int32_t)problem->seq_q;
     params->seq_k = (int32_t)problem->seq_k;
-    /* Window widths beyond both lengths are unbounded in effect; capping them first keeps the
-     * 64-bit sums below from overflowing. */
-    const int64_t far = INT64_C(4) * MFA_PLAN_MAX_SEQUENCE;
-    const int64_t lo = problem->window_left < 0
-                           ? -problem->seq_q
-                           : problem->diag_offset - clamp64(problem->window_left, 0, far);
-    const int64_t hi = problem->window_right < 0
-                           ? problem->seq_k
-                           : problem->diag_offset + clamp64(problem->window_right, 0, far);
-    params->band_lo = (int32_t)clamp64(lo, -problem->seq_q, problem->seq_k);
-    params->band_hi = (int32_t)clamp64(hi, -problem->seq_q, problem->seq_k);
+    /* The core's band lies in [-seq_q, seq_k], which check_problem bounds by 2^30. */
+    params->band_lo = (int32_t)problem->band_lo;
+    params->band_hi = (int32_t)problem->band_hi;
     params->scale = problem->scale;
     params->scale_log2 = (float)((double)problem->scale * 1.4426950408889634);
 }
@@ -275,66 +307,35 @@ static mfa_status plan_pass(const mfa_problem* problem, mfa_gpu_family family, u
                              (unsigned long long)pass->threadgroups[0]);
     pass->params_index = MFA_BUFFER_PARAMS;
 
-    const int64_t esize = problem->dtype == MFA_DTYPE_F32 ? 4 : 2;
-    const int64_t B = problem->batch, Hq = problem->heads_q, Hkv = problem->heads_kv;
-    const int64_t Nq = problem->seq_q, Nk = problem->seq_k;
-    const int64_t D = problem->head_dim, Dv = problem->head_dim_v;
-    const operand_spec q = {MFA_OPERAND_Q, 0, &problem->q, {B, Hq, Nq, D}, esize};
-    const operand_spec k = {MFA_OPERAND_K, 0, &problem->k, {B, Hkv, Nk, D}, esize};
-    const operand_spec v = {MFA_OPERAND_V, 0, &problem->v, {B, Hkv, Nk, Dv}, esize};
-    const operand_spec l_in = {MFA_OPERAND_L, 0, &problem->lse, {B, Hq, Nq, 1}, 4};
-    const operand_spec d_scratch_out = {MFA_OPERAND_D, 1, NULL, {B, Hq, Nq, 1}, 4};
-    const operand_spec d_scratch_in = {MFA_OPERAND_D, 0, NULL, {B, Hq, Nq, 1}, 4};
-    const operand_spec dout = {MFA_OPERAND_DOUT, 0, &problem->dout, {B, Hq, Nq, Dv}, esize};
-
-    const struct {
-        const operand_spec* spec;
-        mfa_operand_layout* layout;
-    } *item, forward[] = {{&q, &params->q}, {&k, &params->k}, {&v, &params->v}},
-             backward_query[] = {{&q, &params->q},
-                                 {&k, &params->k},
-                                 {&v, &params->v},
-                                 {&l_in, &params->l},
-                                 {&d_scratch_out, &params->d},
-                                 {&dout, &params->dout}},
-             backward_key_value[] = {{&q, &params->q},
-                                     {&k, &params->k},
-                                     {&v, &params->v},
-                                     {&l_in, &params->l},
-                                     {&d_scratch_in, &params->d},
-                                     {&dout, &params->dout}};
-    size_t count;
-    if (kind == MFA_PASS_FORWARD) {
-        item = forward;
-        count = sizeof forward / sizeof forward[0];
-    } else if (kind == MFA_PASS_BACKWARD_QUERY) {
-        item = backward_query;
-        count = sizeof backward_query / sizeof backward_query[0];
-    } else {
-        item = backward_key_value;
-        count = sizeof backward_key_value / sizeof backward_key_value[0];
-    }
-    for (size_t i = 0; i < count; ++i)
-        if ((status = bind_operand(pass, item[i].spec, item[i].layout)) != MFA_OK) return status;
-
-    if (kind == MFA_PASS_FORWARD) {
-        const operand_spec o = {MFA_OPERAND_O, 1, &problem->out, {B, Hq, Nq, Dv}, esize};
-        if ((status = bind_operand(pass, &o, &params->o)) != MFA_OK) return status;
-        if (problem->lse.data) {
-            const operand_spec l_out = {MFA_OPERAND_L, 1, &problem->lse, {B, Hq, Nq, 1}, 4};
-            if ((status = bind_operand(pass, &l_out, &params->l)) != MFA_OK) return status;
-        }
-    } else if (kind == MFA_PASS_BACKWARD_QUERY) {
-        const operand_spec o = {MFA_OPERAND_O, 0, &problem->out, {B, Hq, Nq, Dv}, esize};
-        const operand_spec dq = {MFA_OPERAND_DQ, 1, &problem->dq, {B, Hq, Nq, D}, esize};
-        if ((status = bind_operand(pass, &o, &params->o)) != MFA_OK ||
-            (status = bind_operand(pass, &dq, &params->dq)) != MFA_OK)
-            return status;
-    } else {
-        const operand_spec dk = {MFA_OPERAND_DK, 1, &problem->dk, {B, Hkv, Nk, D}, esize};
-        const operand_spec dv = {MFA_OPERAND_DV, 1, &problem->dv, {B, Hkv, Nk, Dv}, esize};
-        if ((status = bind_operand(pass, &dk, &params->dk)) != MFA_OK ||
-            (status = bind_operand(pass, &dv, &params->dv)) != MFA_OK)
+    /* What each kernel reads (0) and writes (1), in its signature's order. */
+    typedef struct operand_use {
+        mfa_operand operand;
+        int writable;
+    } operand_use;
+    static const operand_use forward[] = {{MFA_OPERAND_Q, 0},
+                                          {MFA_OPERAND_K, 0},
+                                          {MFA_OPERAND_V, 0},
+                                          {MFA_OPERAND_O, 1},
+                                          {MFA_OPERAND_L, 1}};
+    static const operand_use backward_query[] = {
+        {MFA_OPERAND_Q, 0}, {MFA_OPERAND_K, 0},     {MFA_OPERAND_V, 0},    {MFA_OPERAND_O, 0},
+        {MFA_OPERAND_L, 0}, {MFA_OPERAND_DELTA, 1}, {MFA_OPERAND_DOUT, 0}, {MFA_OPERAND_DQ, 1}};
+    static const operand_use backward_key_value[] = {
+        {MFA_OPERAND_Q, 0},     {MFA_OPERAND_K, 0},    {MFA_OPERAND_V, 0},  {MFA_OPERAND_L, 0},
+        {MFA_OPERAND_DELTA, 0}, {MFA_OPERAND_DOUT, 0}, {MFA_OPERAND_DV, 1}, {MFA_OPERAND_DK, 1}};
+    const operand_use* uses = kind == MFA_PASS_FORWARD          ? forward
+                              : kind == MFA_PASS_BACKWARD_QUERY ? backward_query
+                                                                : backward_key_value;
+    const size_t count = kind == MFA_PASS_FORWARD
+                             ? sizeof forward / sizeof forward[0]
+                             : sizeof backward_query / sizeof backward_query[0];
+    _Static_assert(sizeof backward_query == sizeof backward_key_value,
+                   "both backward passes bind eight operands");
+    for (size_t i = 0; i < count; ++i) {
+        /* The forward writes L only when the caller asked for it (fc_has_lse). */
+        if (kind == MFA_PASS_FORWARD && uses[i].operand == MFA_OPERAND_L && !problem->lse.data)
+            continue;
+        if ((status = bind_operand(problem, pass, uses[i].operand, uses[i].writable)) != MFA_OK)
             return status;
     }
     return MFA_OK;

@@ -2,12 +2,10 @@
  * planner.h - how to run one attention call on an Apple GPU: which kernels, in which order,
  * with which function constants, grid, threadgroup memory and buffer bindings.
  *
- * Portable C11, no Metal types: the Objective-C host turns a plan into encoder calls and the
- * metal-sim backend turns the same plan into simulator dispatches, so both run exactly the
- * same configuration. A plan is plain data owned by the caller; planning is pure and
- * thread-safe.
- *
- * Host recipe for each pass of a plan, in order:
+ * Portable C11, no Metal types. A plan is plain data owned by the caller; planning is pure and
+ * thread-safe. The plan runner (runner.h) carries a plan out on a device, the Metal host's or
+ * metal-sim's, so both run exactly the same configuration. What a plan asks, pass by pass in
+ * order:
  *   1. function  = library function `kernel_name`, specialised with every entry of
  *                  `function_constants` (setConstantValue:type:atIndex: with the entry's
  *                  type code; bool values are one byte, uint values four).
@@ -19,7 +17,7 @@
  *   4. dispatch  = dispatchThreadgroups:`threadgroups` threadsPerThreadgroup:
  *                  (threads_per_threadgroup, 1, 1). Passes whose threadgroup count is zero
  *                  have no work and are skipped.
- * Backward plans need a float scratch buffer of `scratch_bytes` bytes for operand D, written
+ * Backward plans need a float scratch buffer of `scratch_bytes` bytes for operand delta, written
  * by the first pass and read by the second; encode the passes in order in one queue.
  */
 #ifndef MFA_PLANNER_PLANNER_H
@@ -36,24 +34,14 @@ extern "C" {
 
 typedef enum mfa_pass_kind {
     MFA_PASS_FORWARD = 0,           /* O and L */
-    MFA_PASS_BACKWARD_QUERY = 1,    /* D = rowsum(dO * O), then dQ */
+    MFA_PASS_BACKWARD_QUERY = 1,    /* delta = rowsum(dO * O), then dQ */
     MFA_PASS_BACKWARD_KEY_VALUE = 2 /* dK and dV */
 } mfa_pass_kind;
+#define MFA_PASS_KIND_COUNT 3
 
-/* The memory a binding refers to. */
-typedef enum mfa_operand {
-    MFA_OPERAND_Q = 0,
-    MFA_OPERAND_K = 1,
-    MFA_OPERAND_V = 2,
-    MFA_OPERAND_O = 3,
-    MFA_OPERAND_L = 4, /* the problem's lse view (f32) */
-    MFA_OPERAND_D = 5, /* the backward scratch (f32, [B, Hq, Nq] contiguous) */
-    MFA_OPERAND_DOUT = 6,
-    MFA_OPERAND_DV = 7,
-    MFA_OPERAND_DK = 8,
-    MFA_OPERAND_DQ = 9,
-    MFA_OPERAND_COUNT = 10
-} mfa_operand;
+/* The memory a binding refers to: one of MFA_OPERAND_* (attention_params.h), which is also the
+ * kernel argument index the operand is bound at. */
+typedef uint32_t mfa_operand;
 
 /* MTLDataType codes used for function constants. */
 #define MFA_CONSTANT_TYPE_UINT 33
@@ -70,7 +58,7 @@ typedef struct mfa_buffer_binding {
     mfa_operand operand;
     int32_t writable;    /* the kernel writes through this binding */
     int64_t byte_offset; /* from the operand view's data pointer to the first byte bound; <= 0
-                              when strides are negative; 0 for the scratch D */
+                              when strides are negative; 0 for the delta scratch */
     int64_t byte_length; /* bytes from there that the kernel may touch (exact extent); 0 when
                               the operand has no elements: the kernel never reads it, but the
                               index still needs some buffer bound */
@@ -104,7 +92,7 @@ typedef struct mfa_pass_plan {
 typedef struct mfa_plan {
     uint32_t num_passes; /* forward 1, backward 2 */
     mfa_pass_plan passes[MFA_PLAN_MAX_PASSES];
-    int64_t scratch_bytes; /* backward: bytes of the f32 D scratch; else 0 */
+    int64_t scratch_bytes; /* backward: bytes of the f32 delta scratch; else 0 */
 } mfa_plan;
 
 /* Largest threadgroup memory a plan requests (Apple4+: 32 KB). */
@@ -122,7 +110,23 @@ mfa_status mfa_plan_forward(const mfa_problem* problem, mfa_gpu_family family,
 mfa_status mfa_plan_backward(const mfa_problem* problem, mfa_gpu_family family,
                              uint32_t max_threads_per_threadgroup, mfa_plan* plan);
 
-/* mfa_operand_name(): "Q", "K", ..., "dQ"; "?" otherwise. Static storage. */
+/* mfa_pass_kernel_name(): the kernel that runs passes of kind (kernel_attention_forward, ...);
+ * NULL for an unknown kind. Static storage. */
+const char* mfa_pass_kernel_name(mfa_pass_kind kind);
+
+/* The memory behind an operand of problem: the caller's view (NULL for delta, the call's
+ * scratch, contiguous [B, Hq, Nq]), the shape the problem gives it and its element size. */
+typedef struct mfa_operand_view {
+    const mfa_view* view;
+    int64_t shape[4];
+    int64_t element_size;
+} mfa_operand_view;
+
+/* mfa_problem_operand(): fill *out for operand; 0 for an operand that is not an MFA_OPERAND_*. */
+int mfa_problem_operand(const mfa_problem* problem, mfa_operand operand, mfa_operand_view* out);
+
+/* mfa_operand_name(): the operand as messages name it: the public argument ("q", "out", "lse",
+ * "dout", ...) or "delta" for the backward's scratch; "?" otherwise. Static storage. */
 const char* mfa_operand_name(mfa_operand operand);
 
 #ifdef __cplusplus

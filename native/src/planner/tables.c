@@ -1,7 +1,6 @@
 /*
- * The starting point is Metal FlashAttention's published parameter file (per family: Apple9,
- * and Apple7/8 together; FP32 and mixed precision; see docs in shared/reference/mfa.md §2.3),
- * adapted to these kernels:
+ * The starting point is Metal FlashAttention's published block-size parameters (per family:
+ * Apple9, and Apple7/8 together; FP32 and mixed precision), adapted to these kernels:
  *   - MFA's "cached" sets map onto our two cache flags (Q or K first, dO or V second). The
  *     output accumulators (O, dQ, dK, dV) are always in registers here; wide outputs are split
  *     across threadgroups (block_out) instead of being paged through device memory, because our
