@@ -16,6 +16,13 @@ from mfa_native import _library
 
 _SOURCE_TREE = Path(__file__).resolve().parents[2]
 _PYPROJECT = _SOURCE_TREE / "pyproject.toml"
+_CMAKE_SCRIPT = _SOURCE_TREE / "cmake" / "mfa_version.cmake"
+_HEADER = _SOURCE_TREE / "native" / "include" / "mfa.h"
+# Wheel tests (cibuildwheel) run from a copy of tests/python and pyproject.toml only.
+_in_source_tree = pytest.mark.skipif(
+    not (_PYPROJECT.is_file() and _CMAKE_SCRIPT.is_file() and _HEADER.is_file()),
+    reason="not run from a source tree",
+)
 
 
 def _header_version(text):
@@ -43,7 +50,7 @@ def test_distribution_version_is_the_headers(header_version):
     assert importlib.metadata.version("mfa-native") == header_version
 
 
-@pytest.mark.skipif(not _PYPROJECT.is_file(), reason="not run from a source tree")
+@_in_source_tree
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="reads pyproject.toml with tomllib")
 def test_metadata_regex_reads_the_header():
     import tomllib
@@ -59,11 +66,9 @@ def test_metadata_regex_reads_the_header():
     assert entry["result"].format(**match.groupdict()) == _header_version(header)
 
 
-@pytest.mark.skipif(not _PYPROJECT.is_file(), reason="not run from a source tree")
+@_in_source_tree
 @pytest.mark.skipif(not shutil.which("cmake"), reason="needs cmake")
 def test_cmake_reads_the_header():
-    script = _SOURCE_TREE / "cmake" / "mfa_version.cmake"
-    result = subprocess.run(["cmake", "-P", str(script)], capture_output=True, text=True)
+    result = subprocess.run(["cmake", "-P", str(_CMAKE_SCRIPT)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
-    header = (_SOURCE_TREE / "native" / "include" / "mfa.h").read_text(encoding="utf-8")
-    assert result.stderr.strip() == _header_version(header)
+    assert result.stderr.strip() == _header_version(_HEADER.read_text(encoding="utf-8"))
