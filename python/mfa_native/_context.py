@@ -131,6 +131,8 @@ class Context:
         metal-sim only: 0 runs simulated GPU threads in a fixed order; any other value
         shuffles the order in which they run between barriers.
 
+    Notes
+    -----
     A context may be shared by many threads. ``close()`` (or leaving a ``with`` block) waits for
     calls in progress on it to finish, then releases it; using it afterwards raises ValueError.
     """
