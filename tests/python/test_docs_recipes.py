@@ -26,7 +26,7 @@ def test_every_python_recipe_is_collected():
 @pytest.mark.parametrize("recipe", _recipes() if _RECIPES.is_dir() else [], ids=lambda p: p.name)
 def test_recipe_runs(recipe):
     if recipe.name in _FRAMEWORKS:
-        pytest.importorskip(_FRAMEWORKS[recipe.name])
+        pytest.importorskip(_FRAMEWORKS[recipe.name], exc_type=ImportError)
     namespace = {"__name__": f"recipe_{recipe.stem}"}
     for number, block in enumerate(_BLOCK.findall(recipe.read_text(encoding="utf-8"))):
         exec(compile(block, f"{recipe.name}[block {number}]", "exec"), namespace)
