@@ -1,7 +1,7 @@
 /* The smallest complete use of libmfa from C: causal self-attention on a [1, 2, 64, 32] float
  * problem, forward and backward, on the best backend of this machine.
  *
- *   cc hello_attention.c $(pkg-config --cflags --libs mfa) -o hello_attention
+ *   cc hello_attention.c $(pkg-config --cflags --libs mfa) -lm -o hello_attention
  */
 #include <math.h>
 #include <stdio.h>

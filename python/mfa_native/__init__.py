@@ -13,7 +13,9 @@ Arrays are float32, float16 or ``ml_dtypes.bfloat16``, laid out ``[B, H, N, D]``
 ``[B, N, H, D]`` with ``layout="bshd"``), any strides; they are never copied.
 
 Functions: :func:`attention`, :func:`attention_backward`, :func:`empty`, :func:`info`,
-:func:`available_backends`. Classes: :class:`Context`, :class:`MFAError`.
+:func:`available_backends`. Classes: :class:`Context`, :class:`MFAError`; the dictionaries
+:class:`Info` and :class:`Capabilities` describe what :func:`info` and
+:attr:`Context.capabilities` return.
 Command line: ``python -m mfa_native {info,demo,bench}``.
 
 Environment
@@ -30,8 +32,12 @@ MFA_HEADER
 Threads: cffi releases the GIL during every libmfa call, and contexts may be shared by threads.
 """
 
+from __future__ import annotations
+
+from typing import TypedDict
+
 from ._attention import attention, attention_backward
-from ._context import Context, MFAError, available_backends
+from ._context import Capabilities, Context, MFAError, available_backends
 from ._context import resolve_context as _resolve_context
 from ._library import ffi as _ffi
 from ._library import header_path as _header_path
@@ -42,22 +48,43 @@ from ._memory import empty
 __all__ = [
     "attention",
     "attention_backward",
+    "Capabilities",
     "Context",
+    "Info",
     "MFAError",
     "available_backends",
     "empty",
     "info",
 ]
 
-__version__ = _ffi.string(_lib.mfa_version_string()).decode()
+__version__: str = _ffi.string(_lib.mfa_version_string()).decode()
 
 
-def info():
+class Info(TypedDict):
+    """The loaded library and the default backend: :func:`info`."""
+
+    version: str
+    """libmfa's version, which is the package's."""
+    library: str
+    """Path of the loaded libmfa."""
+    header: str
+    """Path of the mfa.h its declarations were read from."""
+    backends: list[str]
+    """The backends available here, as :func:`available_backends`."""
+    default_backend: str
+    """What "auto" runs here: "metal" where an Apple GPU is usable, otherwise "cpu"."""
+    device: str
+    """The default backend's device name."""
+    capabilities: Capabilities
+    """The default backend's capabilities, as :attr:`Context.capabilities`."""
+
+
+def info() -> Info:
     """Describe the loaded library and the default backend.
 
     Returns
     -------
-    dict
+    Info
         ``version`` (str), ``library`` and ``header`` (paths as str), ``backends`` (list of
         available backend names), ``default_backend`` (what "auto" runs here), ``device``
         (its device name) and ``capabilities`` (as :attr:`Context.capabilities`).

@@ -1,15 +1,22 @@
 """Command line: ``python -m mfa_native {info,demo,bench}``."""
 
+from __future__ import annotations
+
 import argparse
 import importlib
 import json
 import math
 import sys
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 import mfa_native
 from mfa_native._measure import measure
+
+_Array = npt.NDArray[Any]
 
 _DEMO_SIZES = {
     # (batch, heads, sequence length, head dim)
@@ -22,20 +29,22 @@ _DEMO_SIZES = {
 _DEMO_TOLERANCE = 1e-4
 
 
-def _info(arguments):
+def _info(arguments: argparse.Namespace) -> int:
     details = mfa_native.info()
     if arguments.json:
         print(json.dumps(details, indent=2))
         return 0
-    capabilities = details.pop("capabilities")
-    for key, value in details.items():
-        print(f"{key:16} {', '.join(value) if isinstance(value, list) else value}")
-    for key, value in capabilities.items():
+    # The capabilities' keys printed after the others, at the same level.
+    rows: dict[str, object] = {
+        key: value for key, value in details.items() if key != "capabilities"
+    }
+    rows.update(details["capabilities"])
+    for key, value in rows.items():
         print(f"{key:16} {', '.join(value) if isinstance(value, list) else value}")
     return 0
 
 
-def _naive_scores(q, k, scale, causal):
+def _naive_scores(q: _Array, k: _Array, scale: float, causal: bool) -> _Array:
     """scale * q k^T, the whole score matrix in memory, masked keys at -inf."""
     scores = scale * (q @ np.swapaxes(k, -1, -2))
     if causal:
@@ -45,7 +54,9 @@ def _naive_scores(q, k, scale, causal):
     return scores
 
 
-def _naive_forward(q, k, v, scale, causal):
+def _naive_forward(
+    q: _Array, k: _Array, v: _Array, scale: float, causal: bool
+) -> tuple[_Array, _Array]:
     """softmax(scale * q k^T) v with the whole score matrix in memory, as numpy code does it."""
     scores = _naive_scores(q, k, scale, causal)
     row_max = scores.max(axis=-1, keepdims=True)
@@ -56,7 +67,16 @@ def _naive_forward(q, k, v, scale, causal):
     return out, lse
 
 
-def _naive_backward(dout, q, k, v, out, lse, scale, causal):
+def _naive_backward(
+    dout: _Array,
+    q: _Array,
+    k: _Array,
+    v: _Array,
+    out: _Array,
+    lse: _Array,
+    scale: float,
+    causal: bool,
+) -> tuple[_Array, _Array, _Array]:
     # scores stays alive to the end, as in straightforward numpy code: part of the naive peak.
     scores = _naive_scores(q, k, scale, causal)
     probabilities = np.exp(scores - lse[..., None])
@@ -68,11 +88,11 @@ def _naive_backward(dout, q, k, v, out, lse, scale, causal):
     return dq, dk, dv
 
 
-def _mib(count):
+def _mib(count: int | None) -> str:
     return "n/a" if count is None else f"{count / 2**20:9.1f} MiB"
 
 
-def _demo(arguments):
+def _demo(arguments: argparse.Namespace) -> int:
     batch, heads, seq, dim = _DEMO_SIZES[arguments.size]
     rng = np.random.default_rng(arguments.seed)
     q, k, v, dout = (
@@ -147,7 +167,7 @@ def _demo(arguments):
     return 0 if within_tolerance else 1
 
 
-def _bench(argv):
+def _bench(argv: list[str]) -> int:
     # Imported here so that a missing benchmark module never affects the rest of the package.
     try:
         bench = importlib.import_module("mfa_native.bench")
@@ -158,10 +178,10 @@ def _bench(argv):
         )
         return 2
     status = bench.main(argv)
-    return 0 if status is None else status
+    return 0 if status is None else int(status)
 
 
-def _parser():
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m mfa_native",
         description="mfa_native: exact attention (FlashAttention) for Apple GPUs and CPUs.",
@@ -200,12 +220,13 @@ def _parser():
     return parser
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["bench"]:
         return _bench(argv[1:])
     arguments = _parser().parse_args(argv)
-    return arguments.run(arguments)
+    status: int = arguments.run(arguments)
+    return status
 
 
 if __name__ == "__main__":

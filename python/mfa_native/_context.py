@@ -1,17 +1,22 @@
 """Library errors, backends and contexts."""
 
+from __future__ import annotations
+
 import numbers
 import threading
+from typing import Any, Callable, TypedDict, TypeVar
 
 import ml_dtypes
 import numpy as np
 
 from ._library import ffi, lib
 
-__all__ = ["MFAError", "Context", "available_backends", "resolve_context"]
+__all__ = ["MFAError", "Context", "Capabilities", "available_backends", "resolve_context"]
+
+_T = TypeVar("_T")
 
 
-def _enum_names(c_type, prefix):
+def _enum_names(c_type: str, prefix: str) -> dict[int, str]:
     """{value: lower-case name without prefix} of a C enum: MFA_GPU_FAMILY_APPLE7 -> 'apple7'."""
     return {
         value: name[len(prefix) :].lower()
@@ -20,7 +25,7 @@ def _enum_names(c_type, prefix):
     }
 
 
-_BACKENDS = {
+_BACKENDS: dict[str, int] = {
     ffi.string(lib.mfa_backend_name(value)).decode(): value
     for value in sorted(ffi.typeof("mfa_backend").elements)
 }
@@ -35,7 +40,7 @@ _STATUS_NAMES = {
     for value, name in ffi.typeof("mfa_status").elements.items()
 }
 # numpy dtype -> mfa_dtype. Non-native byte orders compare unequal and are rejected.
-DTYPES = {
+DTYPES: dict[np.dtype[Any], int] = {
     np.dtype(np.float32): lib.MFA_DTYPE_F32,
     np.dtype(np.float16): lib.MFA_DTYPE_F16,
     np.dtype(ml_dtypes.bfloat16): lib.MFA_DTYPE_BF16,
@@ -57,25 +62,25 @@ class MFAError(Exception):
         The library's explanation (which argument, which dimension, expected vs got).
     """
 
-    def __init__(self, status, message):
+    def __init__(self, status: int, message: str) -> None:
         self.status = int(status)
         self.status_name = _STATUS_NAMES.get(self.status, f"STATUS_{self.status}")
         self.message = message
         super().__init__(f"{message} [{self.status_name}]")
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[MFAError], tuple[int, str]]:
         # Rebuilt from status and message, so errors survive pickling (multiprocessing).
         return type(self), (self.status, self.message)
 
 
-def check(status):
+def check(status: int) -> None:
     """Raise MFAError for a failed libmfa call. Must run on the thread that made the call,
     before it calls into libmfa again: the message is per thread."""
     if status != lib.MFA_OK:
         raise MFAError(status, ffi.string(lib.mfa_last_error()).decode("utf-8", "replace"))
 
 
-def available_backends():
+def available_backends() -> list[str]:
     """Names of the backends a Context can be created for on this machine.
 
     Returns
@@ -90,8 +95,23 @@ def available_backends():
     ]
 
 
-def _is_integer(value):
+def _is_integer(value: object) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
+class Capabilities(TypedDict):
+    """What a context can run: :attr:`Context.capabilities`."""
+
+    dtypes: list[str]
+    """numpy dtype names: "float32", "float16", "bfloat16"."""
+    features: list[str]
+    """"backward", "lse", "causal", "window", "gqa", "value_head_dim", "strides"."""
+    max_head_dim: int
+    """Largest D and Dv."""
+    gpu_family: str | None
+    """"apple7", "apple8" or "apple9"; None for cpu."""
+    num_threads: int
+    """Worker threads (0 for metal)."""
 
 
 class Context:
@@ -111,11 +131,20 @@ class Context:
         metal-sim only: 0 runs simulated GPU threads in a fixed order; any other value
         shuffles the order in which they run between barriers.
 
+    Notes
+    -----
     A context may be shared by many threads. ``close()`` (or leaving a ``with`` block) waits for
     calls in progress on it to finish, then releases it; using it afterwards raises ValueError.
     """
 
-    def __init__(self, backend="auto", *, num_threads=0, gpu_family=None, sim_seed=0):
+    def __init__(
+        self,
+        backend: str = "auto",
+        *,
+        num_threads: int = 0,
+        gpu_family: str | None = None,
+        sim_seed: int = 0,
+    ) -> None:
         if not isinstance(backend, str) or backend not in _BACKENDS:
             raise ValueError(f"backend must be one of {sorted(_BACKENDS)}, got {backend!r}")
         if not _is_integer(num_threads):
@@ -150,20 +179,20 @@ class Context:
         self._closed = False
         self._state = threading.Condition()
 
-    def _acquire(self):
+    def _acquire(self) -> Any:
         with self._state:
             if self._closed:
                 raise ValueError("the Context is closed")
             self._users += 1
         return self._handle
 
-    def _release(self):
+    def _release(self) -> None:
         with self._state:
             self._users -= 1
             if self._users == 0:
                 self._state.notify_all()
 
-    def _call(self, function, *args):
+    def _call(self, function: Callable[..., int], *args: Any) -> None:
         """Call ``function(handle, *args)`` with this context's handle, then check its status."""
         handle = self._acquire()
         try:
@@ -171,7 +200,7 @@ class Context:
         finally:
             self._release()
 
-    def close(self):
+    def close(self) -> None:
         """Release the context after calls in progress on it finish. Closing twice is allowed."""
         with self._state:
             if self._closed:
@@ -181,16 +210,17 @@ class Context:
         ffi.release(self._handle)
 
     @property
-    def closed(self):
+    def closed(self) -> bool:
+        """Whether :meth:`close` has been called."""
         return self._closed
 
-    def __enter__(self):
+    def __enter__(self) -> Context:
         return self
 
-    def __exit__(self, *exc_info):
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _query(self, function):
+    def _query(self, function: Callable[[Any], _T]) -> _T:
         handle = self._acquire()
         try:
             return function(handle)
@@ -198,23 +228,25 @@ class Context:
             self._release()
 
     @property
-    def backend(self):
+    def backend(self) -> str:
         """The backend this context runs: "cpu", "metal" or "metal-sim" (never "auto")."""
         value = self._query(lib.mfa_context_backend)
-        return ffi.string(lib.mfa_backend_name(value)).decode()
+        return str(ffi.string(lib.mfa_backend_name(value)).decode())
 
     @property
-    def device_name(self):
+    def device_name(self) -> str:
         """The device, e.g. "Apple M3 Max", or the CPU model and its SIMD level."""
-        return self._query(lambda handle: ffi.string(lib.mfa_context_device_name(handle)).decode())
+        return self._query(
+            lambda handle: str(ffi.string(lib.mfa_context_device_name(handle)).decode())
+        )
 
     @property
-    def capabilities(self):
+    def capabilities(self) -> Capabilities:
         """What this context can run.
 
         Returns
         -------
-        dict
+        Capabilities
             ``dtypes``: list of numpy dtype names; ``features``: list of feature names
             ("backward", "lse", "causal", "window", "gqa", "value_head_dim", "strides");
             ``max_head_dim``: largest D and Dv; ``gpu_family``: "apple7".."apple9" or None;
@@ -236,7 +268,7 @@ class Context:
             "num_threads": int(caps.num_threads),
         }
 
-    def last_gpu_time(self):
+    def last_gpu_time(self) -> float:
         """Seconds the GPU spent on this context's most recently completed attention call.
 
         For benchmarks: the command buffer's GPU end time minus its start time, so planning,
@@ -257,17 +289,17 @@ class Context:
         self._call(lib.mfa_context_last_gpu_time, seconds)
         return float(seconds[0])
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         if self._closed:
             return f"<mfa_native.Context {self._requested!r} (closed)>"
         return f"<mfa_native.Context {self.backend!r} on {self.device_name!r}>"
 
 
-_shared_contexts = {}
+_shared_contexts: dict[str, Context] = {}
 _shared_contexts_lock = threading.Lock()
 
 
-def resolve_context(backend):
+def resolve_context(backend: Context | str | None) -> Context:
     """The Context for an API call's ``backend`` argument: a Context as is; None or a backend
     name through one lazily created, process-wide context per name."""
     if isinstance(backend, Context):

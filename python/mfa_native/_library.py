@@ -5,12 +5,15 @@ copy of the C API to keep in sync; tests/python/test_cdef_drift.py compiles a ch
 prototype, struct layout and constant against the header to prove the two agree.
 """
 
+from __future__ import annotations
+
 import os
 import re
 import sys
 from contextlib import ExitStack
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import cffi
 
@@ -29,7 +32,7 @@ _INTEGER_DEFINE = re.compile(r"#\s*define\s+(\w+)\s+((?:0[xX][0-9a-fA-F]+)|(?:[0
 _COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*", re.DOTALL)
 
 
-def cdef_from_header(text):
+def cdef_from_header(text: str) -> str:
     """Turn the text of mfa.h into declarations that ``cffi.FFI.cdef`` accepts.
 
     Comments are removed, ``#define NAME <integer literal>`` lines are kept (cffi exposes them
@@ -39,9 +42,9 @@ def cdef_from_header(text):
     being dropped unnoticed.
     """
     text = _COMMENT.sub(" ", text)
-    kept = []
+    kept: list[str] = []
     # One entry per open conditional: True when it is a __cplusplus block whose body is dropped.
-    open_blocks = []
+    open_blocks: list[bool] = []
     for number, line in enumerate(text.splitlines(), start=1):
         stripped = line.strip()
         if stripped.endswith("\\"):
@@ -74,13 +77,13 @@ def cdef_from_header(text):
     return "\n".join(kept) + "\n"
 
 
-def _repository_header():
+def _repository_header() -> Path | None:
     """The header of the source tree this package sits in (python/mfa_native -> native/include)."""
     candidate = Path(__file__).resolve().parents[2] / "native" / "include" / "mfa.h"
     return candidate if candidate.is_file() else None
 
 
-def _locate(resource_stack):
+def _locate(resource_stack: ExitStack) -> tuple[Path, Path]:
     """Return (library path, header path), following MFA_LIBRARY / MFA_HEADER when set."""
     override = os.environ.get("MFA_LIBRARY")
     if override:
@@ -92,14 +95,14 @@ def _locate(resource_stack):
             header = Path(header_override)
             if not header.is_file():
                 raise ImportError(f"MFA_HEADER={header_override!r} is not a file")
-        else:
-            header = _repository_header()
-            if header is None:
-                raise ImportError(
-                    "MFA_LIBRARY is set but this mfa_native is not inside the mfa source tree; "
-                    "set MFA_HEADER to the mfa.h that library was built from"
-                )
-        return library, header
+            return library, header
+        repository_header = _repository_header()
+        if repository_header is None:
+            raise ImportError(
+                "MFA_LIBRARY is set but this mfa_native is not inside the mfa source tree; "
+                "set MFA_HEADER to the mfa.h that library was built from"
+            )
+        return library, repository_header
 
     package = resources.files(__package__)
     library_resource = package / _LIBRARY_NAME
@@ -116,13 +119,13 @@ def _locate(resource_stack):
     return Path(library), Path(header)
 
 
-def _load():
+def _load() -> tuple[cffi.FFI, Any, Path, Path, ExitStack]:
     resource_stack = ExitStack()
     library, header = _locate(resource_stack)
     ffi = cffi.FFI()
     ffi.cdef(cdef_from_header(header.read_text(encoding="utf-8")))
     try:
-        lib = ffi.dlopen(str(library))
+        lib: Any = ffi.dlopen(str(library))
     except OSError as error:
         raise ImportError(f"cannot load {library}: {error}") from error
     built_with = lib.mfa_version_number()
@@ -134,4 +137,5 @@ def _load():
     return ffi, lib, library, header, resource_stack
 
 
+# lib's attributes are the functions and constants of mfa.h, known only once the header is read.
 ffi, lib, library_path, header_path, _resource_stack = _load()

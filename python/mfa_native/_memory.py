@@ -1,9 +1,14 @@
 """Arrays in libmfa's page-aligned memory."""
 
+from __future__ import annotations
+
 import numbers
 import sys
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from ._context import DTYPES, check
 from ._library import ffi, lib
@@ -11,20 +16,22 @@ from ._library import ffi, lib
 __all__ = ["empty"]
 
 
-def _shape_tuple(shape):
-    if isinstance(shape, numbers.Integral) and not isinstance(shape, (bool, np.bool_)):
-        shape = (shape,)
-    if not isinstance(shape, (tuple, list)) or not all(
-        isinstance(size, numbers.Integral) and not isinstance(size, (bool, np.bool_))
-        for size in shape
-    ):
+def _is_size(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
+def _shape_tuple(shape: object) -> tuple[int, ...]:
+    """The validated shape argument of empty() as a tuple of Python ints."""
+    sizes = (shape,) if _is_size(shape) else shape
+    if not isinstance(sizes, (tuple, list)) or not all(_is_size(size) for size in sizes):
         raise TypeError(f"shape must be an int or a tuple of ints, got {shape!r}")
-    if any(size < 0 for size in shape):
-        raise ValueError(f"shape must not have negative sizes, got {tuple(shape)}")
-    return tuple(int(size) for size in shape)
+    result = tuple(int(size) for size in sizes)
+    if any(size < 0 for size in result):
+        raise ValueError(f"shape must not have negative sizes, got {result}")
+    return result
 
 
-def empty(shape, dtype=np.float32):
+def empty(shape: int | Sequence[int], dtype: npt.DTypeLike = np.float32) -> npt.NDArray[Any]:
     """A new uninitialized C-contiguous array in page-aligned memory from ``mfa_alloc``.
 
     The Metal backend wraps such memory in a GPU buffer without copying it. The memory is
