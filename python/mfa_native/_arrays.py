@@ -210,20 +210,23 @@ class _NumpyKind:
     name = "numpy"
 
     @staticmethod
-    def empty(shape, dtype):
-        array = np.empty(shape, dtype)
-        view = ArrayView(
-            NUMPY,
-            CPU,
-            _numpy_address(array),
-            0,
-            dtype,
-            shape,
-            _contiguous_strides(shape),
-            True,
-            array,
-        )
-        return array, view
+    def empty(specs):
+        results = []
+        for shape, dtype in specs:
+            array = np.empty(shape, dtype)
+            view = ArrayView(
+                NUMPY,
+                CPU,
+                _numpy_address(array),
+                0,
+                dtype,
+                shape,
+                _contiguous_strides(shape),
+                True,
+                array,
+            )
+            results.append((array, view))
+        return results
 
 
 NUMPY = _NumpyKind()
@@ -278,20 +281,15 @@ class _TorchKind:
             tensor,
         )
 
-    def empty(self, shape, dtype):
-        tensor = self.torch.empty(shape, dtype=self.from_numpy[dtype])
-        view = ArrayView(
-            self,
-            CPU,
-            tensor.data_ptr(),
-            0,
-            dtype,
-            shape,
-            tensor.stride(),
-            True,
-            tensor,
-        )
-        return tensor, view
+    def empty(self, specs):
+        results = []
+        for shape, dtype in specs:
+            tensor = self.torch.empty(shape, dtype=self.from_numpy[dtype])
+            view = ArrayView(
+                self, CPU, tensor.data_ptr(), 0, dtype, shape, tensor.stride(), True, tensor
+            )
+            results.append((tensor, view))
+        return results
 
 
 # ---- MLX and other DLPack producers ---------------------------------------------------------
@@ -312,12 +310,15 @@ class _MlxKind:
     def read(self, name, array, dtype):
         return _read_dlpack(self, name, array, dtype)
 
-    def empty(self, shape, dtype):
-        array = self.mx.zeros(shape, dtype=self.from_numpy[dtype])
-        self.mx.eval(array)
-        view = _read_dlpack(self, "result", array, dtype)
-        view.writable = True
-        return array, view
+    def empty(self, specs):
+        arrays = [self.mx.zeros(shape, dtype=self.from_numpy[dtype]) for shape, dtype in specs]
+        self.mx.eval(*arrays)  # one evaluation for all: each is a round trip to MLX's stream
+        results = []
+        for array, (_, dtype) in zip(arrays, specs):
+            view = _read_dlpack(self, "result", array, dtype)
+            view.writable = True
+            results.append((array, view))
+        return results
 
 
 class _OtherKind:
@@ -452,6 +453,7 @@ def read_array(name, array, dtype=None):
     return kind.read(name, array, dtype)
 
 
-def allocate(kind, shape, dtype):
-    """(result, view) of a new C-contiguous array of the given kind, shape and numpy dtype."""
-    return kind.empty(shape, dtype)
+def allocate(kind, specs):
+    """[(result, view)] of new C-contiguous arrays of the given kind, one for each (shape,
+    numpy dtype) in specs."""
+    return kind.empty(specs) if specs else []

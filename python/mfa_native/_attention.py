@@ -388,10 +388,17 @@ def attention(
     if device != CPU:
         _refuse_device_memory(device)
 
+    results = iter(
+        allocate(
+            q.kind,
+            ([(out_shape, q.dtype)] if out is None else [])
+            + ([(_lse_shape(arrays, batch, heads_q, seq_q), _LSE_DTYPE)] if return_lse else []),
+        )
+    )
     if out is None:
-        out, out_view = allocate(q.kind, out_shape, q.dtype)
+        out, out_view = next(results)
     if return_lse:
-        lse, lse_view = allocate(q.kind, _lse_shape(arrays, batch, heads_q, seq_q), _LSE_DTYPE)
+        lse, lse_view = next(results)
     context._call(
         lib.mfa_attention_forward,
         params,
@@ -484,10 +491,16 @@ def attention_backward(
     if device != CPU:
         _refuse_device_memory(device)
 
-    gradients = [
-        given[name] if name in given else allocate(q.kind, like.shape, q.dtype)
-        for name, like in (("dq", q), ("dk", k), ("dv", v))
+    missing = [
+        (name, like) for name, like in (("dq", q), ("dk", k), ("dv", v)) if name not in given
     ]
+    given.update(
+        zip(
+            (name for name, _ in missing),
+            allocate(q.kind, [(like.shape, q.dtype) for _, like in missing]),
+        )
+    )
+    gradients = [given["dq"], given["dk"], given["dv"]]
     context._call(
         lib.mfa_attention_backward,
         params,
