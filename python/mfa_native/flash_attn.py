@@ -33,7 +33,7 @@ from typing import Union
 from torch import Tensor
 
 from ._keywords import keyword_hints
-from .torch import _forward_op
+from .torch import _attend
 
 __all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func"]
 
@@ -106,7 +106,7 @@ def _flash_attn(
             raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
     if softmax_scale is not None:
         softmax_scale = _real("softmax_scale", softmax_scale)
-    out, softmax_lse = _forward_op(
+    out, softmax_lse = _attend(
         q,
         k,
         v,

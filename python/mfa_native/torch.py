@@ -130,17 +130,20 @@ def _backward_fake(
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
-def _setup_context(ctx, inputs, output):
-    q, k, v, *options = inputs
-    out, lse = output
+def _save(ctx, q, k, v, options, out, lse):
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.options = options
     ctx.mark_non_differentiable(lse)
 
 
+def _setup_context(ctx, inputs, output):
+    q, k, v, *options = inputs
+    _save(ctx, q, k, v, tuple(options), *output)
+
+
 def _backward(ctx, dout, _dlse):
     q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = torch.ops.mfa_native.attention_backward(dout, q, k, v, out, lse, *ctx.options)
+    dq, dk, dv = _backward_op(dout, q, k, v, out, lse, *ctx.options)
     return (dq, dk, dv) + (None,) * len(ctx.options)
 
 
@@ -148,7 +151,53 @@ torch.library.register_autograd(
     "mfa_native::attention_forward", _backward, setup_context=_setup_context
 )
 
+
+def _double_backward(ctx, *gradients):
+    raise NotImplementedError(
+        "mfa's attention backward is not differentiable: double backward (a gradient of a "
+        "gradient, create_graph=True followed by another backward) is not supported"
+    )
+
+
+# First-order gradients may be taken with create_graph=True; differentiating them again is
+# refused here rather than left to fail obscurely.
+torch.library.register_autograd("mfa_native::attention_backward", _double_backward)
+
 _forward_op = torch.ops.mfa_native.attention_forward.default
+_backward_op = torch.ops.mfa_native.attention_backward.default
+
+
+class _Attention(torch.autograd.Function):
+    """The forward operator under the same autograd formula (_save, _backward), for this
+    module's functions while they record autograd in eager mode.
+
+    The operator's own registration is what torch.compile traces, and what code calling
+    torch.ops.mfa_native directly gets; in eager mode its wrapper costs some 30 us a call more
+    than this class (torch.library fills in defaults by rebuilding the schema's argument list
+    once per argument), the larger part of a small call's time. Under torch.compile the
+    operator is called instead: Dynamo cannot trace an autograd.Function given one tensor
+    twice (self-attention's q, k, v), and compiled code pays the wrapper's cost only once."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, *options):
+        out, lse = _forward_op(q, k, v, *options)
+        _save(ctx, q, k, v, options, out, lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        return _backward(ctx, dout, dlse)
+
+
+def _attend(q, k, v, *options):
+    """(out, lse) from the forward operator, recording autograd when a gradient is wanted."""
+    if (
+        torch.is_grad_enabled()
+        and (q.requires_grad or k.requires_grad or v.requires_grad)
+        and not torch.compiler.is_compiling()
+    ):
+        return _Attention.apply(q, k, v, *options)
+    return _forward_op(q, k, v, *options)
 
 
 def _window_bounds(window):
@@ -250,7 +299,7 @@ def attention(
     fused backward with the forward's options; with grouped-query attention the gradients of
     k and v are summed over each group of query heads.
     """
-    out, lse = _forward_op(
+    out, lse = _attend(
         q,
         k,
         v,
@@ -327,7 +376,7 @@ def scaled_dot_product_attention(
             f"query has {query.shape[-3]} heads and key {key.shape[-3]}: pass "
             "enable_gqa=True for grouped-query attention"
         )
-    out, _ = _forward_op(
+    out, _ = _attend(
         query,
         key,
         value,

@@ -103,6 +103,36 @@ def test_backward_runs_with_the_forwards_options(monkeypatch):
     assert options["window"] == (2, -1) and options["scale"] == pytest.approx(0.7)
 
 
+def test_the_operator_called_directly_records_autograd_too():
+    """torch.ops.mfa_native.attention_forward has its own registered autograd formula (the
+    functions of mfa_native.torch bind the same formula through an autograd.Function): both
+    give the same gradients, from the same kernels."""
+    generator = torch.Generator().manual_seed(4)
+    inputs = [torch.randn(1, 4, 6, 8, generator=generator) for _ in range(3)]
+    gradients = []
+    for function in (
+        lambda q, k, v: torch.ops.mfa_native.attention_forward(
+            q, k, v, True, "top_left", 2, -1, 0.5, "bhsd", None
+        )[0],
+        lambda q, k, v: mfa_torch.attention(
+            q, k, v, causal=True, causal_alignment="top_left", window=(2, None), scale=0.5
+        ),
+    ):
+        leaves = [x.clone().requires_grad_() for x in inputs]
+        function(*leaves).square().sum().backward()
+        gradients.append([x.grad for x in leaves])
+    for direct, through_the_module in zip(*gradients):
+        torch.testing.assert_close(direct, through_the_module, rtol=0, atol=0)
+
+
+def test_double_backward_is_refused_clearly():
+    q = torch.randn(1, 2, 5, 8, requires_grad=True)
+    out = mfa_torch.attention(q, q, q, causal=True)
+    (gradient,) = torch.autograd.grad(out.square().sum(), q, create_graph=True)
+    with pytest.raises(NotImplementedError, match="double backward .* is not supported"):
+        gradient.sum().backward()
+
+
 @pytest.mark.filterwarnings("ignore:Input #.* is not a double precision:UserWarning")
 def test_gradcheck_in_float32():
     """torch.autograd.gradcheck compares the backward with central differences of the
@@ -280,7 +310,10 @@ def test_mps_and_meta_tensors_are_not_copied():
 
 
 def _ran_mfa(out):
-    return "mfa_native" in out.grad_fn.name()
+    """Whether out came from mfa's forward: eager mode records it under mfa_native.torch's
+    autograd.Function, a call of the operator itself under its registered formula."""
+    names = ("_AttentionBackward", "GeneratedBackwardFor_mfa_native_attention_forward_default")
+    return out.grad_fn.name() in names
 
 
 def test_enable_routes_and_disable_restores():
