@@ -1,4 +1,5 @@
-"""mfa_native: exact attention (FlashAttention) for Apple GPUs and CPUs, over numpy arrays.
+"""mfa_native: exact attention (FlashAttention) for Apple GPUs and CPUs, over numpy arrays and
+any DLPack array (torch tensors, MLX arrays), results of the caller's kind.
 
 A thin binding of libmfa's C API (cffi, ABI mode): no Python extension module is compiled, and
 the declarations come from the installed ``mfa.h`` at import.
@@ -14,6 +15,9 @@ Arrays are float32, float16 or ``ml_dtypes.bfloat16``, laid out ``[B, H, N, D]``
 
 Functions: :func:`attention`, :func:`attention_backward`, :func:`empty`, :func:`info`,
 :func:`available_backends`. Classes: :class:`Context`, :class:`MFAError`.
+Framework adapters, each imported only when asked for: :mod:`mfa_native.torch` (custom
+operators with autograd and torch.compile, PyTorch's SDPA), :mod:`mfa_native.flash_attn`
+(flash-attn's functions), :mod:`mfa_native.mlx` (MLX's SDPA with a fused backward).
 Command line: ``python -m mfa_native {info,demo,bench}``.
 
 Environment

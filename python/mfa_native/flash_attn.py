@@ -1,7 +1,9 @@
 """mfa_native.flash_attn: Dao-AILab flash-attn 2.8's functions, computed by mfa on torch tensors.
 
+    >>> import torch
     >>> from mfa_native.flash_attn import flash_attn_func  # instead of: from flash_attn import ...
-    >>> out = flash_attn_func(q, k, v, causal=True)        # q, k, v: [B, N, H, D]
+    >>> q = torch.randn(2, 128, 8, 64)                     # [batch, seqlen, nheads, headdim]
+    >>> out = flash_attn_func(q, q, q, causal=True)
 
 :func:`flash_attn_func`, :func:`flash_attn_qkvpacked_func` and :func:`flash_attn_kvpacked_func`
 take flash-attn's arguments and follow its semantics: ``[batch, seqlen, nheads, headdim]``

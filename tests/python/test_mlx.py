@@ -147,3 +147,10 @@ def test_dtypes_must_match():
     q = mx.random.normal((1, 2, 5, 8))
     with pytest.raises(TypeError, match="^k.dtype must be float32, got float16"):
         mfa_mlx.attention(q, q.astype(mx.float16), q)
+
+
+def test_the_module_docstring_example_runs():
+    import doctest
+
+    result = doctest.testmod(mfa_mlx)
+    assert result.attempted and not result.failed

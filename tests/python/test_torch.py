@@ -404,3 +404,12 @@ def test_explicit_attention_helper_matches_the_numpy_reference():
     got = explicit_attention(*(torch.from_numpy(x) for x in (q, k, v)), mask)
     expected, _ = reference.attention_forward(q, k, v, causal=True, window=(2, -1))
     np.testing.assert_allclose(got.numpy(), expected, atol=1e-12)
+
+
+@pytest.mark.parametrize("module", ["mfa_native.torch", "mfa_native.flash_attn"])
+def test_the_module_docstring_examples_run(module):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module))
+    assert result.attempted and not result.failed
