@@ -335,7 +335,7 @@ class _OtherKind:
 OTHER = _OtherKind()
 
 # Producers whose __dlpack__ takes no max_version (DLPack < 1.0): asked for a legacy capsule.
-_legacy_exporters = set()
+_legacy_exporters: set[type] = set()
 
 
 def _export(array):
@@ -404,7 +404,7 @@ def _read_dlpack(kind, name, array, dtype):
 # ---- dispatch on the argument's type --------------------------------------------------------
 
 # type -> its kind (with a read method), filled on first sight of each type.
-_KINDS = {}
+_KINDS: dict[type, object] = {}
 
 
 def _kind_of(array_type):
@@ -425,7 +425,7 @@ def _kind_of(array_type):
     return kind
 
 
-_framework_kinds = {}
+_framework_kinds: dict[str, object] = {}
 
 
 def _torch_kind(torch):

@@ -33,7 +33,7 @@ _FLOAT32 = struct.Struct("f")
 class SupportsDLPack(Protocol):
     """An array exporting DLPack: numpy arrays, torch tensors, MLX arrays and others."""
 
-    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any: ...
+    def __dlpack__(self) -> Any: ...
 
     def __dlpack_device__(self) -> tuple[int, int]: ...
 
@@ -466,25 +466,28 @@ def attention_backward(
     TypeError, ValueError, NotImplementedError, MFAError
         As for :func:`attention`; nothing is written when one is raised.
     """
-    q, k, v, arrays = _read_inputs(q, k, v, layout)
-    batch, heads_q, seq_q = arrays.size(q, _BATCH), arrays.size(q, _HEADS), arrays.size(q, _SEQ)
-    out_shape = arrays.shape(batch, heads_q, seq_q, arrays.size(v, _DIM))
-    out = read_array("out", out, q.dtype)
-    if out.shape != out_shape:
-        raise ValueError(f"out.shape must be {out_shape} (from q and v), got {out.shape}")
-    dout = read_array("dout", dout, q.dtype)
-    if dout.shape != out_shape:
-        raise ValueError(f"dout.shape must be {out_shape} (from q and v), got {dout.shape}")
+    q_view, k_view, v_view, arrays = _read_inputs(q, k, v, layout)
+    batch = arrays.size(q_view, _BATCH)
+    heads_q, seq_q = arrays.size(q_view, _HEADS), arrays.size(q_view, _SEQ)
+    dtype = q_view.dtype
+    out_shape = arrays.shape(batch, heads_q, seq_q, arrays.size(v_view, _DIM))
+    out_view = read_array("out", out, dtype)
+    if out_view.shape != out_shape:
+        raise ValueError(f"out.shape must be {out_shape} (from q and v), got {out_view.shape}")
+    dout_view = read_array("dout", dout, dtype)
+    if dout_view.shape != out_shape:
+        raise ValueError(f"dout.shape must be {out_shape} (from q and v), got {dout_view.shape}")
     lse_shape = _lse_shape(arrays, batch, heads_q, seq_q)
-    lse = read_array("lse", lse, _LSE_DTYPE)
-    if lse.shape != lse_shape:
-        raise ValueError(f"lse.shape must be {lse_shape} (from q), got {lse.shape}")
+    lse_view = read_array("lse", lse, _LSE_DTYPE)
+    if lse_view.shape != lse_shape:
+        raise ValueError(f"lse.shape must be {lse_shape} (from q), got {lse_view.shape}")
     params = _params(causal, causal_alignment, window, scale)
-    named = [("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout), ("lse", lse)]
-    given = {}
-    for name, array, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
+    inputs = [q_view, k_view, v_view, out_view, dout_view, lse_view]
+    named = list(zip(("q", "k", "v", "out", "dout", "lse"), inputs))
+    given: dict[str, Any] = {}
+    for name, array, like in (("dq", dq, q_view), ("dk", dk, k_view), ("dv", dv, v_view)):
         if array is not None:
-            given[name] = (array, _read_output(name, array, like.shape, q.dtype))
+            given[name] = (array, _read_output(name, array, like.shape, dtype))
             named.append((name, given[name][1]))
     context = resolve_context(backend)
     device = _device_of(named)
@@ -492,24 +495,23 @@ def attention_backward(
         _refuse_device_memory(device)
 
     missing = [
-        (name, like) for name, like in (("dq", q), ("dk", k), ("dv", v)) if name not in given
+        (name, like)
+        for name, like in (("dq", q_view), ("dk", k_view), ("dv", v_view))
+        if name not in given
     ]
     given.update(
         zip(
             (name for name, _ in missing),
-            allocate(q.kind, [(like.shape, q.dtype) for _, like in missing]),
+            allocate(q_view.kind, [(like.shape, dtype) for _, like in missing]),
         )
     )
     gradients = [given["dq"], given["dk"], given["dv"]]
     context._call(
         lib.mfa_attention_backward,
         params,
-        _tensor(q, arrays),
-        _tensor(k, arrays),
-        _tensor(v, arrays),
-        _tensor(out, arrays),
-        _tensor(dout, arrays),
-        _lse_tensor(lse),
+        *(_tensor(view, arrays) for view in inputs[:5]),
+        _lse_tensor(lse_view),
         *(_tensor(view, arrays) for _, view in gradients),
     )
-    return tuple(array for array, _ in gradients)
+    dq_result, dk_result, dv_result = (array for array, _ in gradients)
+    return dq_result, dk_result, dv_result

@@ -27,7 +27,7 @@ and are never copied to the CPU implicitly. Importing this module imports MLX;
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, cast, overload
 
 import mlx.core as mx
 
@@ -91,19 +91,49 @@ _MLX_NAMES = {
 }
 
 
-@keyword_hints(_MLX_NAMES)
+@overload
 def attention(
     q: mx.array,
     k: mx.array,
     v: mx.array,
     *,
-    causal: bool = False,
-    causal_alignment: Literal["bottom_right", "top_left"] = "bottom_right",
-    window: tuple[int | None, int | None] | None = None,
-    scale: float | None = None,
-    return_lse: bool = False,
-    stream: None | mx.Stream | mx.Device = None,
-) -> mx.array | tuple[mx.array, mx.array]:
+    causal: bool = ...,
+    causal_alignment: Literal["bottom_right", "top_left"] = ...,
+    window: tuple[int | None, int | None] | None = ...,
+    scale: float | None = ...,
+    return_lse: Literal[False] = ...,
+    stream: None | mx.Stream | mx.Device = ...,
+) -> mx.array: ...
+
+
+@overload
+def attention(
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    *,
+    causal: bool = ...,
+    causal_alignment: Literal["bottom_right", "top_left"] = ...,
+    window: tuple[int | None, int | None] | None = ...,
+    scale: float | None = ...,
+    return_lse: Literal[True],
+    stream: None | mx.Stream | mx.Device = ...,
+) -> tuple[mx.array, mx.array]: ...
+
+
+@keyword_hints(_MLX_NAMES)
+def attention(
+    q,
+    k,
+    v,
+    *,
+    causal=False,
+    causal_alignment="bottom_right",
+    window=None,
+    scale=None,
+    return_lse=False,
+    stream=None,
+):
     """:func:`mfa_native.attention` on MLX arrays (layout ``[B, H, N, D]``), differentiable
     with ``mx.grad`` / ``mx.vjp`` through mfa's fused backward.
 
@@ -114,14 +144,17 @@ def attention(
     _require_cpu_stream(stream)
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
-    out, lse = _attention_with_lse(
-        q,
-        k,
-        v,
-        causal=causal,
-        causal_alignment=causal_alignment,
-        window=window,
-        scale=scale,
+    out, lse = cast(
+        "tuple[mx.array, mx.array]",
+        _attention_with_lse(
+            q,
+            k,
+            v,
+            causal=causal,
+            causal_alignment=causal_alignment,
+            window=window,
+            scale=scale,
+        ),
     )
     return (out, mx.stop_gradient(lse)) if return_lse else out
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Literal, overload
 
 import torch
@@ -397,6 +397,14 @@ _routing_lock = threading.Lock()
 _original_sdpa = torch.nn.functional.scaled_dot_product_attention
 
 
+def _install(function: Callable[..., Tensor]) -> None:
+    """Put function in torch.nn.functional.scaled_dot_product_attention's place."""
+    functional = torch.nn.functional
+    # torch's stubs type the attribute with positional scale and enable_gqa, which PyTorch
+    # takes by keyword only, as this module's function does.
+    functional.scaled_dot_product_attention = function  # type: ignore[assignment]
+
+
 def enable() -> None:
     """Make ``torch.nn.functional.scaled_dot_product_attention`` call
     :func:`scaled_dot_product_attention` (process-wide, every thread) until :func:`disable`.
@@ -409,13 +417,13 @@ def enable() -> None:
     allowed.
     """
     with _routing_lock:
-        torch.nn.functional.scaled_dot_product_attention = scaled_dot_product_attention
+        _install(scaled_dot_product_attention)
 
 
 def disable() -> None:
     """Restore PyTorch's own ``torch.nn.functional.scaled_dot_product_attention``."""
     with _routing_lock:
-        torch.nn.functional.scaled_dot_product_attention = _original_sdpa
+        _install(_original_sdpa)
 
 
 def is_enabled() -> bool:
@@ -434,9 +442,9 @@ def routed() -> Iterator[None]:
     """
     with _routing_lock:
         previous = torch.nn.functional.scaled_dot_product_attention
-        torch.nn.functional.scaled_dot_product_attention = scaled_dot_product_attention
+        _install(scaled_dot_product_attention)
     try:
         yield
     finally:
         with _routing_lock:
-            torch.nn.functional.scaled_dot_product_attention = previous
+            _install(previous)
