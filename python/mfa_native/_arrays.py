@@ -425,19 +425,14 @@ def _kind_of(array_type):
     return kind
 
 
-_framework_kinds: dict[str, object] = {}
-
-
+@functools.cache
 def _torch_kind(torch):
-    if "torch" not in _framework_kinds:
-        _framework_kinds["torch"] = _TorchKind(torch)
-    return _framework_kinds["torch"]
+    return _TorchKind(torch)
 
 
+@functools.cache
 def _mlx_kind(mx):
-    if "mlx" not in _framework_kinds:
-        _framework_kinds["mlx"] = _MlxKind(mx)
-    return _framework_kinds["mlx"]
+    return _MlxKind(mx)
 
 
 def read_array(name, array, dtype=None):
