@@ -8,6 +8,7 @@ import pytest
 import reference
 from _backends import Case, check_backward, check_forward
 from mfa_native import _arrays
+from mfa_native._library import ffi
 
 mx = pytest.importorskip("mlx.core")
 mfa_mlx = pytest.importorskip("mfa_native.mlx")
@@ -154,3 +155,25 @@ def test_the_module_docstring_example_runs():
 
     result = doctest.testmod(mfa_mlx)
     assert result.attempted and not result.failed
+
+
+def test_results_are_the_arrays_mfa_wrote(monkeypatch):
+    """No copy on the way out: what the custom function, stop_gradient and mx.grad return
+    share the buffers libmfa wrote."""
+    written = []
+    call = mfa_native.Context._call
+
+    def recording_call(self, function, params, *tensors):
+        written.append([int(ffi.cast("uintptr_t", t.data)) for t in tensors if t != ffi.NULL])
+        return call(self, function, params, *tensors)
+
+    monkeypatch.setattr(mfa_native.Context, "_call", recording_call)
+    q = mx.random.normal((1, 2, 5, 8))
+    out = mfa_mlx.scaled_dot_product_attention(q, q, q, scale=0.3)
+    assert _arrays.read_array("out", out).address == written[-1][3]
+    out, lse = mfa_mlx.attention(q, q, q, return_lse=True)
+    assert [_arrays.read_array("x", x).address for x in (out, lse)] == written[-1][3:5]
+    k, v = mx.random.normal((1, 1, 7, 8)), mx.random.normal((1, 1, 7, 8))
+    loss = lambda q, k, v: mfa_mlx.attention(q, k, v).sum()  # noqa: E731
+    gradients = mx.grad(loss, argnums=(0, 1, 2))(q, k, v)
+    assert [_arrays.read_array("x", x).address for x in gradients] == written[-1][6:9]
