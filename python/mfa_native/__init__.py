@@ -1,4 +1,5 @@
-"""mfa_native: exact attention (FlashAttention) for Apple GPUs and CPUs, over numpy arrays.
+"""mfa_native: exact attention (FlashAttention) for Apple GPUs and CPUs, over numpy arrays and
+any DLPack array (torch tensors, MLX arrays), results of the caller's kind.
 
 A thin binding of libmfa's C API (cffi, ABI mode): no Python extension module is compiled, and
 the declarations come from the installed ``mfa.h`` at import.
@@ -16,6 +17,9 @@ Functions: :func:`attention`, :func:`attention_backward`, :func:`empty`, :func:`
 :func:`available_backends`. Classes: :class:`Context`, :class:`MFAError`; the dictionaries
 :class:`Info` and :class:`Capabilities` describe what :func:`info` and
 :attr:`Context.capabilities` return.
+Framework adapters, each imported only when asked for: :mod:`mfa_native.torch` (custom
+operators with autograd and torch.compile, PyTorch's SDPA), :mod:`mfa_native.flash_attn`
+(flash-attn's functions), :mod:`mfa_native.mlx` (MLX's SDPA with a fused backward).
 Command line: ``python -m mfa_native {info,demo,bench}``.
 
 Environment

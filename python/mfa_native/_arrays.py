@@ -1,0 +1,454 @@
+"""Array arguments of every kind read as one view, never copied, and results allocated as the
+caller's kind.
+
+numpy arrays are read through their attributes, torch tensors through theirs (both without
+importing anything: a torch tensor can only exist once its module is loaded), and every other
+object through DLPack (``__dlpack_device__`` / ``__dlpack__``), which covers MLX arrays and any
+array library that exports it. DLPack capsules are read with cffi in place, not consumed: the
+capsule stays alive beside the view for the duration of the call, and its destructor returns
+the memory to the producer as the DLPack specification prescribes for unconsumed capsules.
+
+Results take the kind of the array they are shaped after (numpy in, numpy out; torch in, torch
+out; MLX in, MLX out); arrays of any other DLPack producer get numpy results, since this package
+cannot allocate in a library it does not know.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import sys
+
+import cffi
+import ml_dtypes
+import numpy as np
+
+from ._context import DTYPES
+
+__all__ = ["CPU", "METAL", "ArrayView", "read_array", "allocate", "device_name"]
+
+# DLPack device types (dlpack.h, DLDeviceType).
+CPU = 1
+METAL = 8
+_DEVICE_NAMES = {
+    1: "CPU",
+    2: "CUDA",
+    3: "CUDA host",
+    4: "OpenCL",
+    7: "Vulkan",
+    8: "Metal",
+    9: "VPI",
+    10: "ROCm",
+    11: "ROCm host",
+    12: "ext_dev",
+    13: "CUDA managed",
+    14: "oneAPI",
+    15: "WebGPU",
+    16: "Hexagon",
+    17: "MAIA",
+}
+
+# The DLPack 1.x ABI (dlpack.h): a legacy "dltensor" capsule holds a DLManagedTensor, a
+# "dltensor_versioned" capsule a DLManagedTensorVersioned. Only the fields read are relied on.
+_dlpack = cffi.FFI()
+_dlpack.cdef(
+    """
+    typedef struct { int32_t device_type; int32_t device_id; } DLDevice;
+    typedef struct { uint8_t code; uint8_t bits; uint16_t lanes; } DLDataType;
+    typedef struct {
+        void* data;
+        DLDevice device;
+        int32_t ndim;
+        DLDataType dtype;
+        int64_t* shape;
+        int64_t* strides;
+        uint64_t byte_offset;
+    } DLTensor;
+    typedef struct DLManagedTensor {
+        DLTensor dl_tensor;
+        void* manager_ctx;
+        void (*deleter)(struct DLManagedTensor*);
+    } DLManagedTensor;
+    typedef struct { uint32_t major; uint32_t minor; } DLPackVersion;
+    typedef struct DLManagedTensorVersioned {
+        DLPackVersion version;
+        void* manager_ctx;
+        void (*deleter)(struct DLManagedTensorVersioned*);
+        uint64_t flags;
+        DLTensor dl_tensor;
+    } DLManagedTensorVersioned;
+    """
+)
+_MANAGED = _dlpack.typeof("DLManagedTensor*")
+_MANAGED_VERSIONED = _dlpack.typeof("DLManagedTensorVersioned*")
+_FLAG_READ_ONLY = 1  # DLPACK_FLAG_BITMASK_READ_ONLY
+_VERSIONED_NAME = b"dltensor_versioned"
+_LEGACY_NAME = b"dltensor"
+
+_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer.restype = ctypes.c_void_p
+_capsule_pointer.argtypes = (ctypes.py_object, ctypes.c_char_p)
+_capsule_name = ctypes.pythonapi.PyCapsule_GetName
+_capsule_name.restype = ctypes.c_char_p
+_capsule_name.argtypes = (ctypes.py_object,)
+
+_F32, _F16, _BF16 = np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)
+# (DLDataTypeCode, bits, lanes) -> numpy dtype: the storage dtypes, and float64 so that its
+# rejection names it like numpy's.
+_DLPACK_DTYPES = {(2, 32, 1): _F32, (2, 16, 1): _F16, (4, 16, 1): _BF16, (2, 64, 1): "float64"}
+
+
+def device_name(device):
+    return _DEVICE_NAMES.get(device, f"DLPack device type {device}")
+
+
+class ArrayView:
+    """One array argument as libmfa sees it.
+
+    ``address`` is the first element's address for CPU memory; for Metal memory it is the
+    ``id<MTLBuffer>`` handle and ``byte_offset`` the offset of the first element in it (0 for
+    CPU memory, where the offset is already added). ``strides`` count elements. ``kind`` tells
+    what kind of array results shaped after this one are. ``keepalive`` holds whatever keeps
+    the memory valid (the DLPack capsule) for as long as the view is used.
+    """
+
+    __slots__ = (
+        "kind",
+        "device",
+        "address",
+        "byte_offset",
+        "dtype",
+        "shape",
+        "strides",
+        "writable",
+        "keepalive",
+    )
+
+    def __init__(self, kind, device, address, byte_offset, dtype, shape, strides, writable, keep):
+        self.kind = kind
+        self.device = device
+        self.address = address
+        self.byte_offset = byte_offset
+        self.dtype = dtype
+        self.shape = shape
+        self.strides = strides
+        self.writable = writable
+        self.keepalive = keep
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+
+@functools.lru_cache(maxsize=256)
+def _contiguous_strides(shape):
+    strides = [1] * len(shape)
+    for axis in range(len(shape) - 1, 0, -1):
+        strides[axis - 1] = strides[axis] * shape[axis]
+    return tuple(strides)
+
+
+def _numpy_address(array):
+    """The address of array's first element. A contiguous array is asked through the buffer
+    protocol, which costs half of building its __array_interface__."""
+    if array.flags.c_contiguous:
+        return int(_dlpack.cast("uintptr_t", _dlpack.from_buffer(array)))
+    return array.__array_interface__["data"][0]
+
+
+def _type_error(name, array):
+    return TypeError(
+        f"{name} must be an array (numpy, torch, MLX or any DLPack producer), "
+        f"got {type(array).__name__}"
+    )
+
+
+def _check_dtype(name, dtype, required):
+    """dtype None accepts any of the storage dtypes; otherwise the array must have exactly it."""
+    if required is None:
+        if dtype not in DTYPES:
+            raise TypeError(
+                f"{name}.dtype must be float32, float16 or bfloat16 (native byte order), "
+                f"got {dtype}"
+            )
+    elif dtype != required:
+        raise TypeError(f"{name}.dtype must be {required}, got {dtype}")
+
+
+def _check_alignment(name, address, itemsize):
+    if address % itemsize:
+        raise ValueError(f"{name} must be aligned to its itemsize {itemsize}")
+
+
+# ---- numpy ----------------------------------------------------------------------------------
+
+
+def _read_numpy(name, array, dtype):
+    _check_dtype(name, array.dtype, dtype)
+    itemsize = array.itemsize
+    byte_strides = array.strides
+    if any(stride % itemsize for stride in byte_strides):
+        raise ValueError(
+            f"{name}.strides {byte_strides} must be multiples of the itemsize {itemsize}"
+        )
+    if not array.flags.aligned:
+        raise ValueError(f"{name} must be aligned to its itemsize {itemsize}")
+    return ArrayView(
+        NUMPY,
+        CPU,
+        _numpy_address(array),
+        0,
+        array.dtype,
+        array.shape,
+        tuple(stride // itemsize for stride in byte_strides),
+        array.flags.writeable,
+        array,
+    )
+
+
+class _NumpyKind:
+    name = "numpy"
+
+    @staticmethod
+    def empty(specs):
+        results = []
+        for shape, dtype in specs:
+            array = np.empty(shape, dtype)
+            view = ArrayView(
+                NUMPY,
+                CPU,
+                _numpy_address(array),
+                0,
+                dtype,
+                shape,
+                _contiguous_strides(shape),
+                True,
+                array,
+            )
+            results.append((array, view))
+        return results
+
+
+NUMPY = _NumpyKind()
+
+
+# ---- torch ----------------------------------------------------------------------------------
+
+
+class _TorchKind:
+    """torch tensors, read through their own attributes: three times cheaper than a DLPack
+    export, and it sees MPS storage as the Metal buffer plus offset that it is."""
+
+    name = "torch"
+
+    def __init__(self, torch):
+        self.torch = torch
+        self.to_numpy = {torch.float32: _F32, torch.float16: _F16, torch.bfloat16: _BF16}
+        self.from_numpy = {value: key for key, value in self.to_numpy.items()}
+
+    def read(self, name, tensor, dtype):
+        if tensor.requires_grad and self.torch.is_grad_enabled():
+            raise TypeError(
+                f"{name} requires grad, and mfa_native.attention does not record autograd: "
+                "use mfa_native.torch.attention (differentiable), or pass tensor.detach()"
+            )
+        numpy_dtype = self.to_numpy.get(tensor.dtype) or str(tensor.dtype)
+        _check_dtype(name, numpy_dtype, dtype)
+        itemsize = numpy_dtype.itemsize
+        if tensor.is_cpu:
+            device, address, byte_offset = CPU, tensor.data_ptr(), 0
+        elif tensor.is_mps:
+            # An MPS tensor's storage pointer is its id<MTLBuffer>; the view starts
+            # storage_offset elements into it.
+            device = METAL
+            address = tensor.untyped_storage().data_ptr()
+            byte_offset = tensor.storage_offset() * itemsize
+        else:
+            raise ValueError(
+                f"{name} is on the {tensor.device.type!r} device; mfa reads CPU memory (and, "
+                "with the metal backend's device-buffer path, Metal buffers)"
+            )
+        _check_alignment(name, address + byte_offset, itemsize)
+        return ArrayView(
+            self,
+            device,
+            address,
+            byte_offset,
+            numpy_dtype,
+            tuple(tensor.shape),
+            tensor.stride(),
+            True,
+            tensor,
+        )
+
+    def empty(self, specs):
+        results = []
+        for shape, dtype in specs:
+            tensor = self.torch.empty(shape, dtype=self.from_numpy[dtype])
+            view = ArrayView(
+                self, CPU, tensor.data_ptr(), 0, dtype, shape, tensor.stride(), True, tensor
+            )
+            results.append((tensor, view))
+        return results
+
+
+# ---- MLX and other DLPack producers ---------------------------------------------------------
+
+
+class _MlxKind:
+    """MLX arrays, read through DLPack. Results are fresh arrays, evaluated so that their
+    buffer exists, and filled in place before anything else can see them: MLX marks its DLPack
+    exports read-only because arrays are values, which a result still being computed is not
+    yet."""
+
+    name = "mlx"
+
+    def __init__(self, mx):
+        self.mx = mx
+        self.from_numpy = {_F32: mx.float32, _F16: mx.float16, _BF16: mx.bfloat16}
+
+    def read(self, name, array, dtype):
+        return _read_dlpack(self, name, array, dtype)
+
+    def empty(self, specs):
+        arrays = [self.mx.zeros(shape, dtype=self.from_numpy[dtype]) for shape, dtype in specs]
+        self.mx.eval(*arrays)  # one evaluation for all: each is a round trip to MLX's stream
+        results = []
+        for array, (_, dtype) in zip(arrays, specs):
+            view = _read_dlpack(self, "result", array, dtype)
+            view.writable = True
+            results.append((array, view))
+        return results
+
+
+class _OtherKind:
+    """Any other DLPack producer: read through DLPack, results as numpy arrays."""
+
+    name = "dlpack"
+
+    def read(self, name, array, dtype):
+        return _read_dlpack(self, name, array, dtype)
+
+    empty = staticmethod(_NumpyKind.empty)
+
+
+OTHER = _OtherKind()
+
+# Producers whose __dlpack__ takes no max_version (DLPack < 1.0): asked for a legacy capsule.
+_legacy_exporters: set[type] = set()
+
+
+def _export(array):
+    """The DLPack capsule of array: versioned where the producer supports it."""
+    kind = type(array)
+    if kind not in _legacy_exporters:
+        try:
+            return array.__dlpack__(max_version=(1, 0))
+        except TypeError:
+            _legacy_exporters.add(kind)
+    return array.__dlpack__()
+
+
+def _read_dlpack(kind, name, array, dtype):
+    try:
+        device, _ = array.__dlpack_device__()
+    except AttributeError:
+        raise _type_error(name, array) from None
+    if device not in (CPU, METAL):
+        raise ValueError(
+            f"{name} is in {device_name(device)} memory; mfa reads CPU memory (and, with the "
+            "metal backend's device-buffer path, Metal buffers)"
+        )
+    capsule = _export(array)
+    capsule_name = _capsule_name(capsule)
+    if capsule_name == _VERSIONED_NAME:
+        managed = _dlpack.cast(_MANAGED_VERSIONED, _capsule_pointer(capsule, capsule_name))
+        if managed.version.major != 1:
+            raise ValueError(
+                f"{name} was exported as DLPack {managed.version.major}."
+                f"{managed.version.minor}; mfa reads DLPack 1.x"
+            )
+        writable = not managed.flags & _FLAG_READ_ONLY
+    elif capsule_name == _LEGACY_NAME:
+        managed = _dlpack.cast(_MANAGED, _capsule_pointer(capsule, capsule_name))
+        # A pre-1.0 export cannot say whether the memory may be written (MLX's, whose arrays
+        # are values, may not): taken as read-only, as numpy's from_dlpack takes it.
+        writable = False
+    else:
+        raise ValueError(f"{name}.__dlpack__() returned a capsule named {capsule_name!r}")
+    tensor = managed.dl_tensor
+    code, bits, lanes = tensor.dtype.code, tensor.dtype.bits, tensor.dtype.lanes
+    numpy_dtype = _DLPACK_DTYPES.get(
+        (code, bits, lanes), f"DLPack dtype (code {code}, {bits} bits, {lanes} lanes)"
+    )
+    _check_dtype(name, numpy_dtype, dtype)
+    ndim = tensor.ndim
+    shape = tuple(tensor.shape[0:ndim]) if ndim else ()
+    # A NULL strides pointer means compact row-major.
+    strides = (
+        tuple(tensor.strides[0:ndim])
+        if tensor.strides != _dlpack.NULL
+        else _contiguous_strides(shape)
+    )
+    address = int(_dlpack.cast("uintptr_t", tensor.data))
+    byte_offset = tensor.byte_offset
+    itemsize = numpy_dtype.itemsize
+    _check_alignment(name, address + byte_offset, itemsize)
+    if device == CPU:
+        address, byte_offset = address + byte_offset, 0
+    return ArrayView(
+        kind, device, address, byte_offset, numpy_dtype, shape, strides, writable, capsule
+    )
+
+
+# ---- dispatch on the argument's type --------------------------------------------------------
+
+# type -> its kind (with a read method), filled on first sight of each type.
+_KINDS: dict[type, object] = {}
+
+
+def _kind_of(array_type):
+    kind = _KINDS.get(array_type)
+    if kind is None:
+        kind = OTHER
+        if issubclass(array_type, np.ndarray):
+            kind = NUMPY
+        else:
+            # A tensor of these libraries can only exist once they are imported.
+            torch = sys.modules.get("torch")
+            mx = sys.modules.get("mlx.core")
+            if torch is not None and issubclass(array_type, torch.Tensor):
+                kind = _torch_kind(torch)
+            elif mx is not None and issubclass(array_type, mx.array):
+                kind = _mlx_kind(mx)
+        _KINDS[array_type] = kind
+    return kind
+
+
+@functools.cache
+def _torch_kind(torch):
+    return _TorchKind(torch)
+
+
+@functools.cache
+def _mlx_kind(mx):
+    return _MlxKind(mx)
+
+
+def read_array(name, array, dtype=None):
+    """Check one array argument and view it in place.
+
+    Raises TypeError for something that is not an array, or of the wrong dtype (dtype None
+    accepts any storage dtype, otherwise exactly the one given), and ValueError for strides
+    that are not whole elements, misaligned data, or memory libmfa cannot reach.
+    """
+    kind = _KINDS.get(type(array)) or _kind_of(type(array))
+    if kind is NUMPY:
+        return _read_numpy(name, array, dtype)
+    return kind.read(name, array, dtype)
+
+
+def allocate(kind, specs):
+    """[(result, view)] of new C-contiguous arrays of the given kind, one for each (shape,
+    numpy dtype) in specs."""
+    return kind.empty(specs) if specs else []
