@@ -30,10 +30,17 @@ set(MFA_SIM_CODEGEN ${CMAKE_CURRENT_LIST_DIR}/metal_sim_codegen.py CACHE INTERNA
     "metal-sim code generator")
 set(MFA_SIM_CHECK_IR ${CMAKE_CURRENT_LIST_DIR}/metal_sim_check_ir.py CACHE INTERNAL
     "metal-sim recursion and function-pointer check")
-# The language mode the kernels are preprocessed in: MSL 3.1 (bfloat) on a C++17 base.
+# The language mode the kernels are preprocessed in: MSL 3.1 (bfloat) on a C++17 base. Before
+# its first line every kernel gets what the Metal compiler knows without an include (the
+# keywords), what the generated glue calls, and then Metal's restrictions, which from there on
+# hold for the kernel and for everything it includes.
 set(MFA_SIM_PREPROCESS_FLAGS -E -x c++ -std=c++17 -nostdinc -nostdinc++
     -isystem ${MFA_SIM_COMPAT_INCLUDE_DIR} -D__METAL_VERSION__=310 -D__HAVE_BFLOAT__=1
-    -D__METAL_SIM__=1 CACHE INTERNAL "metal-sim preprocessing flags")
+    -D__METAL_SIM__=1
+    -include ${MFA_SIM_COMPAT_INCLUDE_DIR}/mfa_sim_language.h
+    -include ${MFA_SIM_COMPAT_INCLUDE_DIR}/mfa_sim_glue.h
+    -include ${MFA_SIM_COMPAT_INCLUDE_DIR}/mfa_sim_restrictions.h
+    CACHE INTERNAL "metal-sim preprocessing flags")
 # -Wno-unused-parameter: kernels routinely take built-ins they do not read.
 # -Wno-pass-failed: `#pragma unroll` over a loop bounded by function constants cannot be honoured
 # here, where the constants are bound at dispatch time rather than at pipeline creation.

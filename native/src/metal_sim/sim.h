@@ -46,9 +46,10 @@
 // pointer where a device or thread pointer is expected) fail the build through a type-checking
 // pass; it leaves references, objects and bfloat pointers unchecked, and rejects copying a whole
 // struct out of a device/constant/threadgroup pointer (MSL allows it; read the fields or bind
-// the struct by reference). See MetalSimKernels.cmake and include/mfa_sim_metal.h.
+// the struct by reference). See MetalSimKernels.cmake and include/mfa_sim_language.h.
 //
-// Differences from Apple's compiler to keep in mind (details in include/mfa_sim_metal.h):
+// Differences from Apple's compiler to keep in mind (details in include/metal_types and
+// include/metal_math):
 //   - float2(a, b)-style constructors are macros over metal::make_vec; `(float4)int4_value` is a
 //     bit cast here, so convert with float4(int4_value).
 //   - half is _Float16 (1.5h works); bfloat is a struct (bfloat(1.5f); no `bf` literal), its
