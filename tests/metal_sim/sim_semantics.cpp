@@ -119,45 +119,6 @@ void test_threadgroup_memory_limits() {
     CHECK(contains(mfa_last_error(), "threadgroup(0) has no memory"));
 }
 
-void test_threadgroup_variables() {
-    const uint32_t threads = 256, groups = 3;
-    std::vector<float> input(threads * groups), output(threads * groups, -1.0f);
-    for (size_t i = 0; i < input.size(); ++i) input[i] = (float)i;
-    mfa::sim::Dispatch d;
-    d.kernel = "reverse_through_threadgroup_variable";
-    d.threads_per_threadgroup = {threads, 1, 1};
-    d.threadgroups = {groups, 1, 1};
-    d.schedule_seed = 5;
-    d.num_workers = 2;
-    d.buffers[0] = bind(input);
-    d.buffers[1] = bind(output);
-    if (sim_test::run(d)) {
-        for (uint32_t g = 0; g < groups; ++g)
-            for (uint32_t t = 0; t < threads; ++t)
-                CHECK(output[g * threads + t] == input[g * threads + threads - 1 - t] + g + 100);
-    }
-
-    std::vector<uint32_t> unwritten(128 * groups, 0);
-    d = sim_test::one_group("read_unwritten_threadgroup_variable", 128);
-    d.threadgroups = {groups, 1, 1};
-    d.buffers[0] = bind(unwritten);
-    if (sim_test::run(d)) {
-        int zeros = 0;
-        for (uint32_t v : unwritten) zeros += v == 0;
-        CHECK_MSG(zeros < 4, "%d zero words in fresh threadgroup variables", zeros);
-    }
-
-    std::vector<float> out(32);
-    d = sim_test::one_group("full_threadgroup_variable", 32);
-    d.buffers[0] = bind(out);
-    CHECK(sim_test::run(d));
-    d.threadgroup_memory_lengths[3] = 16;
-    CHECK(mfa::sim::dispatch(d) == MFA_ERROR_DEVICE);
-    CHECK_MSG(contains(mfa_last_error(), "32768 bytes of threadgroup variables and 16 bytes of "
-                                         "[[threadgroup]] arguments exceed"),
-              "%s", mfa_last_error());
-}
-
 // Many threadgroups spread over workers give the same answer as one worker.
 void test_workers_agree() {
     const uint32_t threads = 64, groups = 40;
@@ -186,7 +147,6 @@ int main() {
     test_divergence_reported();
     test_threadgroup_memory_is_garbage();
     test_threadgroup_memory_limits();
-    test_threadgroup_variables();
     test_workers_agree();
     return sim_test::finish("sim_semantics");
 }
