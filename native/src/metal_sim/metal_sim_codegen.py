@@ -13,8 +13,11 @@ compatibility headers (MetalSimKernels.cmake), in which Metal's address-space ke
     a per-dispatch setter, so that concurrent dispatches with different constants do not
     interfere;
   - appended glue: for every kernel, an entry point that binds each parameter from its
-    attribute ([[buffer(i)]], [[threadgroup(i)]], built-ins), and a static registration of the
-    kernels by name.
+    attribute ([[buffer(i)]], [[threadgroup(i)]], built-ins), and the setter of the file's
+    function constants; --manifest lists the file's kernels.
+
+With --kernel-table it writes the table of a binary's kernels from their files' manifests: the
+one place the executor finds kernels (mfa_sim_abi::kernels).
 
 It accepts the kernel forms the project's kernels use, which sim.h lists; any other construct
 with a Metal meaning is reported as `file:line: error: ...` naming it, and fails the build:
@@ -25,6 +28,8 @@ kernel's parameters, parameters without a binding, and size_t or ptrdiff_t argum
 """
 
 import argparse
+import json
+import os
 import re
 import sys
 
@@ -174,6 +179,7 @@ class Codegen:
         self.parameter_attributes = set()  # first token indices of kernel parameters' lists
         self.kernels = {}  # name -> parameters
         self.constants = []  # names of function constants and constants derived from them
+        self.run()
 
     # ---- helpers ----
 
@@ -600,45 +606,32 @@ class Codegen:
         )
 
     def glue(self):
+        """Each kernel's entry point and the file's function-constant setter, under the names
+        the kernel table (kernel_table) refers to."""
         out = [f'\n# 1 "<metal-sim glue for {self.source}>"\n']
-        for number, (name, parameters) in enumerate(self.kernels.items()):
+        for name, parameters in self.kernels.items():
             arguments = ",\n        ".join(self.argument(name, p) for p in parameters)
             out.append(
-                f"static void __mfa_sim_entry_{number}(const ::mfa_sim_abi::ThreadInfo& thread, "
+                f"void {entry_name(name)}(const ::mfa_sim_abi::ThreadInfo& thread, "
                 f"const ::mfa_sim_abi::ArgumentTable& arguments) {{\n"
                 f"    (void)thread;\n    (void)arguments;\n"
                 f"    {name}(\n        {arguments});\n}}\n"
             )
         out.append(
-            "static const char* __mfa_sim_setup_constants("
+            f"const char* {constants_name(self.source)}("
             "const ::mfa_sim_abi::ConstantTable& table) {\n"
             "    const char* error = nullptr;\n    (void)table;\n"
         )
         for name in self.constants:
             out.append(f"    if ((error = __mfa_sim_bind_{name}(table))) return error;\n")
         out.append("    return error;\n}\n")
-        if self.kernels:
-            out.append("static const ::mfa_sim_abi::KernelRecord __mfa_sim_kernels[] = {\n")
-            for number, name in enumerate(self.kernels):
-                out.append(
-                    f"    {{{c_string(name)}, {c_string(self.source)}, __mfa_sim_entry_{number}, "
-                    f"__mfa_sim_setup_constants}},\n"
-                )
-            out.append(
-                "};\n"
-                "namespace {\n"
-                "struct __mfa_sim_registrar {\n"
-                "    __mfa_sim_registrar() {\n"
-                "        mfa_sim_register_kernels(__mfa_sim_kernels, "
-                f"{len(self.kernels)});\n"
-                "    }\n"
-                "} const __mfa_sim_registrar_instance;\n"
-                "}\n"
-            )
         return "".join(out)
 
+    def manifest(self):
+        """What kernel_table needs to know of this file."""
+        return {"source": self.source, "kernels": list(self.kernels)}
+
     def output(self):
-        self.run()
         glue = self.glue()
         pieces = []
         position = 0
@@ -652,22 +645,92 @@ class Codegen:
         return "".join(pieces) + glue
 
 
+def entry_name(kernel):
+    return f"mfa_sim_kernel_{kernel}"
+
+
+def constants_name(source):
+    stem = os.path.splitext(os.path.basename(source))[0]
+    return "mfa_sim_constants_" + re.sub(r"\W", "_", stem)
+
+
+def kernel_table(manifests):
+    """The table of every kernel of a binary (mfa_sim_abi::kernels), sorted by name: each with
+    its .metal file, the entry point that runs one of its threads, and the setter of its file's
+    function constants. A name defined by two files is an error here, before anything runs."""
+    files = {}  # kernel name -> manifest
+    for manifest in manifests:
+        for kernel in manifest["kernels"]:
+            if kernel in files:
+                raise CodegenError(
+                    f"{manifest['source']}: error: kernel '{kernel}' is also defined in "
+                    f"{files[kernel]['source']}: kernel names must be unique in a binary"
+                )
+            files[kernel] = manifest
+    if not files:
+        raise CodegenError("error: no kernel in " + ", ".join(m["source"] for m in manifests))
+    out = [
+        "// Generated by metal_sim_codegen.py: every kernel compiled into this binary, by name,\n"
+        "// with the function that runs one of its threads and the one that sets its file's\n"
+        "// function constants. mfa::sim::dispatch finds kernels here.\n"
+        '#include "mfa_sim_abi.h"\n\n'
+    ]
+    for kernel in sorted(files):
+        out.append(
+            f"void {entry_name(kernel)}(const mfa_sim_abi::ThreadInfo&, "
+            "const mfa_sim_abi::ArgumentTable&);\n"
+        )
+    for source in sorted({m["source"] for m in manifests}):
+        out.append(f"const char* {constants_name(source)}(const mfa_sim_abi::ConstantTable&);\n")
+    out.append("\nconst mfa_sim_abi::KernelRecord mfa_sim_abi::kernels[] = {\n")
+    for kernel in sorted(files):
+        source = files[kernel]["source"]
+        out.append(
+            f"    {{{c_string(kernel)}, {c_string(source)}, {entry_name(kernel)}, "
+            f"{constants_name(source)}}},\n"
+        )
+    out.append(
+        "};\nconst unsigned mfa_sim_abi::kernel_count = sizeof kernels / sizeof kernels[0];\n"
+    )
+    return "".join(out)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("preprocessed")
+    parser.add_argument(
+        "inputs",
+        nargs="+",
+        help="the preprocessed .metal file; with --kernel-table, the manifests of a binary",
+    )
     parser.add_argument("-o", "--output", required=True)
-    parser.add_argument("--source", required=True, help="the .metal file, for messages")
+    parser.add_argument("--source", help="the .metal file, for messages")
+    parser.add_argument("--manifest", help="also write the file's kernels here, for the table")
     parser.add_argument(
         "--address-spaces",
         action="store_true",
         help="emit clang address spaces on pointers, for a type-checking pass "
         "(preprocess with -DMFA_SIM_ADDRESS_SPACE_CHECK=1)",
     )
+    parser.add_argument(
+        "--kernel-table", action="store_true", help="write the kernel table of a binary"
+    )
     args = parser.parse_args()
-    with open(args.preprocessed, encoding="utf-8") as f:
-        text = f.read()
+    if not args.kernel_table and (len(args.inputs) != 1 or not args.source):
+        parser.error("compiling a kernel file takes one preprocessed file and --source")
     try:
-        result = Codegen(text, args.source, args.address_spaces).output()
+        if args.kernel_table:
+            manifests = []
+            for path in args.inputs:
+                with open(path, encoding="utf-8") as f:
+                    manifests.append(json.load(f))
+            result = kernel_table(manifests)
+        else:
+            with open(args.inputs[0], encoding="utf-8") as f:
+                codegen = Codegen(f.read(), args.source, args.address_spaces)
+            result = codegen.output()
+            if args.manifest:
+                with open(args.manifest, "w", encoding="utf-8") as f:
+                    json.dump(codegen.manifest(), f)
     except CodegenError as e:
         print(e, file=sys.stderr)
         return 1

@@ -10,9 +10,11 @@
 // How kernels get here. Every metal/*.metal file is preprocessed with the compatibility headers
 // in native/src/metal_sim/include (metal_stdlib & co.), rewritten by metal_sim_codegen.py (which
 // strips Metal's attributes and generates the argument-binding glue from each kernel signature)
-// and compiled as C++ into libmfa; the kernels register themselves by name at load time. The
-// simulator's tests link the executor statically with their own .metal files, compiled the same
-// way by the CMake function mfa_sim_add_kernels(); nothing of the simulator is exported.
+// and compiled as C++ into libmfa. One more generated file, the kernel table, lists every kernel
+// of the binary by name with its entry point; dispatch() looks kernels up there, and a name
+// defined twice fails the build. The simulator's tests link the executor statically with their
+// own .metal files, compiled the same way by the CMake function mfa_sim_add_kernels(); nothing
+// of the simulator is exported.
 //
 // Supported kernel forms: the ones the project's kernels use. Anything else with a Metal meaning
 // (template kernels, [[host_name]], the [[kernel]] spelling, kernels or function constants in a
