@@ -4,7 +4,7 @@
 #   // expect: <regex>         it must fail, with diagnostics matching <regex>
 # Then builds the kernel table of the files in DUPLICATE_KERNELS, which define one kernel name
 # twice: that must fail, naming both files.
-# Invoked by ctest (tests/metal_sim/CMakeLists.txt) with the build's own compiler and flags.
+# Invoked by ctest (tests/CMakeLists.txt) with the build's own compiler and flags.
 file(GLOB kernels ${KERNELS}/*.metal)
 file(MAKE_DIRECTORY ${WORK_DIR})
 set(failures 0)
