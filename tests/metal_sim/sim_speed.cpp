@@ -59,7 +59,7 @@ void run_attention(uint32_t d, const char* kernel) {
             worst = std::max(worst, std::fabs(out / sum - o[i * d + c]));
         }
     }
-    CHECK_MSG(worst < 1e-5, "%s: max |error| %g", kernel, worst);
+    CHECK(worst < 1e-5, "%s: max |error| %g", kernel, worst);
 
     // A correctly synchronised kernel gives bit-identical results under any schedule and
     // number of workers.
@@ -75,5 +75,5 @@ void run_attention(uint32_t d, const char* kernel) {
 int main() {
     run_attention(64, "attention_forward_d64");
     run_attention(128, "attention_forward_d128");
-    return sim_test::finish("sim_speed");
+    return test_finish("sim_speed");
 }
