@@ -32,20 +32,20 @@ static void test_unavailable_backend(void) {
 /* Errors are per thread: a failure on one thread leaves another thread's message alone. */
 static void* fail_on_other_thread(void* arg) {
     (void)arg;
-    mfa_context_create((mfa_backend)99, NULL, NULL);
-    return (void*)(strstr(mfa_last_error(), "out is NULL") != NULL ? (void*)1 : NULL);
+    CHECK_ERROR("the other thread's error", mfa_context_create((mfa_backend)99, NULL, NULL),
+                MFA_ERROR_INVALID_ARGUMENT, "out is NULL");
+    return NULL;
 }
 
 static void test_errors_are_per_thread(void) {
     mfa_context* c;
-    mfa_context_create((mfa_backend)42, NULL, &c);
+    const mfa_status mine = mfa_context_create((mfa_backend)42, NULL, &c);
     pthread_t thread;
-    void* other_ok = NULL;
-    pthread_create(&thread, NULL, fail_on_other_thread, NULL);
-    pthread_join(thread, &other_ok);
-    CHECK(other_ok != NULL, "the other thread did not see its own error");
-    CHECK(strstr(mfa_last_error(), "not an mfa_backend") != NULL,
-          "this thread's message was replaced: %s", mfa_last_error());
+    const int started = pthread_create(&thread, NULL, fail_on_other_thread, NULL) == 0;
+    CHECK(started, "cannot start a second thread");
+    if (started) pthread_join(thread, NULL);
+    CHECK_ERROR("this thread's error, after the other thread's", mine, MFA_ERROR_INVALID_ARGUMENT,
+                "not an mfa_backend");
 }
 
 int main(void) {
