@@ -91,48 +91,25 @@ struct Builtin {
 inline Builtin builtin(const unsigned (&components)[3]) { return {components, 3}; }
 inline Builtin builtin(const unsigned& component) { return {&component, 1}; }
 
+// The MTLDataType a function constant of type T is declared with.
 template <class T>
 struct constant_type;
-template <>
-struct constant_type<bool> {
-    static constexpr mfa_sim_abi::ConstantType value = mfa_sim_abi::Bool;
-};
-template <>
-struct constant_type<char> {
-    static constexpr mfa_sim_abi::ConstantType value = mfa_sim_abi::Char;
-};
-template <>
-struct constant_type<signed char> {
-    static constexpr mfa_sim_abi::ConstantType value = mfa_sim_abi::Char;
-};
-template <>
-struct constant_type<uchar> {
-    static constexpr mfa_sim_abi::ConstantType value = mfa_sim_abi::UChar;
-};
-template <>
-struct constant_type<short> {
-    static constexpr mfa_sim_abi::ConstantType value = mfa_sim_abi::Short;
-};
-template <>
-struct constant_type<ushort> {
-    static constexpr mfa_sim_abi::ConstantType value = mfa_sim_abi::UShort;
-};
-template <>
-struct constant_type<int> {
-    static constexpr mfa_sim_abi::ConstantType value = mfa_sim_abi::Int;
-};
-template <>
-struct constant_type<uint> {
-    static constexpr mfa_sim_abi::ConstantType value = mfa_sim_abi::UInt;
-};
-template <>
-struct constant_type<half> {
-    static constexpr mfa_sim_abi::ConstantType value = mfa_sim_abi::Half;
-};
-template <>
-struct constant_type<float> {
-    static constexpr mfa_sim_abi::ConstantType value = mfa_sim_abi::Float;
-};
+#define MFA_SIM_CONSTANT_TYPE(T, type)                                                             \
+    template <>                                                                                    \
+    struct constant_type<T> {                                                                      \
+        static constexpr mfa_sim_abi::ConstantType value = mfa_sim_abi::type;                      \
+    };
+MFA_SIM_CONSTANT_TYPE(bool, Bool)
+MFA_SIM_CONSTANT_TYPE(char, Char)
+MFA_SIM_CONSTANT_TYPE(signed char, Char)
+MFA_SIM_CONSTANT_TYPE(uchar, UChar)
+MFA_SIM_CONSTANT_TYPE(short, Short)
+MFA_SIM_CONSTANT_TYPE(ushort, UShort)
+MFA_SIM_CONSTANT_TYPE(int, Int)
+MFA_SIM_CONSTANT_TYPE(uint, UInt)
+MFA_SIM_CONSTANT_TYPE(half, Half)
+MFA_SIM_CONSTANT_TYPE(float, Float)
+#undef MFA_SIM_CONSTANT_TYPE
 
 // Sets this OS thread's copy of one [[function_constant(index)]]: the dispatch's value, or
 // zero and "not defined" when the dispatch gives none (as Metal treats an unset constant).
