@@ -2,7 +2,7 @@
 // the tile products the kernels are made of.
 //
 // The element-to-lane mapping is unspecified by the MSL spec; this is the mapping Metal
-// FlashAttention and MLX rely on, checked by the lane-layout probe (tests/planner). Lane L
+// FlashAttention and MLX rely on, checked by the lane-layout probe (tests/kernels). Lane L
 // holds elements (row, col) and (row, col + 1) with
 //   row = 4 * bit4(L) + bits1..2(L),   col = 4 * bit3(L) + 2 * bit0(L),
 // so the four lanes sharing a row are {L, L^1, L^8, L^9}.

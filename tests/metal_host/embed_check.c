@@ -4,16 +4,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "check.h"
 #include "metal/embedded_sources.h"
-
-static int failures = 0;
-
-static void expect(int condition, const char* what) {
-    if (!condition) {
-        fprintf(stderr, "FAILED: %s\n", what);
-        failures++;
-    }
-}
 
 static int occurrences(const char* text, const char* needle) {
     int count = 0;
@@ -42,46 +34,44 @@ static int has_quoted_include(const char* text) {
 }
 
 int main(void) {
-    expect(mfa_metal_embedded_source_count == 2, "two sources, one per .metal file");
+    CHECK(mfa_metal_embedded_source_count == 2, "two sources, one per .metal file");
     if (mfa_metal_embedded_source_count != 2) return 1;
     const mfa_metal_embedded_source* first = &mfa_metal_embedded_sources[0];
     const mfa_metal_embedded_source* second = &mfa_metal_embedded_sources[1];
 
-    expect(strcmp(first->name, "first.metal") == 0, "sources sorted by name: first.metal");
-    expect(strcmp(second->name, "second.metal") == 0, "sources sorted by name: second.metal");
+    CHECK(strcmp(first->name, "first.metal") == 0, "sources sorted by name: first.metal");
+    CHECK(strcmp(second->name, "second.metal") == 0, "sources sorted by name: second.metal");
     for (size_t i = 0; i < 2; i++) {
         const char* text = mfa_metal_embedded_sources[i].text;
-        expect(!has_quoted_include(text), "no quoted #include directive left");
-        expect(occurrences(text, "LOCAL_MARKER = 2") == 1, "local.h inlined exactly once");
-        expect(occurrences(text, "${not_cmake} \\back\\slash") == 1 &&
-                   occurrences(text, "\"quoted\" text; semicolons; [brackets]") == 1,
-               "special characters survive byte for byte");
+        CHECK(!has_quoted_include(text), "no quoted #include directive left");
+        CHECK(occurrences(text, "LOCAL_MARKER = 2") == 1, "local.h inlined exactly once");
+        CHECK(occurrences(text, "${not_cmake} \\back\\slash") == 1 &&
+                  occurrences(text, "\"quoted\" text; semicolons; [brackets]") == 1,
+              "special characters survive byte for byte");
     }
 
-    expect(strncmp(first->text, "#include <metal_stdlib>\n", 24) == 0, "<...> includes stay");
-    expect(occurrences(first->text, "SHARED_MARKER = 1") == 1, "common/shared.h inlined");
-    expect(occurrences(first->text, "#line 1 \"common/shared.h\"\n") == 1, "#line into a header");
-    expect(occurrences(first->text, "#line 1 \"local.h\"\n") == 1,
-           "../local.h resolved as local.h");
-    expect(occurrences(first->text, "#line 4 \"common/shared.h\"\n") == 1,
-           "#line back into shared.h");
-    expect(occurrences(first->text, "#line 3 \"first.metal\"\n") == 1,
-           "#line back into the source");
-    expect(occurrences(first->text, "// #include \"never_resolved.h\" stays") == 1,
-           "a commented-out directive is left alone");
+    CHECK(strncmp(first->text, "#include <metal_stdlib>\n", 24) == 0, "<...> includes stay");
+    CHECK(occurrences(first->text, "SHARED_MARKER = 1") == 1, "common/shared.h inlined");
+    CHECK(occurrences(first->text, "#line 1 \"common/shared.h\"\n") == 1, "#line into a header");
+    CHECK(occurrences(first->text, "#line 1 \"local.h\"\n") == 1, "../local.h resolved as local.h");
+    CHECK(occurrences(first->text, "#line 4 \"common/shared.h\"\n") == 1,
+          "#line back into shared.h");
+    CHECK(occurrences(first->text, "#line 3 \"first.metal\"\n") == 1, "#line back into the source");
+    CHECK(occurrences(first->text, "// #include \"never_resolved.h\" stays") == 1,
+          "a commented-out directive is left alone");
     const char* tail = "kernel void first_kernel() {}\n";
     const size_t length = strlen(first->text);
-    expect(length >= strlen(tail) && strcmp(first->text + length - strlen(tail), tail) == 0,
-           "the source ends as the file does");
-    expect(occurrences(second->text,
-                       "#line 2 \"second.metal\"\nkernel void second_kernel() {}\n") == 1,
-           "second.metal resumes at its line 2");
+    CHECK(length >= strlen(tail) && strcmp(first->text + length - strlen(tail), tail) == 0,
+          "the source ends as the file does");
+    CHECK(occurrences(second->text, "#line 2 \"second.metal\"\nkernel void second_kernel() {}\n") ==
+              1,
+          "second.metal resumes at its line 2");
 
-    expect(strncmp(mfa_metal_source_stamp, "kernel_source_stamp_", 20) == 0 &&
-               strlen(mfa_metal_source_stamp) == 20 + 16 &&
-               strspn(mfa_metal_source_stamp + 20, "0123456789abcdef") == 16,
-           "stamp is kernel_source_stamp_ and 16 hex digits");
+    CHECK(strncmp(mfa_metal_source_stamp, "kernel_source_stamp_", 20) == 0 &&
+              strlen(mfa_metal_source_stamp) == 20 + 16 &&
+              strspn(mfa_metal_source_stamp + 20, "0123456789abcdef") == 16,
+          "stamp is kernel_source_stamp_ and 16 hex digits");
 
-    if (failures == 0) printf("embedded sources OK (stamp %s)\n", mfa_metal_source_stamp);
-    return failures == 0 ? 0 : 1;
+    printf("embedded sources: stamp %s\n", mfa_metal_source_stamp);
+    return test_finish("embedded sources");
 }

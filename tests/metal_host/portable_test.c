@@ -5,43 +5,34 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "check.h"
 #include "metal/metal_portable.h"
-
-static int failures = 0;
-
-#define EXPECT(condition)                                                                          \
-    do {                                                                                           \
-        if (!(condition)) {                                                                        \
-            fprintf(stderr, "%s:%d: FAILED: %s\n", __FILE__, __LINE__, #condition);                \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
 
 static void test_page_span(void) {
     for (size_t page = 4096; page <= 16384; page *= 4) {
         mfa_page_span span;
         // Aligned start, exact pages.
-        EXPECT(mfa_metal_page_span(8 * page, 2 * page, page, &span));
-        EXPECT(span.start == 8 * page && span.length == 2 * page && span.offset == 0);
+        CHECK(mfa_metal_page_span(8 * page, 2 * page, page, &span));
+        CHECK(span.start == 8 * page && span.length == 2 * page && span.offset == 0);
         // Mid-page start, end inside the same page.
-        EXPECT(mfa_metal_page_span(8 * page + 100, 50, page, &span));
-        EXPECT(span.start == 8 * page && span.length == page && span.offset == 100);
+        CHECK(mfa_metal_page_span(8 * page + 100, 50, page, &span));
+        CHECK(span.start == 8 * page && span.length == page && span.offset == 100);
         // Mid-page start crossing into the next page by one byte.
-        EXPECT(mfa_metal_page_span(8 * page + page - 10, 11, page, &span));
-        EXPECT(span.start == 8 * page && span.length == 2 * page && span.offset == page - 10);
+        CHECK(mfa_metal_page_span(8 * page + page - 10, 11, page, &span));
+        CHECK(span.start == 8 * page && span.length == 2 * page && span.offset == page - 10);
         // The span always covers the operand and is whole pages.
         for (size_t first = 5 * page; first < 5 * page + 3 * page; first += 997) {
             for (size_t length = 1; length < 3 * page; length += 1231) {
-                EXPECT(mfa_metal_page_span(first, length, page, &span));
-                EXPECT(span.start % page == 0 && span.length % page == 0);
-                EXPECT(span.start + span.offset == first);
-                EXPECT(span.offset + length <= span.length &&
-                       span.length - (span.offset + length) < page);
+                CHECK(mfa_metal_page_span(first, length, page, &span));
+                CHECK(span.start % page == 0 && span.length % page == 0);
+                CHECK(span.start + span.offset == first);
+                CHECK(span.offset + length <= span.length &&
+                      span.length - (span.offset + length) < page);
             }
         }
         // Rounding past the end of the address space is refused, not wrapped.
-        EXPECT(!mfa_metal_page_span(UINTPTR_MAX - page / 2, page, page, &span));
-        EXPECT(!mfa_metal_page_span(page, SIZE_MAX - 10, page, &span));
+        CHECK(!mfa_metal_page_span(UINTPTR_MAX - page / 2, page, page, &span));
+        CHECK(!mfa_metal_page_span(page, SIZE_MAX - 10, page, &span));
     }
 }
 
@@ -78,10 +69,7 @@ static void check_copy_back(const char* what, const int64_t shape[4], const int6
                     }
                 }
     mfa_metal_copy_view_back(data, (const char*)staged, byte_offset, shape, stride, element_size);
-    if (memcmp(caller, expected, sizeof caller) != 0) {
-        fprintf(stderr, "copy back of %s: wrong bytes\n", what);
-        failures++;
-    }
+    CHECK(memcmp(caller, expected, sizeof caller) == 0, "copy back of %s: wrong bytes", what);
 }
 
 static void test_copy_back(void) {
@@ -106,33 +94,32 @@ static void test_pipeline_key(void) {
     pass.constants[0] = (mfa_function_constant){100, MFA_CONSTANT_TYPE_UINT, 1};
     pass.constants[1] = (mfa_function_constant){109, MFA_CONSTANT_TYPE_BOOL, 0};
     char key[256], other[256];
-    EXPECT(mfa_metal_pipeline_key(&pass, key, sizeof key));
-    EXPECT(strcmp(key, "kernel_attention_forward|100:33=1|109:53=0") == 0);
-    EXPECT(mfa_metal_pipeline_key(&pass, other, sizeof other) && strcmp(key, other) == 0);
+    CHECK(mfa_metal_pipeline_key(&pass, key, sizeof key));
+    CHECK(strcmp(key, "kernel_attention_forward|100:33=1|109:53=0") == 0);
+    CHECK(mfa_metal_pipeline_key(&pass, other, sizeof other) && strcmp(key, other) == 0);
     pass.constants[1].value = 1;
-    EXPECT(mfa_metal_pipeline_key(&pass, other, sizeof other) && strcmp(key, other) != 0);
+    CHECK(mfa_metal_pipeline_key(&pass, other, sizeof other) && strcmp(key, other) != 0);
     pass.constants[1].value = 0;
     pass.kernel_name = "kernel_attention_backward_query";
-    EXPECT(mfa_metal_pipeline_key(&pass, other, sizeof other) && strcmp(key, other) != 0);
+    CHECK(mfa_metal_pipeline_key(&pass, other, sizeof other) && strcmp(key, other) != 0);
     // Values that would collide if concatenated without separators: 1|11 vs 11|1.
     pass.constants[0].value = 1;
     pass.constants[1] = (mfa_function_constant){101, MFA_CONSTANT_TYPE_UINT, 11};
-    EXPECT(mfa_metal_pipeline_key(&pass, key, sizeof key));
+    CHECK(mfa_metal_pipeline_key(&pass, key, sizeof key));
     pass.constants[0].value = 11;
     pass.constants[1].value = 1;
-    EXPECT(mfa_metal_pipeline_key(&pass, other, sizeof other) && strcmp(key, other) != 0);
+    CHECK(mfa_metal_pipeline_key(&pass, other, sizeof other) && strcmp(key, other) != 0);
     // Too small a buffer is reported, whether the name or a constant overflows it.
-    EXPECT(!mfa_metal_pipeline_key(&pass, key, 10));
-    EXPECT(!mfa_metal_pipeline_key(&pass, key,
-                                   strlen("kernel_attention_backward_query|100:33=11") + 1));
-    EXPECT(mfa_metal_pipeline_key(
-        &pass, key, strlen("kernel_attention_backward_query|100:33=11|101:33=1") + 1));
+    CHECK(!mfa_metal_pipeline_key(&pass, key, 10));
+    CHECK(!mfa_metal_pipeline_key(&pass, key,
+                                  strlen("kernel_attention_backward_query|100:33=11") + 1));
+    CHECK(mfa_metal_pipeline_key(&pass, key,
+                                 strlen("kernel_attention_backward_query|100:33=11|101:33=1") + 1));
 }
 
 int main(void) {
     test_page_span();
     test_copy_back();
     test_pipeline_key();
-    if (failures == 0) printf("metal host portable arithmetic OK\n");
-    return failures == 0 ? 0 : 1;
+    return test_finish("metal host portable arithmetic");
 }

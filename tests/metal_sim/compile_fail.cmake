@@ -2,7 +2,9 @@
 # compile, IR check, address-space check) and checks the outcome each file announces on its first line:
 #   // expect-success          it must compile
 #   // expect: <regex>         it must fail, with diagnostics matching <regex>
-# Invoked by ctest (tests/metal_sim/CMakeLists.txt) with the build's own compiler and flags.
+# Then builds the kernel table of the files in DUPLICATE_KERNELS, which define one kernel name
+# twice: that must fail, naming both files.
+# Invoked by ctest (tests/CMakeLists.txt) with the build's own compiler and flags.
 file(GLOB kernels ${KERNELS}/*.metal)
 file(MAKE_DIRECTORY ${WORK_DIR})
 set(failures 0)
@@ -80,6 +82,34 @@ foreach(kernel IN LISTS kernels)
     math(EXPR failures "${failures} + 1")
   endif()
 endforeach()
+file(GLOB duplicates ${DUPLICATE_KERNELS}/*.metal)
+set(manifests)
+foreach(kernel IN LISTS duplicates)
+  get_filename_component(stem ${kernel} NAME_WE)
+  execute_process(
+    COMMAND ${COMPILER} ${PREPROCESS_FLAGS} ${kernel} -o ${WORK_DIR}/duplicate_${stem}.ii
+    COMMAND_ERROR_IS_FATAL ANY)
+  execute_process(
+    COMMAND ${PYTHON} ${CODEGEN} ${WORK_DIR}/duplicate_${stem}.ii
+            -o ${WORK_DIR}/duplicate_${stem}.sim.cpp --source ${kernel}
+            --manifest ${WORK_DIR}/duplicate_${stem}.json
+    COMMAND_ERROR_IS_FATAL ANY)
+  list(APPEND manifests ${WORK_DIR}/duplicate_${stem}.json)
+endforeach()
+execute_process(
+  COMMAND ${PYTHON} ${CODEGEN} --kernel-table ${manifests} -o ${WORK_DIR}/duplicate_table.cpp
+  RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err)
+set(expected "second\\.metal: error: kernel 'same_name' is also defined in [^ ]*first\\.metal")
+if(status EQUAL 0)
+  message(SEND_ERROR "the kernel table of two files defining 'same_name' was built")
+  math(EXPR failures "${failures} + 1")
+elseif(NOT "${out}${err}" MATCHES "${expected}")
+  message(SEND_ERROR "the kernel table failed, but without \"${expected}\":\n${out}${err}")
+  math(EXPR failures "${failures} + 1")
+else()
+  message(STATUS "duplicate kernel names: rejected with \"${expected}\"")
+endif()
+
 if(failures GREATER 0)
   message(FATAL_ERROR "${failures} compile-fail case(s) wrong")
 endif()

@@ -44,9 +44,9 @@ void test_permutations() {
                 const int lane = tid % 32, base = tid - lane;
                 const int source = permute_source(f, lane, argument, 32);
                 const float expected = input[base + (source < 0 ? lane : source)];
-                CHECK_MSG(output[f * threads + tid] == expected,
-                          "function %d argument %u thread %u: got %g, expected %g", f, argument,
-                          tid, output[f * threads + tid], expected);
+                CHECK(output[f * threads + tid] == expected,
+                      "function %d argument %u thread %u: got %g, expected %g", f, argument, tid,
+                      output[f * threads + tid], expected);
             }
         }
         for (uint32_t tid = 0; tid < threads; ++tid) {
@@ -96,12 +96,12 @@ void test_reductions(uint32_t threads) {
                 sum,       max, min,          all_and,           all_or, all_xor, running,
                 exclusive, 1,   any7 ? 1 : 0, i == first ? 1 : 0};
             for (int f = 0; f < 11; ++f)
-                CHECK_MSG(output[f * threads + i] == expected[f],
-                          "threads %u, reduction %d, thread %u: got %d, expected %d", threads, f, i,
-                          output[f * threads + i], expected[f]);
+                CHECK(output[f * threads + i] == expected[f],
+                      "threads %u, reduction %d, thread %u: got %d, expected %d", threads, f, i,
+                      output[f * threads + i], expected[f]);
             CHECK(products[i] == product);
-            CHECK_MSG(std::fabs(float_sums[i] - 0.5f * sum) <= 1e-3f, "float sum %g vs %g",
-                      float_sums[i], 0.5 * sum);
+            CHECK(std::fabs(float_sums[i] - 0.5f * sum) <= 1e-3f, "float sum %g vs %g",
+                  float_sums[i], 0.5 * sum);
         }
     }
 }
@@ -113,5 +113,5 @@ int main() {
     test_reductions(64);
     test_reductions(48); // a SIMD-group of 16 lanes at the end
     test_reductions(7);
-    return sim_test::finish("sim_simd_functions");
+    return test_finish("sim_simd_functions");
 }

@@ -22,8 +22,8 @@ void test_lane_layout() {
     if (!sim_test::run(d)) return;
     for (int r = 0; r < 8; ++r)
         for (int c = 0; c < 8; ++c)
-            CHECK_MSG(elements[owner_lane(r, c) * 2 + owner_index(c)] == (float)(8 * r + c),
-                      "element (%d, %d) is not in lane %d", r, c, owner_lane(r, c));
+            CHECK(elements[owner_lane(r, c) * 2 + owner_index(c)] == (float)(8 * r + c),
+                  "element (%d, %d) is not in lane %d", r, c, owner_lane(r, c));
     // Spot checks straight from the table in the reference.
     CHECK(elements[1 * 2 + 0] == 2.0f);   // lane 1 holds row 0, columns 2-3
     CHECK(elements[8 * 2 + 0] == 4.0f);   // lane 8 holds row 0, columns 4-5
@@ -71,12 +71,12 @@ void test_transfer(const TransferParams& p) {
         }
     }
     for (size_t i = 0; i < expected.size(); ++i)
-        CHECK_MSG(destination[i] == expected[i],
-                  "transfer (stride %u, origin %u,%u, transpose %u) -> (stride %u, origin %u,%u, "
-                  "transpose %u): element %zu is %g, expected %g",
-                  p.load_stride, p.load_origin_x, p.load_origin_y, p.load_transpose, p.store_stride,
-                  p.store_origin_x, p.store_origin_y, p.store_transpose, i, destination[i],
-                  expected[i]);
+        CHECK(destination[i] == expected[i],
+              "transfer (stride %u, origin %u,%u, transpose %u) -> (stride %u, origin %u,%u, "
+              "transpose %u): element %zu is %g, expected %g",
+              p.load_stride, p.load_origin_x, p.load_origin_y, p.load_transpose, p.store_stride,
+              p.store_origin_x, p.store_origin_y, p.store_transpose, i, destination[i],
+              expected[i]);
 }
 
 // Plain products in double.
@@ -120,12 +120,12 @@ void test_products(const char* kernel, double tolerance, Store to_memory,
     std::vector<double> expected_d, expected_e;
     reference_products(a, b, c, &expected_d, &expected_e); // inputs are exact in every type
     for (int i = 0; i < 64; ++i) {
-        CHECK_MSG(std::fabs(from_memory(D[i]) - expected_d[i]) <=
-                      tolerance * (1 + std::fabs(expected_d[i])),
-                  "%s: d[%d] = %g, expected %g", kernel, i, from_memory(D[i]), expected_d[i]);
-        CHECK_MSG(std::fabs(from_memory(E[i]) - expected_e[i]) <=
-                      tolerance * (1 + std::fabs(expected_e[i])),
-                  "%s: e[%d] = %g, expected %g", kernel, i, from_memory(E[i]), expected_e[i]);
+        CHECK(std::fabs(from_memory(D[i]) - expected_d[i]) <=
+                  tolerance * (1 + std::fabs(expected_d[i])),
+              "%s: d[%d] = %g, expected %g", kernel, i, from_memory(D[i]), expected_d[i]);
+        CHECK(std::fabs(from_memory(E[i]) - expected_e[i]) <=
+                  tolerance * (1 + std::fabs(expected_e[i])),
+              "%s: e[%d] = %g, expected %g", kernel, i, from_memory(E[i]), expected_e[i]);
     }
 }
 
@@ -164,8 +164,8 @@ void test_mixed_accumulate() {
     d.buffers[2] = bind(c);
     if (!sim_test::run(d)) return;
     for (int i = 0; i < 64; ++i)
-        CHECK_MSG(std::fabs(c[i] - (initial[i] + 2 * ab[i])) <= 1e-5,
-                  "mixed accumulate [%d] = %g, expected %g", i, c[i], initial[i] + 2 * ab[i]);
+        CHECK(std::fabs(c[i] - (initial[i] + 2 * ab[i])) <= 1e-5,
+              "mixed accumulate [%d] = %g, expected %g", i, c[i], initial[i] + 2 * ab[i]);
 }
 
 void test_constructors() {
@@ -195,5 +195,5 @@ int main() {
     test_products("matrix_products_bfloat", 8e-3, BfloatStore(), bfloat_value);
     test_mixed_accumulate();
     test_constructors();
-    return sim_test::finish("sim_simdgroup_matrix");
+    return test_finish("sim_simdgroup_matrix");
 }

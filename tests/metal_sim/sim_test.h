@@ -1,5 +1,5 @@
-// Shared helpers of the simulator tests: checks that count failures, dispatch set-up, and
-// reference conversions written independently of the simulator's own.
+// Shared helpers of the simulator tests: dispatch set-up and reference conversions written
+// independently of the simulator's own. Checks are check.h's.
 #ifndef MFA_TESTS_METAL_SIM_SIM_TEST_H
 #define MFA_TESTS_METAL_SIM_SIM_TEST_H
 
@@ -12,41 +12,10 @@
 #include <string>
 #include <vector>
 
+#include "check.h"
 #include "metal_sim/sim.h"
 
 namespace sim_test {
-
-inline int& failures() {
-    static int count = 0;
-    return count;
-}
-
-#define CHECK(condition)                                                                           \
-    do {                                                                                           \
-        if (!(condition)) {                                                                        \
-            std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #condition);     \
-            ++sim_test::failures();                                                                \
-        }                                                                                          \
-    } while (0)
-
-#define CHECK_MSG(condition, ...)                                                                  \
-    do {                                                                                           \
-        if (!(condition)) {                                                                        \
-            std::fprintf(stderr, "%s:%d: CHECK failed: %s: ", __FILE__, __LINE__, #condition);     \
-            std::fprintf(stderr, __VA_ARGS__);                                                     \
-            std::fprintf(stderr, "\n");                                                            \
-            ++sim_test::failures();                                                                \
-        }                                                                                          \
-    } while (0)
-
-inline int finish(const char* name) {
-    if (failures() == 0) {
-        std::printf("%s: all checks passed\n", name);
-        return 0;
-    }
-    std::printf("%s: %d check(s) failed\n", name, failures());
-    return 1;
-}
 
 template <class T>
 mfa::sim::BufferBinding bind(std::vector<T>& data) {
@@ -75,17 +44,8 @@ inline mfa::sim::Dispatch one_group(const char* kernel, uint32_t threads) {
 // Runs a dispatch expected to succeed; reports the simulator's message otherwise.
 inline bool run(const mfa::sim::Dispatch& d) {
     const mfa_status status = mfa::sim::dispatch(d);
-    if (status != MFA_OK) {
-        std::fprintf(stderr, "dispatch of '%s' failed (%d): %s\n", d.kernel, (int)status,
-                     mfa_last_error());
-        ++failures();
-        return false;
-    }
-    return true;
-}
-
-inline bool contains(const std::string& text, const char* piece) {
-    return text.find(piece) != std::string::npos;
+    CHECK(status == MFA_OK, "dispatch of '%s' failed: %s", d.kernel, mfa_last_error());
+    return status == MFA_OK;
 }
 
 inline uint32_t float_bits(float f) {

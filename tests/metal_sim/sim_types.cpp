@@ -39,10 +39,9 @@ void test_rounding() {
     for (uint32_t i = 0; i < n; ++i) {
         const uint16_t h = sim_test::reference_half(input[i]);
         const uint16_t b = sim_test::reference_bfloat(input[i]);
-        CHECK_MSG(half_bits[i] == h, "half(%a) = 0x%04x, expected 0x%04x", input[i], half_bits[i],
-                  h);
-        CHECK_MSG(bfloat_bits[i] == b, "bfloat(%a) = 0x%04x, expected 0x%04x", input[i],
-                  bfloat_bits[i], b);
+        CHECK(half_bits[i] == h, "half(%a) = 0x%04x, expected 0x%04x", input[i], half_bits[i], h);
+        CHECK(bfloat_bits[i] == b, "bfloat(%a) = 0x%04x, expected 0x%04x", input[i], bfloat_bits[i],
+              b);
         const double hv =
             (h & 0x7C00) == 0x7C00 ? std::copysign(INFINITY, input[i]) : sim_test::decode_half(h);
         CHECK(widened[2 * i] == (float)hv);
@@ -64,8 +63,8 @@ void test_bfloat_memory() {
         // bfloat(2x) is exact; the sum is rounded once more.
         const uint16_t expected = sim_test::reference_bfloat(
             (float)sim_test::decode_bfloat(sim_test::reference_bfloat(2 * x)) + x);
-        CHECK_MSG(output[i] == expected, "bfloat arithmetic [%zu]: 0x%04x, expected 0x%04x", i,
-                  output[i], expected);
+        CHECK(output[i] == expected, "bfloat arithmetic [%zu]: 0x%04x, expected 0x%04x", i,
+              output[i], expected);
     }
 }
 
@@ -113,8 +112,8 @@ void test_vectors_and_math() {
     const size_t count = sizeof(expected) / sizeof(expected[0]);
     for (size_t i = 0; i < count; ++i) {
         const double tolerance = std::isinf(expected[i]) ? 0 : 1e-6 * (1 + std::fabs(expected[i]));
-        CHECK_MSG(out[i] == expected[i] || std::fabs(out[i] - expected[i]) <= tolerance,
-                  "slot %zu: got %.9g, expected %.9g", i, out[i], expected[i]);
+        CHECK(out[i] == expected[i] || std::fabs(out[i] - expected[i]) <= tolerance,
+              "slot %zu: got %.9g, expected %.9g", i, out[i], expected[i]);
     }
     CHECK(out[count] == -12345.0f); // the kernel wrote exactly count slots
 }
@@ -125,5 +124,5 @@ int main() {
     test_rounding();
     test_bfloat_memory();
     test_vectors_and_math();
-    return sim_test::finish("sim_types");
+    return test_finish("sim_types");
 }

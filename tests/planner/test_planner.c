@@ -4,40 +4,17 @@
  * and the band the core derives and the planner hands the kernels sees exactly the keys mfa.h
  * says.
  *
- * The planner is compiled into this test directly (it is hidden inside libmfa), so the test
- * supplies the one symbol it needs from the core, mfa_set_error.
+ * The planner is compiled into this test directly (it is hidden inside libmfa), with the core's
+ * error recording (core/errors.c), which it reports through.
  */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "check.h"
 #include "core/validate.h"
 #include "planner/planner.h"
 #include "planner/tables.h"
-
-static int failures = 0;
-static char last_error[512];
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            if (failures < 40) {                                                                   \
-                fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, #cond);           \
-                fprintf(stderr, __VA_ARGS__);                                                      \
-                fprintf(stderr, "\n");                                                             \
-            }                                                                                      \
-            ++failures;                                                                            \
-        }                                                                                          \
-    } while (0)
-
-mfa_status mfa_set_error(mfa_status status, const char* format, ...) {
-    va_list args;
-    va_start(args, format);
-    vsnprintf(last_error, sizeof last_error, format, args);
-    va_end(args);
-    return status;
-}
 
 static const mfa_gpu_family families[] = {MFA_GPU_FAMILY_APPLE7, MFA_GPU_FAMILY_APPLE8,
                                           MFA_GPU_FAMILY_APPLE9};
@@ -301,10 +278,10 @@ static void test_all_head_dims(void) {
                     mfa_problem p = make_problem(dtypes[t], 1, 2, 1, 5, 7, dims[i], dims[j], 1);
                     mfa_plan plan;
                     mfa_status s = mfa_plan_forward(&p, families[f], 1024, &plan);
-                    CHECK(s == MFA_OK, "forward D=%lld: %s", (long long)dims[i], last_error);
+                    CHECK(s == MFA_OK, "forward D=%lld: %s", (long long)dims[i], mfa_last_error());
                     if (s == MFA_OK) check_pass(&p, &plan.passes[0], 1024);
                     s = mfa_plan_backward(&p, families[f], 1024, &plan);
-                    CHECK(s == MFA_OK, "backward D=%lld: %s", (long long)dims[i], last_error);
+                    CHECK(s == MFA_OK, "backward D=%lld: %s", (long long)dims[i], mfa_last_error());
                     if (s == MFA_OK) {
                         CHECK(plan.num_passes == 2, "passes");
                         CHECK(plan.passes[0].kind == MFA_PASS_BACKWARD_QUERY &&
@@ -336,12 +313,12 @@ static void test_coverage(void) {
                 if (mfa_plan_forward(&p, families[f], 1024, &plan) == MFA_OK)
                     check_coverage(&p, &plan.passes[0]);
                 else
-                    CHECK(0, "forward: %s", last_error);
+                    CHECK(0, "forward: %s", mfa_last_error());
                 if (mfa_plan_backward(&p, families[f], 1024, &plan) == MFA_OK) {
                     check_coverage(&p, &plan.passes[0]);
                     check_coverage(&p, &plan.passes[1]);
                 } else {
-                    CHECK(0, "backward: %s", last_error);
+                    CHECK(0, "backward: %s", mfa_last_error());
                 }
             }
 }
@@ -362,7 +339,7 @@ static void test_band(void) {
                                             &p.band_lo, &p.band_hi);
                         mfa_plan plan;
                         if (mfa_plan_forward(&p, MFA_GPU_FAMILY_APPLE9, 1024, &plan) != MFA_OK) {
-                            CHECK(0, "%s", last_error);
+                            CHECK(0, "%s", mfa_last_error());
                             continue;
                         }
                         const mfa_kernel_params* k = &plan.passes[0].params;
@@ -398,7 +375,8 @@ static void test_strided_bindings(void) {
     p.q.stride[3] = 1;
     p.k.stride[0] = 0; /* broadcast over batch */
     mfa_plan plan;
-    CHECK(mfa_plan_forward(&p, MFA_GPU_FAMILY_APPLE7, 1024, &plan) == MFA_OK, "%s", last_error);
+    CHECK(mfa_plan_forward(&p, MFA_GPU_FAMILY_APPLE7, 1024, &plan) == MFA_OK, "%s",
+          mfa_last_error());
     const mfa_pass_plan* pass = &plan.passes[0];
     for (uint32_t i = 0; i < pass->num_bindings; ++i) {
         const mfa_buffer_binding* b = &pass->bindings[i];
@@ -422,32 +400,32 @@ static void test_strided_bindings(void) {
 static void test_limits_and_errors(void) {
     mfa_problem p = make_problem(MFA_DTYPE_F32, 1, 1, 1, 64, 64, 64, 64, 0);
     mfa_plan plan;
-    CHECK(mfa_plan_forward(&p, MFA_GPU_FAMILY_APPLE7, 64, &plan) == MFA_OK, "%s", last_error);
+    CHECK(mfa_plan_forward(&p, MFA_GPU_FAMILY_APPLE7, 64, &plan) == MFA_OK, "%s", mfa_last_error());
     CHECK(plan.passes[0].threads_per_threadgroup <= 64 && plan.passes[0].block_parallel == 16,
           "P %u under a 64-thread pipeline", plan.passes[0].block_parallel);
     check_coverage(&p, &plan.passes[0]);
-    CHECK(mfa_plan_backward(&p, MFA_GPU_FAMILY_APPLE8, 96, &plan) == MFA_OK, "%s", last_error);
+    CHECK(mfa_plan_backward(&p, MFA_GPU_FAMILY_APPLE8, 96, &plan) == MFA_OK, "%s",
+          mfa_last_error());
     for (uint32_t i = 0; i < plan.num_passes; ++i) {
         CHECK(plan.passes[i].block_parallel == 24, "P %u under a 96-thread pipeline",
               plan.passes[i].block_parallel);
         check_pass(&p, &plan.passes[i], 96);
         check_coverage(&p, &plan.passes[i]);
     }
-    CHECK(mfa_plan_forward(&p, MFA_GPU_FAMILY_APPLE9, 16, &plan) == MFA_ERROR_INVALID_ARGUMENT,
-          "max threads below a simdgroup");
-    CHECK(strstr(last_error, "max_threads_per_threadgroup") != NULL, "message: %s", last_error);
-    CHECK(mfa_plan_forward(&p, MFA_GPU_FAMILY_NONE, 1024, &plan) == MFA_ERROR_INVALID_ARGUMENT,
-          "family NONE");
-    CHECK(mfa_plan_forward(&p, (mfa_gpu_family)10, 1024, &plan) == MFA_ERROR_INVALID_ARGUMENT,
-          "family 10");
+    CHECK_ERROR("max threads below a simdgroup",
+                mfa_plan_forward(&p, MFA_GPU_FAMILY_APPLE9, 16, &plan), MFA_ERROR_INVALID_ARGUMENT,
+                "max_threads_per_threadgroup 16 is below one simdgroup");
+    CHECK_ERROR("family NONE", mfa_plan_forward(&p, MFA_GPU_FAMILY_NONE, 1024, &plan),
+                MFA_ERROR_INVALID_ARGUMENT, "gpu family 0 is not Apple7, Apple8 or Apple9");
+    CHECK_ERROR("family 10", mfa_plan_forward(&p, (mfa_gpu_family)10, 1024, &plan),
+                MFA_ERROR_INVALID_ARGUMENT, "gpu family 10 is not Apple7, Apple8 or Apple9");
     p.head_dim = MFA_PLAN_MAX_HEAD_DIM + 1;
-    CHECK(mfa_plan_backward(&p, MFA_GPU_FAMILY_APPLE9, 1024, &plan) == MFA_ERROR_UNSUPPORTED,
-          "D too large");
-    CHECK(strstr(last_error, "head dims") != NULL, "message: %s", last_error);
+    CHECK_ERROR("D too large", mfa_plan_backward(&p, MFA_GPU_FAMILY_APPLE9, 1024, &plan),
+                MFA_ERROR_UNSUPPORTED, "head dims");
     p.head_dim = 64;
     p.seq_q = (INT64_C(1) << 30) + 1;
-    CHECK(mfa_plan_forward(&p, MFA_GPU_FAMILY_APPLE9, 1024, &plan) == MFA_ERROR_UNSUPPORTED,
-          "Nq too large");
+    CHECK_ERROR("Nq too large", mfa_plan_forward(&p, MFA_GPU_FAMILY_APPLE9, 1024, &plan),
+                MFA_ERROR_UNSUPPORTED, "sequence lengths Nq=1073741825 Nk=64 exceed 2^30");
 }
 
 int main(void) {
@@ -457,10 +435,5 @@ int main(void) {
     test_band();
     test_strided_bindings();
     test_limits_and_errors();
-    if (failures) {
-        fprintf(stderr, "planner tests: %d check(s) failed\n", failures);
-        return 1;
-    }
-    printf("planner tests: all checks passed\n");
-    return 0;
+    return test_finish("planner tests");
 }

@@ -20,6 +20,7 @@ hypothesis = pytest.importorskip("hypothesis")
 import mfa_native  # noqa: E402
 import reference  # noqa: E402
 from _backends import DTYPES, UNIT_ROUNDOFF  # noqa: E402
+from _errors import raises  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
@@ -227,7 +228,7 @@ def test_invalid_calls_raise_and_write_nothing(problem, data):
     out = np.full_like(reference_out, 7)
     arguments = {"q": q, "k": k, "v": v, **options(problem), "out": out}
     arguments.update(change)
-    with pytest.raises(errors) as raised:
+    with raises(errors) as raised:
         mfa_native.attention(
             arguments.pop("q"), arguments.pop("k"), arguments.pop("v"), **arguments
         )
@@ -252,7 +253,7 @@ def test_out_overlapping_an_input_is_refused(problem, victim):
     arrays[victim] = shared
     out = buffer[: int(np.prod(shape))].reshape(shape)
     snapshot = buffer.copy()
-    with pytest.raises((ValueError, mfa_native.MFAError)) as raised:
+    with raises((ValueError, mfa_native.MFAError)) as raised:
         mfa_native.attention(arrays["q"], arrays["k"], arrays["v"], out=out, **options(problem))
     assert "overlap" in str(raised.value), str(raised.value)
     assert np.array_equal(buffer.view(np.uint8), snapshot.view(np.uint8)), "memory was written"
@@ -305,7 +306,7 @@ def test_invalid_backward_calls_raise_and_write_nothing(problem, data):
     }
     arguments.update(change)
     positional = [arguments.pop(name) for name in ("dout", "q", "k", "v", "out", "lse")]
-    with pytest.raises(errors) as raised:
+    with raises(errors) as raised:
         mfa_native.attention_backward(*positional, **arguments)
     message = str(raised.value)
     assert names in message, f"{description}: message {message!r} does not name {names!r}"

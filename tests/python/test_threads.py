@@ -7,6 +7,7 @@ import mfa_native
 import numpy as np
 import pytest
 import reference
+from _errors import raises
 from mfa_native import _context
 
 THREADS = 8
@@ -167,13 +168,17 @@ def test_each_thread_gets_its_own_error_message():
     def work(thread):
         messages = set()
         for _ in range(50):
-            try:
-                if thread % 2:
+            if thread % 2:
+                with raises(
+                    mfa_native.MFAError, "out overlaps q", status="INVALID_ARGUMENT"
+                ) as caught:
                     mfa_native.attention(q, q, q, out=q, backend="cpu")
-                else:
+            else:
+                with raises(
+                    mfa_native.MFAError, "q.shape[3] (head dim)", status="UNSUPPORTED"
+                ) as caught:
                     mfa_native.attention(wide, wide, wide, backend="cpu")
-            except mfa_native.MFAError as error:
-                messages.add(error.message)
+            messages.add(caught.value.message)
         return messages
 
     for thread, messages in enumerate(_in_threads(work)):

@@ -51,20 +51,7 @@ typedef struct prepared {
 } prepared;
 
 static prepared prepared_problems[PROBLEM_COUNT];
-static atomic_int failures;
 static atomic_long checked_calls;
-
-/* Counts every failure, prints the first few (one systematic bug fails every call). */
-#define STRESS_FAIL(...)                                                                           \
-    do {                                                                                           \
-        if (atomic_fetch_add(&failures, 1) < 20) {                                                 \
-            flockfile(stderr);                                                                     \
-            fprintf(stderr, "stress_concurrency: ");                                               \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-            funlockfile(stderr);                                                                   \
-        }                                                                                          \
-    } while (0)
 
 static mfa_attention_params params_of(const problem* p) {
     return test_params(p->causal, p->alignment, p->left, p->right, 0);
@@ -107,9 +94,9 @@ static void release(prepared* x) {
 static void expect_match(const char* where, const char* what, const test_tensor* got,
                          mfa_dtype dtype, const double* want, const double* magnitude, int64_t n,
                          double max_score) {
-    char why[256];
-    if (!ref_compare(&got->t, dtype, want, magnitude, n, max_score, why, sizeof why))
-        STRESS_FAIL("%s: %s: %s", where, what, why);
+    char why[256] = "";
+    CHECK(ref_compare(&got->t, dtype, want, magnitude, n, max_score, why, sizeof why), "%s: %s: %s",
+          where, what, why);
 }
 
 static void run_forward(mfa_context* ctx, const prepared* x, const char* where) {
@@ -121,9 +108,8 @@ static void run_forward(mfa_context* ctx, const prepared* x, const char* where) 
     const mfa_attention_params params = params_of(p);
     const mfa_status s =
         mfa_attention_forward(ctx, &params, &x->q.t, &x->k.t, &x->v.t, &out.t, &lse.t);
-    if (s != MFA_OK) {
-        STRESS_FAIL("%s: forward failed: %s", where, mfa_last_error());
-    } else {
+    CHECK(s == MFA_OK, "%s: forward failed: %s", where, mfa_last_error());
+    if (s == MFA_OK) {
         const int64_t n = p->nk + p->d;
         expect_match(where, "out", &out, p->dtype, x->forward.out, x->forward.out_mag, n,
                      x->forward.max_score);
@@ -147,9 +133,8 @@ static void run_backward(mfa_context* ctx, const prepared* x, const char* where)
     const mfa_status s =
         mfa_attention_backward(ctx, &params, &x->q.t, &x->k.t, &x->v.t, &x->out_in.t, &x->dout.t,
                                &x->lse_in.t, &dq.t, &dk.t, &dv.t);
-    if (s != MFA_OK) {
-        STRESS_FAIL("%s: backward failed: %s", where, mfa_last_error());
-    } else {
+    CHECK(s == MFA_OK, "%s: backward failed: %s", where, mfa_last_error());
+    if (s == MFA_OK) {
         const int64_t n = p->d + p->dv + p->nk + p->nq * (p->hq / p->hkv);
         const ref_result* r = &x->backward;
         expect_match(where, "dq", &dq, p->dtype, r->dq, r->dq_mag, n, r->max_score);
@@ -172,9 +157,7 @@ static void run_bad_call(mfa_context* ctx, const prepared* x, int thread, const 
     const mfa_status s = mfa_attention_forward(ctx, NULL, &x->q.t, &k, &x->v.t, &out.t, NULL);
     char expected[64];
     snprintf(expected, sizeof expected, "got %d", 1000 + thread);
-    if (s != MFA_ERROR_INVALID_ARGUMENT || strstr(mfa_last_error(), expected) == NULL)
-        STRESS_FAIL("%s: bad call returned %s with message \"%s\", expected one ending in \"%s\"",
-                    where, mfa_status_string(s), mfa_last_error(), expected);
+    CHECK_ERROR(where, s, MFA_ERROR_INVALID_ARGUMENT, expected);
     test_tensor_free(&out);
 }
 
@@ -198,9 +181,8 @@ static mfa_context* own_context(mfa_backend backend, int threads) {
     mfa_context_options_init(&options);
     options.num_threads = threads;
     mfa_context* ctx = NULL;
-    if (mfa_context_create(backend, &options, &ctx) != MFA_OK)
-        STRESS_FAIL("creating a %s context failed: %s", mfa_backend_name(backend),
-                    mfa_last_error());
+    CHECK(mfa_context_create(backend, &options, &ctx) == MFA_OK, "creating a %s context: %s",
+          mfa_backend_name(backend), mfa_last_error());
     return ctx;
 }
 
@@ -239,8 +221,8 @@ static void run_phase(mfa_backend backend, int iterations, int shared) {
     worker workers[THREADS];
     for (int t = 0; t < THREADS; ++t) {
         workers[t] = (worker){t, iterations, backend, ctx, 0};
-        if (pthread_create(&workers[t].handle, NULL, work, &workers[t]) != 0)
-            STRESS_FAIL("cannot start thread %d", t);
+        CHECK(pthread_create(&workers[t].handle, NULL, work, &workers[t]) == 0,
+              "cannot start thread %d", t);
     }
     for (int t = 0; t < THREADS; ++t) pthread_join(workers[t].handle, NULL);
     mfa_context_destroy(ctx);
@@ -263,9 +245,9 @@ int main(int argc, char** argv) {
         ++ran;
     }
     for (int i = 0; i < PROBLEM_COUNT; ++i) release(&prepared_problems[i]);
-    const int failed = atomic_load(&failures);
     printf("stress_concurrency: %d backend(s), %d threads, %ld calls checked against the "
-           "reference, %d failure(s)\n",
-           ran, THREADS, (long)atomic_load(&checked_calls), failed);
-    return failed || ran == 0 ? 1 : 0;
+           "reference\n",
+           ran, THREADS, (long)atomic_load(&checked_calls));
+    CHECK(ran > 0, "no backend ran");
+    return test_finish("stress_concurrency");
 }

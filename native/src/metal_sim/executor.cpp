@@ -1,4 +1,4 @@
-// The simulator's executor: kernel registry, dispatch validation, and the per-threadgroup
+// The simulator's executor: kernel lookup, dispatch validation, and the per-threadgroup
 // scheduler that runs kernel threads as fibers and implements barriers and SIMD-group
 // rendezvous.
 //
@@ -20,7 +20,6 @@
 #include <string>
 #include <system_error>
 #include <thread>
-#include <unordered_map>
 #include <vector>
 
 #include "core/backend.h"
@@ -42,21 +41,14 @@ static_assert(static_cast<int>(ConstantType::Float) == mfa_sim_abi::Float &&
                   static_cast<int>(ConstantType::Bool) == mfa_sim_abi::Bool,
               "mfa::sim::ConstantType and mfa_sim_abi::ConstantType must agree");
 
-// ---- Registry ------------------------------------------------------------------------------
+// ---- Kernels -------------------------------------------------------------------------------
 
-struct RegisteredKernel {
-    KernelRecord record;
-    const char* duplicate_source = nullptr; // a second definition of the same host name
-};
-
-struct Registry {
-    std::mutex mutex;
-    std::unordered_map<std::string, RegisteredKernel> kernels;
-};
-
-Registry& registry() {
-    static Registry instance; // constructed on first use: registration runs in static init
-    return instance;
+// The kernel of this name in the binary's generated table (mfa_sim_abi::kernels), or nullptr.
+// The table is built, names checked unique, with the binary; a few kernels need no index.
+const KernelRecord* find_kernel(const char* name) {
+    for (unsigned i = 0; i < mfa_sim_abi::kernel_count; ++i)
+        if (std::strcmp(mfa_sim_abi::kernels[i].name, name) == 0) return &mfa_sim_abi::kernels[i];
+    return nullptr;
 }
 
 // ---- Fiber stacks, reused across dispatches ------------------------------------------------
@@ -488,21 +480,14 @@ void run_worker(DispatchRun* run, Worker* worker) {
 
 // ---- Validation ----------------------------------------------------------------------------
 
-mfa_status validate(const Dispatch& d, RegisteredKernel* kernel) {
+mfa_status validate(const Dispatch& d, KernelRecord* kernel) {
     if (!d.kernel) return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT, "metal-sim: no kernel name");
-    {
-        std::lock_guard<std::mutex> lock(registry().mutex);
-        auto it = registry().kernels.find(d.kernel);
-        if (it == registry().kernels.end())
-            return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
-                                 "metal-sim: no kernel named '%s' is compiled into this process",
-                                 d.kernel);
-        *kernel = it->second;
-    }
-    if (kernel->duplicate_source)
+    const KernelRecord* record = find_kernel(d.kernel);
+    if (!record)
         return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
-                             "metal-sim: kernel '%s' is defined twice (%s and %s)", d.kernel,
-                             kernel->record.source, kernel->duplicate_source);
+                             "metal-sim: no kernel named '%s' is compiled into this process",
+                             d.kernel);
+    *kernel = *record;
     const Size3 g = d.threadgroups, t = d.threads_per_threadgroup;
     if (g.x == 0 || g.y == 0 || g.z == 0)
         return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
@@ -567,12 +552,12 @@ mfa_status validate(const Dispatch& d, RegisteredKernel* kernel) {
 }
 
 mfa_status run_dispatch(const Dispatch& d) {
-    RegisteredKernel kernel;
+    KernelRecord kernel;
     if (mfa_status status = validate(d, &kernel); status != MFA_OK) return status;
 
     DispatchRun run;
     run.dispatch = &d;
-    run.kernel = kernel.record;
+    run.kernel = kernel;
     run.threads_per_group =
         d.threads_per_threadgroup.x * d.threads_per_threadgroup.y * d.threads_per_threadgroup.z;
     run.threadgroup_count = uint64_t{d.threadgroups.x} * d.threadgroups.y * d.threadgroups.z;
@@ -634,10 +619,7 @@ mfa_status dispatch(const Dispatch& d) {
     }
 }
 
-bool has_kernel(const char* name) {
-    std::lock_guard<std::mutex> lock(registry().mutex);
-    return name && registry().kernels.count(name) != 0;
-}
+bool has_kernel(const char* name) { return name && find_kernel(name); }
 
 } // namespace mfa::sim
 
@@ -646,18 +628,6 @@ bool has_kernel(const char* name) {
 using mfa::sim::KernelThread;
 using mfa::sim::t_current;
 using mfa::sim::ThreadState;
-
-extern "C" void mfa_sim_register_kernels(const mfa_sim_abi::KernelRecord* kernels, unsigned count) {
-    auto& reg = mfa::sim::registry();
-    std::lock_guard<std::mutex> lock(reg.mutex);
-    for (unsigned i = 0; i < count; ++i) {
-        auto [it, inserted] = reg.kernels.try_emplace(kernels[i].name);
-        if (inserted)
-            it->second.record = kernels[i];
-        else
-            it->second.duplicate_source = kernels[i].source;
-    }
-}
 
 extern "C" const mfa_sim_abi::ThreadInfo* mfa_sim_current_thread(void) { return &t_current->info; }
 

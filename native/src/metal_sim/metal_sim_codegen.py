@@ -5,21 +5,31 @@ Input: the output of the C++ preprocessor run over a .metal file with the simula
 compatibility headers (MetalSimKernels.cmake), in which Metal's address-space keywords and
 `kernel` are marker identifiers. Output: the same text with
 
-  - the markers removed, and the [[...]] attribute lists that carry Metal meaning blanked out
-    (C++ would ignore or reject them), every line kept where it was so diagnostics point at the
-    .metal source;
+  - the markers removed, and the [[...]] attribute lists that bind kernel parameters and
+    function constants blanked out (C++ would ignore or reject them), every line kept where it
+    was so diagnostics point at the .metal source;
   - program-scope function constants `constant T name [[function_constant(i)]];` and constants
-    derived from them turned into thread-local variables with a per-dispatch setter, so that
-    concurrent dispatches with different constants do not interfere;
+    derived from them (`constant T name = expression;`) turned into thread-local variables with
+    a per-dispatch setter, so that concurrent dispatches with different constants do not
+    interfere;
   - appended glue: for every kernel, an entry point that binds each parameter from its
-    attribute ([[buffer(i)]], [[threadgroup(i)]], built-ins), and a static registration of the
-    kernels by host name.
+    attribute ([[buffer(i)]], [[threadgroup(i)]], built-ins), and the setter of the file's
+    function constants; --manifest lists the file's kernels.
 
-Errors (an unsupported form, a parameter without a binding, a size_t argument, a threadgroup
-variable inside a function) are reported as `file:line: error: ...` and fail the build.
+With --kernel-table it writes the table of a binary's kernels from their files' manifests: the
+one place the executor finds kernels (mfa_sim_abi::kernels).
+
+It accepts the kernel forms the project's kernels use, which sim.h lists; any other construct
+with a Metal meaning is reported as `file:line: error: ...` naming it, and fails the build:
+template kernels, [[host_name]], the [[kernel]] spelling, kernels or function constants in a
+namespace or class, kernel declarations without a body, threadgroup variables declared in a
+function body, Metal attributes the simulator does not model, binding attributes outside a
+kernel's parameters, parameters without a binding, and size_t or ptrdiff_t arguments.
 """
 
 import argparse
+import json
+import os
 import re
 import sys
 
@@ -39,30 +49,27 @@ MARKERS = {
     "__mfa_sim_kernel__",
 }
 
-# Built-in attribute -> the ThreadInfo field that holds it.
+# The built-ins a kernel parameter can take, each named as its mfa_sim_abi::ThreadInfo field.
 BUILTINS = {
-    "thread_position_in_grid": "thread_position_in_grid",
-    "thread_position_in_threadgroup": "thread_position_in_threadgroup",
-    "threadgroup_position_in_grid": "threadgroup_position_in_grid",
-    "threads_per_threadgroup": "threads_per_threadgroup",
-    "dispatch_threads_per_threadgroup": "threads_per_threadgroup",
-    "threadgroups_per_grid": "threadgroups_per_grid",
-    "threads_per_grid": "threads_per_grid",
-    "thread_index_in_threadgroup": "thread_index_in_threadgroup",
-    "thread_index_in_simdgroup": "thread_index_in_simdgroup",
-    "simdgroup_index_in_threadgroup": "simdgroup_index_in_threadgroup",
-    "simdgroups_per_threadgroup": "simdgroups_per_threadgroup",
-    "dispatch_simdgroups_per_threadgroup": "simdgroups_per_threadgroup",
-    "threads_per_simdgroup": "threads_per_simdgroup",
-    "thread_execution_width": "threads_per_simdgroup",
+    "thread_position_in_grid",
+    "thread_position_in_threadgroup",
+    "threadgroup_position_in_grid",
+    "threads_per_threadgroup",
+    "threadgroups_per_grid",
+    "threads_per_grid",
+    "thread_index_in_threadgroup",
+    "thread_index_in_simdgroup",
+    "simdgroup_index_in_threadgroup",
+    "simdgroups_per_threadgroup",
+    "threads_per_simdgroup",
 }
 
-# Attributes that mean something to Metal: a [[...]] list holding one of them is consumed here.
-METAL_ATTRIBUTES = set(BUILTINS) | {
-    "buffer",
-    "__mfa_sim_threadgroup__",
-    "__mfa_sim_kernel__",
-    "function_constant",
+# Attributes that bind a kernel parameter or a function constant: consumed here.
+BINDING_ATTRIBUTES = BUILTINS | {"buffer", "__mfa_sim_threadgroup__", "function_constant"}
+
+# Attributes with a Metal meaning the simulator does not model: an error wherever they appear,
+# rather than a C++ compiler silently ignoring them.
+UNSUPPORTED_ATTRIBUTES = {
     "host_name",
     "max_total_threads_per_threadgroup",
     "texture",
@@ -70,6 +77,9 @@ METAL_ATTRIBUTES = set(BUILTINS) | {
     "stage_in",
     "visible",
     "user",
+    "dispatch_threads_per_threadgroup",
+    "dispatch_simdgroups_per_threadgroup",
+    "thread_execution_width",
     "quadgroup_index_in_threadgroup",
     "thread_index_in_quadgroup",
 }
@@ -146,20 +156,16 @@ class AttributeList:
                 return a
         return None
 
-    def is_metal(self):
-        return any(a.name in METAL_ATTRIBUTES for a in self.attributes)
+    def binding(self):
+        """The first attribute that binds something (a kernel parameter or a function
+        constant), or None."""
+        return next((a for a in self.attributes if a.name in BINDING_ATTRIBUTES), None)
 
 
 class Parameter:
     def __init__(self, name, tokens, attributes, is_reference, is_pointer):
         self.name, self.tokens, self.attributes = name, tokens, attributes
         self.is_reference, self.is_pointer = is_reference, is_pointer
-
-
-class KernelFunction:
-    def __init__(self, name, namespace, parameters, is_template, token):
-        self.name, self.namespace, self.parameters = name, namespace, parameters
-        self.is_template, self.token = is_template, token
 
 
 class Codegen:
@@ -170,11 +176,10 @@ class Codegen:
         self.tokens = tokenize(text)
         self.edits = []  # (start, end, replacement)
         self.attribute_lists = {}  # first token index -> AttributeList
-        self.kernels = {}  # name -> KernelFunction (definitions)
-        self.instantiations = []  # (host name, KernelFunction name, expression, namespace, token)
-        self.constants = []  # (qualified namespace, name)
-        self.constant_names = set()
-        self.threadgroup_variables = 0  # threadgroup variables declared in kernel bodies
+        self.parameter_attributes = set()  # first token indices of kernel parameters' lists
+        self.kernels = {}  # name -> parameters
+        self.constants = []  # names of function constants and constants derived from them
+        self.run()
 
     # ---- helpers ----
 
@@ -236,6 +241,12 @@ class Codegen:
             and self.tokens[i].end == self.tokens[i + 1].start
         )
 
+    def attribute_list(self, i):
+        """The [[...]] list starting at token i, parsed once."""
+        if i not in self.attribute_lists:
+            self.attribute_lists[i] = self.parse_attribute_list(i)
+        return self.attribute_lists[i]
+
     def parse_attribute_list(self, i):
         """[[a, b(c), ns::d]] starting at token i; returns the AttributeList."""
         depth = 0
@@ -273,42 +284,39 @@ class Codegen:
 
     def run(self):
         tokens = self.tokens
-        scopes = []  # ("namespace", name) | ("extern", None) | ("class", None) | ("block", None)
+        scopes = []  # "namespace" | "extern" | "class" | "block", innermost last
         statement_start = 0
         i = 0
         while i < len(tokens):
             tok = tokens[i]
             if self.is_attribute_start(i):
-                attrs = self.parse_attribute_list(i)
-                self.attribute_lists[i] = attrs
-                if attrs.is_metal():
+                attrs = self.attribute_list(i)
+                self.check_attributes(attrs)
+                if attrs.binding():
                     self.blank(attrs.first, attrs.last)
-                    if attrs.find("__mfa_sim_kernel__"):
-                        self.on_kernel(i, attrs.last + 1, statement_start, scopes)
                 i = attrs.last + 1
                 continue
             if tok.kind == "identifier" and tok.text in MARKERS:
-                at_namespace_scope = all(kind in ("namespace", "extern") for kind, _ in scopes)
-                if (
-                    tok.text == "__mfa_sim_constant__"
-                    and at_namespace_scope
-                    and i == statement_start
-                ):
+                in_function = "block" in scopes or "class" in scopes
+                if tok.text == "__mfa_sim_constant__" and i == statement_start and not in_function:
                     i = self.on_program_scope_constant(i, scopes)
                     statement_start = i
                     continue
                 if (
                     tok.text == "__mfa_sim_threadgroup__"
-                    and any(k == "block" for k, _ in scopes)
                     and i == statement_start
+                    and "block" in scopes
                     and self.is_variable_declaration(i)
                 ):
-                    i = self.on_threadgroup_variable(i)
-                    statement_start = i
-                    continue
+                    self.error(
+                        tok,
+                        "threadgroup variables declared in a function body are not supported by "
+                        "metal-sim: pass the memory as a `threadgroup T* name [[threadgroup(i)]]` "
+                        "kernel parameter",
+                    )
                 self.rewrite_marker(i)
                 if tok.text == "__mfa_sim_kernel__":
-                    self.on_kernel(i, i + 1, statement_start, scopes)
+                    self.on_kernel(i, statement_start, scopes)
                 i += 1
                 continue
             if tok.text == "{":
@@ -322,26 +330,43 @@ class Codegen:
                 statement_start = i + 1
             i += 1
 
+    def check_attributes(self, attrs):
+        for a in attrs.attributes:
+            if a.name == "__mfa_sim_kernel__":
+                self.error(
+                    a.token,
+                    "the [[kernel]] attribute is not supported by metal-sim: write "
+                    "`kernel void name(...)`",
+                )
+            if a.name in UNSUPPORTED_ATTRIBUTES:
+                self.error(a.token, f"[[{a.name}]] is not supported by metal-sim")
+        binding = attrs.binding()
+        if binding and attrs.first not in self.parameter_attributes:
+            if binding.name == "function_constant":
+                self.error(
+                    binding.token,
+                    "[[function_constant]] is supported on a kernel's optional buffers and in "
+                    "`constant T name [[function_constant(i)]];` at global scope",
+                )
+            self.error(
+                binding.token,
+                f"[[{binding.name.replace('__mfa_sim_threadgroup__', 'threadgroup')}]] outside "
+                "a kernel's parameters",
+            )
+
     def classify_brace(self, first, brace):
         words = [t.text for t in self.tokens[first:brace]]
         if "namespace" in words:
-            k = words.index("namespace")
-            name = (
-                words[k + 1] if k + 1 < len(words) and re.match(r"[A-Za-z_]", words[k + 1]) else ""
-            )
-            return ("namespace", name)
+            return "namespace"
         if words[:1] == ["extern"] and len(words) == 2 and words[1].startswith('"'):
-            return ("extern", None)
+            return "extern"
         if (
             any(w in ("struct", "class", "union", "enum") for w in words)
             and "(" not in words
             and "=" not in words
         ):
-            return ("class", None)
-        return ("block", None)
-
-    def namespace_of(self, scopes):
-        return [name for kind, name in scopes if kind == "namespace"]
+            return "class"
+        return "block"
 
     def is_variable_declaration(self, i):
         """Whether the statement at marker i declares storage (not a pointer or reference)."""
@@ -352,39 +377,6 @@ class Codegen:
             j += 1
         return j < len(self.tokens) and self.tokens[j].text == ";"
 
-    def on_threadgroup_variable(self, i):
-        """threadgroup T name[dims]; inside a kernel -> a reference to per-threadgroup memory.
-
-        The executor hands every thread of a threadgroup the same allocation for this
-        declaration, sized and aligned for T[dims] and counted against the 32 KB limit."""
-        end = i
-        while self.tokens[end].text != ";":
-            end += 1
-        body = self.tokens[i + 1 : end]
-        bracket = next((n for n, t in enumerate(body) if t.text == "["), len(body))
-        if bracket < 2 or body[bracket - 1].kind != "identifier":
-            self.error(
-                self.tokens[i],
-                "unsupported threadgroup variable declaration (one "
-                "variable per declaration: threadgroup T name[N];)",
-            )
-        name = body[bracket - 1].text
-        type_text = " ".join(t.text for t in body[: bracket - 1])
-        dims = " ".join(t.text for t in body[bracket:])
-        number = self.threadgroup_variables
-        self.threadgroup_variables += 1
-        alias = f"__mfa_sim_threadgroup_type_{number}"
-        space = self.space_attribute("__mfa_sim_threadgroup__") + " " if self.address_spaces else ""
-        self.replace(
-            i,
-            end,
-            f"using {alias} = {space}{type_text} {dims}; "
-            f"{alias}& {name} = *({alias}*)("
-            f"::mfa_sim_threadgroup_variable({number}, sizeof({alias}), "
-            f"alignof({alias})));",
-        )
-        return end + 1
-
     # ---- program-scope constants ----
 
     def on_program_scope_constant(self, i, scopes):
@@ -392,24 +384,18 @@ class Codegen:
         end = i
         while self.tokens[end].text != ";":
             if self.is_attribute_start(end):
-                end = self.parse_attribute_list(end).last
+                end = self.attribute_list(end).last
             end += 1
         body = list(range(i + 1, end))
-        attrs = None
-        for k in body:
-            if k in self.attribute_lists or self.is_attribute_start(k):
-                attrs = self.attribute_lists.get(k) or self.parse_attribute_list(k)
-                break
-        namespace = self.namespace_of(scopes)
+        attrs = next((self.attribute_list(k) for k in body if self.is_attribute_start(k)), None)
         if attrs and attrs.find("function_constant"):
-            index_tokens = attrs.find("function_constant").args
             name_token = self.tokens[attrs.first - 1]
+            self.require_global(name_token, scopes)
             type_text = " ".join(t.text for t in self.tokens[i + 1 : attrs.first - 1])
-            index_text = " ".join(t.text for t in index_tokens)
+            index_text = " ".join(t.text for t in attrs.find("function_constant").args)
             self.declare_constant(
                 i,
                 end,
-                namespace,
                 name_token.text,
                 type_text,
                 f"return ::mfa_sim_glue::bind_constant({name_token.text}, "
@@ -427,17 +413,17 @@ class Codegen:
         if equals is not None and not attrs:
             expression = self.tokens[equals + 1 : end]
             used = {t.text for t in expression if t.kind == "identifier"}
-            derived = used & self.constant_names or any(
+            derived = used & set(self.constants) or any(
                 name.startswith("__mfa_sim_fc_defined_") for name in used
             )
             if derived and not any(t.text == "," for t in self.tokens[i:equals]):
                 name_token = self.tokens[equals - 1]
+                self.require_global(name_token, scopes)
                 type_text = " ".join(t.text for t in self.tokens[i + 1 : equals - 1])
                 expression_text = " ".join(t.text for t in expression)
                 self.declare_constant(
                     i,
                     end,
-                    namespace,
                     name_token.text,
                     type_text,
                     f"(void)table; {name_token.text} = ({expression_text}); "
@@ -448,7 +434,15 @@ class Codegen:
         self.rewrite_marker(i)
         return i + 1
 
-    def declare_constant(self, first, last, namespace, name, type_text, setter_body):
+    def require_global(self, name_token, scopes):
+        if scopes:
+            self.error(
+                name_token,
+                f"function constant '{name_token.text}' is inside a {scopes[-1]}: metal-sim "
+                "supports function constants at global scope",
+            )
+
+    def declare_constant(self, first, last, name, type_text, setter_body):
         self.replace(
             first,
             last,
@@ -457,43 +451,49 @@ class Codegen:
             f"static const char* __mfa_sim_bind_{name}("
             f"const ::mfa_sim_abi::ConstantTable& table) {{ {setter_body} }}",
         )
-        self.constants.append((namespace, name))
-        self.constant_names.add(name)
+        self.constants.append(name)
 
     # ---- kernels ----
 
-    def on_kernel(self, marker, after_marker, statement_start, scopes):
-        words = [t.text for t in self.tokens[statement_start:marker]]
-        namespace = self.namespace_of(scopes)
-        explicit_instantiation = (
-            len(words) >= 1 and words[0] == "template" and (len(words) < 2 or words[1] != "<")
-        )
-        if explicit_instantiation:
-            self.on_instantiation(marker, statement_start, namespace)
-            return
-        # A definition: ... void NAME ( parameters ) { ... }
-        j = after_marker
+    def on_kernel(self, marker, statement_start, scopes):
+        """kernel void NAME ( parameters ) { ... }"""
+        before = self.tokens[statement_start:marker]
+        j = marker + 1
         while j < len(self.tokens) and self.tokens[j].text != "(":
             if self.is_attribute_start(j):
-                j = self.parse_attribute_list(j).last
+                j = self.attribute_list(j).last
             j += 1
         name_token = self.tokens[j - 1]
+        name = name_token.text
+        template = next((t for t in before if t.text == "template"), None)
+        if template:
+            self.error(
+                template,
+                f"kernel '{name}': template kernels are not supported by metal-sim: write one "
+                "`kernel void name(...)` per variant",
+            )
+        if scopes:
+            self.error(
+                name_token,
+                f"kernel '{name}' is inside a {scopes[-1]}: metal-sim supports kernels at "
+                "global scope",
+            )
         close = self.matching(j, "(", ")")
         after = self.tokens[close + 1].text if close + 1 < len(self.tokens) else ""
         if after == ";":
-            return  # a declaration; the definition carries the bindings
-        if after != "{":
-            self.error(name_token, f"kernel '{name_token.text}': expected a function definition")
-        parameters = self.parse_parameters(j, close, name_token.text)
-        if name_token.text in self.kernels:
             self.error(
                 name_token,
-                f"kernel '{name_token.text}' is defined twice (overloaded "
-                "kernels are not supported by metal-sim)",
+                f"kernel '{name}' is declared without its definition: metal-sim binds kernels "
+                "where they are defined, so declare each kernel once, with its body",
             )
-        self.kernels[name_token.text] = KernelFunction(
-            name_token.text, namespace, parameters, "template" in words, name_token
-        )
+        if after != "{":
+            self.error(name_token, f"kernel '{name}': expected a function definition")
+        if name in self.kernels:
+            self.error(
+                name_token,
+                f"kernel '{name}' is defined twice (Metal does not overload kernels)",
+            )
+        self.kernels[name] = self.parse_parameters(j, close, name)
 
     def parse_parameters(self, open_paren, close_paren, kernel):
         parameters = []
@@ -520,10 +520,10 @@ class Codegen:
             while k < len(indices):
                 index = indices[k]
                 if self.is_attribute_start(index):
-                    lst = self.attribute_lists.setdefault(index, self.parse_attribute_list(index))
+                    lst = self.attribute_list(index)
+                    self.parameter_attributes.add(index)
                     attrs.append(lst)
-                    last = lst.last
-                    while k < len(indices) and indices[k] <= last:
+                    while k < len(indices) and indices[k] <= lst.last:
                         k += 1
                     continue
                 plain.append(self.tokens[index])
@@ -551,51 +551,10 @@ class Codegen:
             )
         return result
 
-    def on_instantiation(self, marker, statement_start, namespace):
-        end = marker
-        while self.tokens[end].text != ";":
-            end += 1
-        host_name = None
-        body = []
-        k = statement_start + 1
-        while k < end:
-            if k in self.attribute_lists:
-                lst = self.attribute_lists[k]
-                attribute = lst.find("host_name")
-                if attribute:
-                    host_name = "".join(t.text[1:-1] for t in attribute.args if t.kind == "string")
-                k = lst.last + 1
-                continue
-            if self.is_attribute_start(k):
-                lst = self.parse_attribute_list(k)
-                k = lst.last + 1
-                continue
-            body.append(k)
-            k += 1
-        texts = [self.tokens[k].text for k in body]
-        if texts and texts[0] == "decltype":
-            close = self.matching(body[1], "(", ")")
-            body = [k for k in body if k > close]
-        else:
-            paren = next((n for n, t in enumerate(texts) if t == "("), len(texts))
-            body = body[1:paren]  # drop the return type, stop at the parameters
-        expression = " ".join(self.tokens[k].text for k in body)
-        angle = next((n for n, k in enumerate(body) if self.tokens[k].text == "<"), None)
-        template_name = self.tokens[body[angle - 1]].text if angle else None
-        if not host_name or not template_name:
-            self.error(
-                self.tokens[marker],
-                "kernel instantiations need the form "
-                'template [[host_name("name")]] [[kernel]] decltype(f<...>) f<...>;',
-            )
-        self.instantiations.append(
-            (host_name, template_name, expression, namespace, self.tokens[marker])
-        )
-
     # ---- glue ----
 
-    def argument(self, kernel_host_name, parameter):
-        where = f"kernel '{kernel_host_name}', parameter '{parameter.name}'"
+    def argument(self, kernel, parameter):
+        where = f"kernel '{kernel}', parameter '{parameter.name}'"
         buffer = next((a for a in parameter.attributes if a.name == "buffer"), None)
         group = next((a for a in parameter.attributes if a.name == "__mfa_sim_threadgroup__"), None)
         gate = next((a for a in parameter.attributes if a.name == "function_constant"), None)
@@ -639,7 +598,7 @@ class Codegen:
                 + ")"
             )
         if builtin:
-            return f"::mfa_sim_glue::builtin(thread.{BUILTINS[builtin.name]})"
+            return f"::mfa_sim_glue::builtin(thread.{builtin.name})"
         raise CodegenError(
             f"{parameter.tokens[0].where()}: error: {where}: no Metal binding "
             "attribute ([[buffer(i)]], [[threadgroup(i)]] or a built-in) that "
@@ -647,65 +606,32 @@ class Codegen:
         )
 
     def glue(self):
-        entries = []  # (host name, kernel, callee expression, namespace to call it from)
-        for name, kernel in self.kernels.items():
-            if not kernel.is_template:
-                entries.append((name, kernel, name, kernel.namespace))
-        for host_name, template_name, expression, namespace, token in self.instantiations:
-            kernel = self.kernels.get(template_name)
-            if not kernel:
-                self.error(
-                    token,
-                    f"kernel instantiation '{host_name}': no kernel template "
-                    f"'{template_name}' in this file",
-                )
-            entries.append((host_name, kernel, expression, namespace))
+        """Each kernel's entry point and the file's function-constant setter, under the names
+        the kernel table (kernel_table) refers to."""
         out = [f'\n# 1 "<metal-sim glue for {self.source}>"\n']
-        qualified_entries = []
-        for number, (host_name, kernel, callee, namespace) in enumerate(entries):
-            arguments = ",\n        ".join(self.argument(host_name, p) for p in kernel.parameters)
-            opening = "".join(f"namespace {n} {{ " for n in namespace)
-            closing = "}" * len(namespace)
+        for name, parameters in self.kernels.items():
+            arguments = ",\n        ".join(self.argument(name, p) for p in parameters)
             out.append(
-                f"{opening}\n"
-                f"static void __mfa_sim_entry_{number}(const ::mfa_sim_abi::ThreadInfo& thread, "
+                f"void {entry_name(name)}(const ::mfa_sim_abi::ThreadInfo& thread, "
                 f"const ::mfa_sim_abi::ArgumentTable& arguments) {{\n"
                 f"    (void)thread;\n    (void)arguments;\n"
-                f"    {callee}(\n        {arguments});\n}}\n{closing}\n"
+                f"    {name}(\n        {arguments});\n}}\n"
             )
-            prefix = "".join(f"{n}::" for n in namespace if n)
-            qualified_entries.append((host_name, f"::{prefix}__mfa_sim_entry_{number}"))
         out.append(
-            "static const char* __mfa_sim_setup_constants("
+            f"const char* {constants_name(self.source)}("
             "const ::mfa_sim_abi::ConstantTable& table) {\n"
             "    const char* error = nullptr;\n    (void)table;\n"
         )
-        for namespace, name in self.constants:
-            prefix = "".join(f"{n}::" for n in namespace if n)
-            out.append(f"    if ((error = ::{prefix}__mfa_sim_bind_{name}(table))) return error;\n")
+        for name in self.constants:
+            out.append(f"    if ((error = __mfa_sim_bind_{name}(table))) return error;\n")
         out.append("    return error;\n}\n")
-        if qualified_entries:
-            out.append("static const ::mfa_sim_abi::KernelRecord __mfa_sim_kernels[] = {\n")
-            for host_name, entry in qualified_entries:
-                out.append(
-                    f"    {{{c_string(host_name)}, {c_string(self.source)}, {entry}, "
-                    f"__mfa_sim_setup_constants}},\n"
-                )
-            out.append(
-                "};\n"
-                "namespace {\n"
-                "struct __mfa_sim_registrar {\n"
-                "    __mfa_sim_registrar() {\n"
-                "        mfa_sim_register_kernels(__mfa_sim_kernels, "
-                f"{len(qualified_entries)});\n"
-                "    }\n"
-                "} const __mfa_sim_registrar_instance;\n"
-                "}\n"
-            )
         return "".join(out)
 
+    def manifest(self):
+        """What kernel_table needs to know of this file."""
+        return {"source": self.source, "kernels": list(self.kernels)}
+
     def output(self):
-        self.run()
         glue = self.glue()
         pieces = []
         position = 0
@@ -719,22 +645,92 @@ class Codegen:
         return "".join(pieces) + glue
 
 
+def entry_name(kernel):
+    return f"mfa_sim_kernel_{kernel}"
+
+
+def constants_name(source):
+    stem = os.path.splitext(os.path.basename(source))[0]
+    return "mfa_sim_constants_" + re.sub(r"\W", "_", stem)
+
+
+def kernel_table(manifests):
+    """The table of every kernel of a binary (mfa_sim_abi::kernels), sorted by name: each with
+    its .metal file, the entry point that runs one of its threads, and the setter of its file's
+    function constants. A name defined by two files is an error here, before anything runs."""
+    files = {}  # kernel name -> manifest
+    for manifest in manifests:
+        for kernel in manifest["kernels"]:
+            if kernel in files:
+                raise CodegenError(
+                    f"{manifest['source']}: error: kernel '{kernel}' is also defined in "
+                    f"{files[kernel]['source']}: kernel names must be unique in a binary"
+                )
+            files[kernel] = manifest
+    if not files:
+        raise CodegenError("error: no kernel in " + ", ".join(m["source"] for m in manifests))
+    out = [
+        "// Generated by metal_sim_codegen.py: every kernel compiled into this binary, by name,\n"
+        "// with the function that runs one of its threads and the one that sets its file's\n"
+        "// function constants. mfa::sim::dispatch finds kernels here.\n"
+        '#include "mfa_sim_abi.h"\n\n'
+    ]
+    for kernel in sorted(files):
+        out.append(
+            f"void {entry_name(kernel)}(const mfa_sim_abi::ThreadInfo&, "
+            "const mfa_sim_abi::ArgumentTable&);\n"
+        )
+    for source in sorted({m["source"] for m in manifests}):
+        out.append(f"const char* {constants_name(source)}(const mfa_sim_abi::ConstantTable&);\n")
+    out.append("\nconst mfa_sim_abi::KernelRecord mfa_sim_abi::kernels[] = {\n")
+    for kernel in sorted(files):
+        source = files[kernel]["source"]
+        out.append(
+            f"    {{{c_string(kernel)}, {c_string(source)}, {entry_name(kernel)}, "
+            f"{constants_name(source)}}},\n"
+        )
+    out.append(
+        "};\nconst unsigned mfa_sim_abi::kernel_count = sizeof kernels / sizeof kernels[0];\n"
+    )
+    return "".join(out)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("preprocessed")
+    parser.add_argument(
+        "inputs",
+        nargs="+",
+        help="the preprocessed .metal file; with --kernel-table, the manifests of a binary",
+    )
     parser.add_argument("-o", "--output", required=True)
-    parser.add_argument("--source", required=True, help="the .metal file, for messages")
+    parser.add_argument("--source", help="the .metal file, for messages")
+    parser.add_argument("--manifest", help="also write the file's kernels here, for the table")
     parser.add_argument(
         "--address-spaces",
         action="store_true",
         help="emit clang address spaces on pointers, for a type-checking pass "
         "(preprocess with -DMFA_SIM_ADDRESS_SPACE_CHECK=1)",
     )
+    parser.add_argument(
+        "--kernel-table", action="store_true", help="write the kernel table of a binary"
+    )
     args = parser.parse_args()
-    with open(args.preprocessed, encoding="utf-8") as f:
-        text = f.read()
+    if not args.kernel_table and (len(args.inputs) != 1 or not args.source):
+        parser.error("compiling a kernel file takes one preprocessed file and --source")
     try:
-        result = Codegen(text, args.source, args.address_spaces).output()
+        if args.kernel_table:
+            manifests = []
+            for path in args.inputs:
+                with open(path, encoding="utf-8") as f:
+                    manifests.append(json.load(f))
+            result = kernel_table(manifests)
+        else:
+            with open(args.inputs[0], encoding="utf-8") as f:
+                codegen = Codegen(f.read(), args.source, args.address_spaces)
+            result = codegen.output()
+            if args.manifest:
+                with open(args.manifest, "w", encoding="utf-8") as f:
+                    json.dump(codegen.manifest(), f)
     except CodegenError as e:
         print(e, file=sys.stderr)
         return 1

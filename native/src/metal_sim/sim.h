@@ -10,16 +10,18 @@
 // How kernels get here. Every metal/*.metal file is preprocessed with the compatibility headers
 // in native/src/metal_sim/include (metal_stdlib & co.), rewritten by metal_sim_codegen.py (which
 // strips Metal's attributes and generates the argument-binding glue from each kernel signature)
-// and compiled as C++ into libmfa; the kernels register themselves by name at load time. The
-// simulator's tests link the executor statically with their own .metal files, compiled the same
-// way by the CMake function mfa_sim_add_kernels(); nothing of the simulator is exported.
+// and compiled as C++ into libmfa. One more generated file, the kernel table, lists every kernel
+// of the binary by name with its entry point; dispatch() looks kernels up there, and a name
+// defined twice fails the build. The simulator's tests link the executor statically with their
+// own .metal files, compiled the same way by the CMake function mfa_sim_add_kernels(); nothing
+// of the simulator is exported.
 //
-// Supported kernel forms (anything else is a build error from the code generator, never a
-// silently unbound argument):
-//   kernel void name(...) { ... }                                   plain kernel, host name = name
-//   template <...> [[kernel]] void name(...) { ... }                template kernel, and per variant
-//   template [[host_name("host_name")]] [[kernel]] decltype(name<A, B>) name<A, B>;
-//   (also spelled `kernel void name(...)` in the template, and as macros expanding to either.)
+// Supported kernel forms: the ones the project's kernels use. Anything else with a Metal meaning
+// (template kernels, [[host_name]], the [[kernel]] spelling, kernels or function constants in a
+// namespace, threadgroup variables declared in a function body, attributes the simulator does
+// not model, ...) is a build error from the code generator naming the construct and its line,
+// never a silently unbound argument.
+//   kernel void name(...) { ... }                                   at global scope; host name = name
 // Supported kernel parameters:
 //   device T* / device const T* / constant T* x [[buffer(i)]]       T: scalars, vectors, structs
 //   constant S& / device S& / device const S& x [[buffer(i)]]       bound buffer must hold sizeof(S)
@@ -27,18 +29,14 @@
 //   built-ins, as uint/ushort/int or 2-/3-component vectors of them:
 //     thread_position_in_grid, thread_position_in_threadgroup, threadgroup_position_in_grid,
 //     threads_per_threadgroup, threadgroups_per_grid, threads_per_grid,
-//     dispatch_threads_per_threadgroup, thread_index_in_threadgroup, thread_index_in_simdgroup,
-//     simdgroup_index_in_threadgroup, threads_per_simdgroup, simdgroups_per_threadgroup
+//     thread_index_in_threadgroup, thread_index_in_simdgroup, simdgroup_index_in_threadgroup,
+//     threads_per_simdgroup, simdgroups_per_threadgroup
 //   [[buffer(i), function_constant(c)]]: optional buffer; a null pointer when c is false and
 //     the buffer is unbound.
-// Program-scope function constants: `constant T name [[function_constant(i)]];` (T a scalar
+// Function constants, at global scope: `constant T name [[function_constant(i)]];` (T a scalar
 // type), and derived constants `constant T name = <expression using function constants>;`.
 // Both are per dispatch (thread-local in the simulator), so concurrent dispatches with different
 // constants do not interfere. is_function_constant_defined(name) works on either.
-//
-// Threadgroup variables declared in a kernel body (`threadgroup float tile[64];`, one per
-// declaration) are supported too: one allocation per threadgroup, counted with the
-// [[threadgroup(i)]] lengths against the 32 KB limit.
 //
 // Rejected at build time, as Metal rejects them: size_t and ptrdiff_t kernel arguments, double,
 // exceptions, RTTI, virtual functions, dynamic allocation, the C++ standard library, recursion
@@ -46,9 +44,10 @@
 // pointer where a device or thread pointer is expected) fail the build through a type-checking
 // pass; it leaves references, objects and bfloat pointers unchecked, and rejects copying a whole
 // struct out of a device/constant/threadgroup pointer (MSL allows it; read the fields or bind
-// the struct by reference). See MetalSimKernels.cmake and include/mfa_sim_metal.h.
+// the struct by reference). See MetalSimKernels.cmake and include/mfa_sim_language.h.
 //
-// Differences from Apple's compiler to keep in mind (details in include/mfa_sim_metal.h):
+// Differences from Apple's compiler to keep in mind (details in include/metal_types and
+// include/metal_math):
 //   - float2(a, b)-style constructors are macros over metal::make_vec; `(float4)int4_value` is a
 //     bit cast here, so convert with float4(int4_value).
 //   - half is _Float16 (1.5h works); bfloat is a struct (bfloat(1.5f); no `bf` literal), its

@@ -10,13 +10,11 @@ struct AttentionParams {
     float scale_log2; // softmax scale * log2(e)
 };
 
+// The body, for a head dimension D; the kernels below instantiate it.
 template <uint D>
-[[kernel]] void attention_forward(
-    device const float* q [[buffer(0)]], device const float* k [[buffer(1)]],
-    device const float* v [[buffer(2)]], device float* o [[buffer(3)]],
-    constant AttentionParams& p [[buffer(4)]], threadgroup float* staging [[threadgroup(0)]],
-    uint3 group [[threadgroup_position_in_grid]], ushort tid [[thread_index_in_threadgroup]],
-    ushort simd [[simdgroup_index_in_threadgroup]], ushort threads [[threads_per_threadgroup]]) {
+void attention_forward(device const float* q, device const float* k, device const float* v,
+                       device float* o, constant AttentionParams& p, threadgroup float* staging,
+                       uint3 group, ushort tid, ushort simd, ushort threads) {
     constexpr uint kTiles = D / 8;
     const uint row0 = group.x * 32 + simd * 8;
     simdgroup_float8x8 Q[kTiles], O[kTiles];
@@ -70,7 +68,16 @@ template <uint D>
         simdgroup_store(O[d], o + row0 * D, D, ulong2(d * 8, 0));
     }
 }
-template [[host_name(
-    "attention_forward_d64")]] [[kernel]] decltype(attention_forward<64>) attention_forward<64>;
-template [[host_name(
-    "attention_forward_d128")]] [[kernel]] decltype(attention_forward<128>) attention_forward<128>;
+
+#define ATTENTION_FORWARD_KERNEL(D)                                                                \
+    kernel void attention_forward_d##D(                                                            \
+        device const float* q [[buffer(0)]], device const float* k [[buffer(1)]],                  \
+        device const float* v [[buffer(2)]], device float* o [[buffer(3)]],                        \
+        constant AttentionParams& p [[buffer(4)]], threadgroup float* staging [[threadgroup(0)]],  \
+        uint3 group [[threadgroup_position_in_grid]], ushort tid [[thread_index_in_threadgroup]],  \
+        ushort simd [[simdgroup_index_in_threadgroup]],                                            \
+        ushort threads [[threads_per_threadgroup]]) {                                              \
+        attention_forward<D>(q, k, v, o, p, staging, group, tid, simd, threads);                   \
+    }
+ATTENTION_FORWARD_KERNEL(64)
+ATTENTION_FORWARD_KERNEL(128)

@@ -79,35 +79,3 @@ kernel void read_unwritten_threadgroup_memory(device uint* output [[buffer(0)]],
                                               uint threads [[threads_per_threadgroup]]) {
     output[group.x * threads + tid] = shared[tid];
 }
-
-// Threadgroup variables declared in the kernel body: one allocation per threadgroup, shared by
-// its threads.
-kernel void reverse_through_threadgroup_variable(device const float* input [[buffer(0)]],
-                                                 device float* output [[buffer(1)]],
-                                                 uint tid [[thread_index_in_threadgroup]],
-                                                 uint3 group [[threadgroup_position_in_grid]],
-                                                 uint threads [[threads_per_threadgroup]]) {
-    threadgroup float tile[256];
-    threadgroup uint group_tag;
-    tile[tid] = input[group.x * threads + tid];
-    if (tid == 0) group_tag = group.x + 100;
-    threadgroup_barrier(mem_flags::mem_threadgroup);
-    output[group.x * threads + tid] = tile[threads - 1 - tid] + float(group_tag);
-}
-
-kernel void read_unwritten_threadgroup_variable(device uint* output [[buffer(0)]],
-                                                uint tid [[thread_index_in_threadgroup]],
-                                                uint3 group [[threadgroup_position_in_grid]],
-                                                uint threads [[threads_per_threadgroup]]) {
-    threadgroup uint scratch[128];
-    output[group.x * threads + tid] = scratch[tid];
-}
-
-// 32 KB of threadgroup variables: allowed alone, too much with any [[threadgroup]] argument.
-kernel void full_threadgroup_variable(device float* output [[buffer(0)]],
-                                      uint tid [[thread_index_in_threadgroup]]) {
-    threadgroup float everything[8192];
-    everything[tid] = float(tid);
-    threadgroup_barrier(mem_flags::mem_threadgroup);
-    output[tid] = everything[0];
-}

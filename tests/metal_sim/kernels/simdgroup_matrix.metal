@@ -48,11 +48,11 @@ kernel void matrix_transfer(device const float* source [[buffer(0)]],
                     p.store_transpose != 0);
 }
 
-// d = a * b + c and e = a * b, in the element type T.
-template <typename T>
-[[kernel]] void matrix_products(device const T* a [[buffer(0)]], device const T* b [[buffer(1)]],
-                                device const T* c [[buffer(2)]], device T* d [[buffer(3)]],
-                                device T* e [[buffer(4)]]) {
+// d = a * b + c and e = a * b, in the element type T: one plain kernel per type, over a helper
+// template, as the project's kernels are written. The helper takes the pointers as they come:
+// the address-space check leaves bfloat pointers generic.
+template <typename T, typename Input, typename Output>
+void matrix_products(Input a, Input b, Input c, Output d, Output e) {
     simdgroup_matrix<T, 8, 8> A, B, C, D;
     simdgroup_load(A, a);
     simdgroup_load(B, b);
@@ -62,12 +62,16 @@ template <typename T>
     simdgroup_multiply(C, A, B);
     simdgroup_store(C, e);
 }
-template [[host_name(
-    "matrix_products_float")]] [[kernel]] decltype(matrix_products<float>) matrix_products<float>;
-template [[host_name(
-    "matrix_products_half")]] [[kernel]] decltype(matrix_products<half>) matrix_products<half>;
-template [[host_name("matrix_products_bfloat")]] [[kernel]] decltype(matrix_products<bfloat>)
-    matrix_products<bfloat>;
+
+#define MATRIX_PRODUCTS_KERNEL(T)                                                                  \
+    kernel void matrix_products_##T(                                                               \
+        device const T* a [[buffer(0)]], device const T* b [[buffer(1)]],                          \
+        device const T* c [[buffer(2)]], device T* d [[buffer(3)]], device T* e [[buffer(4)]]) {   \
+        matrix_products<T>(a, b, c, d, e);                                                         \
+    }
+MATRIX_PRODUCTS_KERNEL(float)
+MATRIX_PRODUCTS_KERNEL(half)
+MATRIX_PRODUCTS_KERNEL(bfloat)
 
 // half inputs, a float accumulator updated in place twice: c + 2ab.
 kernel void matrix_mixed_accumulate(device const half* a [[buffer(0)]],

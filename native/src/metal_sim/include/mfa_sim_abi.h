@@ -71,6 +71,11 @@ struct KernelRecord {
     ConstantSetup setup_constants;
 };
 
+// Every kernel compiled into the binary, sorted by name: the table metal_sim_codegen.py
+// generates from the binary's .metal files (mfa_sim_add_kernels), where the executor finds them.
+extern const KernelRecord kernels[];
+extern const unsigned kernel_count;
+
 // A call site of a rendezvous (barrier or SIMD-group function), for matching and messages.
 struct Site {
     const char* operation; // "simd_sum", "threadgroup_barrier", ...
@@ -90,7 +95,6 @@ struct SimdRendezvous {
 } // namespace mfa_sim_abi
 
 extern "C" {
-void mfa_sim_register_kernels(const mfa_sim_abi::KernelRecord* kernels, unsigned count);
 // The calling kernel thread's built-ins.
 const mfa_sim_abi::ThreadInfo* mfa_sim_current_thread(void);
 // Ends the calling kernel thread and fails its dispatch with message (static storage).

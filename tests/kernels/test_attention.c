@@ -1,6 +1,6 @@
 /*
  * The attention kernels on metal-sim, through the public C API, against the float64 reference
- * of tests/c/test_reference.h. Cases are chosen to reach every kernel path rather than to be
+ * of test_reference.h. Cases are chosen to reach every kernel path rather than to be
  * large: sequence lengths that are not multiples of any block, D % 8 != 0, head dimensions that
  * force the uncached slab and split output columns, causal masks in both alignments (including
  * rows that see no key), sliding windows, GQA and MQA (including decode shapes, where the
@@ -19,9 +19,7 @@
  * is O(1) even when the result itself cancels to (near) zero, as dQ and dK do when a row sees a
  * single key.
  */
-/* The planner's CMakeLists.txt (native/src/planner) builds this suite without tests/c on the
- * include path, so the shared helpers are reached relative to this file. */
-#include "../c/test_reference.h"
+#include "test_reference.h"
 
 /* ---- the case ---- */
 

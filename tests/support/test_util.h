@@ -1,6 +1,6 @@
-/* Small helpers shared by the C tests: checks that count failures, strided test tensors, the
- * tensors and options of one attention call, and f16 / bf16 conversions written independently
- * of the library. */
+/* Small helpers shared by the C tests: strided test tensors, the tensors and options of one
+ * attention call, a checked context, and f16 / bf16 conversions written independently of the
+ * library. Checks are check.h's. */
 #ifndef MFA_TEST_UTIL_H
 #define MFA_TEST_UTIL_H
 
@@ -10,28 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check.h"
 #include "mfa.h"
-
-static int test_failures = 0;
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, #cond);               \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-            ++test_failures;                                                                       \
-        }                                                                                          \
-    } while (0)
-
-static int test_finish(const char* name) {
-    if (test_failures) {
-        fprintf(stderr, "%s: %d check(s) failed\n", name, test_failures);
-        return 1;
-    }
-    printf("%s: all checks passed\n", name);
-    return 0;
-}
 
 /* A deterministic generator (xorshift64*), uniform in [-1, 1). */
 static uint64_t test_rng_state = 0x9E3779B97F4A7C15ull;

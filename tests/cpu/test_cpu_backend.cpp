@@ -1,48 +1,34 @@
 /*
  * White-box test of the CPU backend: the dtype conversions against independent float64
  * arithmetic, then every kernel build this CPU can run (AVX-512, AVX2, the portable one) through
- * the backend's entry points against a float64 reference written here, then concurrent callers
- * on one context. The backend is hidden inside libmfa, so this compiles its sources itself and
- * stands in for the two core functions they call.
+ * the backend's entry points against the float64 reference of test_reference.h, then concurrent
+ * callers on one context. The backend is hidden inside libmfa, so this compiles its sources
+ * itself, with the core's error recording (core/errors.c); it stands in for the one other core
+ * function they call, mfa_dtype_size.
  */
 #include "core/backend.h"
 #include "core/validate.h"
 #include "cpu/convert.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <algorithm>
 #include <random>
-#include <string>
 #include <thread>
 #include <vector>
 
-static char last_error[512];
+#include "test_reference.h"
 
-extern "C" mfa_status mfa_set_error(mfa_status status, const char* format, ...) {
-    va_list args;
-    va_start(args, format);
-    vsnprintf(last_error, sizeof last_error, format, args);
-    va_end(args);
-    return status;
-}
-
-extern "C" size_t mfa_dtype_size(mfa_dtype dtype) { return dtype == MFA_DTYPE_F32 ? 4 : 2; }
-
-static int failures = 0;
-
-static void fail(const char* format, ...) {
-    if (++failures > 25) return;
-    va_list args;
-    va_start(args, format);
-    printf("  FAIL: ");
-    vprintf(format, args);
-    printf("\n");
-    va_end(args);
+extern "C" size_t mfa_dtype_size(mfa_dtype dtype) {
+    switch (dtype) {
+        case MFA_DTYPE_F32: return 4;
+        case MFA_DTYPE_F16:
+        case MFA_DTYPE_BF16: return 2;
+    }
+    return 0;
 }
 
 /* ---- Conversions ---------------------------------------------------------------------------- */
@@ -81,11 +67,11 @@ static void test_conversions() {
         const uint16_t h = (uint16_t)bits;
         const double want = half_value(h);
         const float got = mfa_cpu_f16_to_f32(h);
-        if (isnan(want) ? !isnan(got) : (got != want || signbit(got) != signbit(want)))
-            fail("f16 0x%04x -> %g, want %g", bits, (double)got, want);
+        CHECK(isnan(want) ? isnan(got) : got == want && signbit(got) == signbit(want),
+              "f16 0x%04x -> %g, want %g", bits, (double)got, want);
         const float widened = mfa_cpu_bf16_to_f32(h);
-        if (mfa_cpu_f32_bits(widened) != bits << 16)
-            fail("bf16 0x%04x widened to bits 0x%08x", bits, mfa_cpu_f32_bits(widened));
+        CHECK(mfa_cpu_f32_bits(widened) == bits << 16, "bf16 0x%04x widened to bits 0x%08x", bits,
+              mfa_cpu_f32_bits(widened));
     }
 
     /* f32 -> f16 / bf16 over a stride of all bit patterns plus every halfway case near 1. */
@@ -107,16 +93,16 @@ static void test_conversions() {
             const float half = mfa_cpu_f16_to_f32(mfa_cpu_f32_to_f16(x));
             const float brain = mfa_cpu_bf16_to_f32(mfa_cpu_f32_to_bf16(x));
             if (isnan(x)) {
-                if (!isnan(half) || !isnan(brain))
-                    fail("NaN 0x%08x not kept NaN (f16 %g, bf16 %g)", bits ^ sign, half, brain);
+                CHECK(isnan(half) && isnan(brain), "NaN 0x%08x not kept NaN (f16 %g, bf16 %g)",
+                      bits ^ sign, half, brain);
                 continue;
             }
             const double want_half = reference_round(x, 10, -14, 65504.0);
             const double want_brain = reference_round(x, 7, -126, ldexp(255.0, 120));
-            if (half != want_half || signbit(half) != signbit(x))
-                fail("f32 %a -> f16 %a, want %a", (double)x, (double)half, want_half);
-            if (brain != want_brain || signbit(brain) != signbit(x))
-                fail("f32 %a -> bf16 %a, want %a", (double)x, (double)brain, want_brain);
+            CHECK(half == want_half && signbit(half) == signbit(x), "f32 %a -> f16 %a, want %a",
+                  (double)x, (double)half, want_half);
+            CHECK(brain == want_brain && signbit(brain) == signbit(x), "f32 %a -> bf16 %a, want %a",
+                  (double)x, (double)brain, want_brain);
         }
     }
 }
@@ -159,16 +145,13 @@ struct Tensor {
                                                  n * view.stride[2] + d * view.stride[3]);
     }
 
-    double get(int64_t b, int64_t h, int64_t n, int64_t d) {
-        const char* p = at(b, h, n, d);
-        if (dtype == MFA_DTYPE_F32) {
-            float x;
-            memcpy(&x, p, 4);
-            return x;
-        }
-        uint16_t bits;
-        memcpy(&bits, p, 2);
-        return dtype == MFA_DTYPE_F16 ? mfa_cpu_f16_to_f32(bits) : mfa_cpu_bf16_to_f32(bits);
+    /* The view as the public API describes it, for the reference and for reading results. */
+    mfa_tensor tensor() const {
+        mfa_tensor t;
+        t.data = view.data;
+        t.dtype = dtype;
+        for (int i = 0; i < 4; ++i) t.shape[i] = shape[i], t.strides[i] = view.stride[i];
+        return t;
     }
 
     void set(int64_t b, int64_t h, int64_t n, int64_t d, float x) {
@@ -236,11 +219,21 @@ static double tolerance(mfa_dtype dtype) {
     return dtype == MFA_DTYPE_F32 ? 2e-5 : dtype == MFA_DTYPE_F16 ? 2e-3 : 1.6e-2;
 }
 
-static void expect_close(const char* what, double got, double want, double bound, int64_t b,
-                         int64_t h, int64_t n, int64_t d) {
-    if (!(fabs(got - want) <= bound * (1.0 + fabs(want))))
-        fail("%s[%lld,%lld,%lld,%lld] = %.9g, want %.9g", what, (long long)b, (long long)h,
-             (long long)n, (long long)d, got, want);
+/* Every element of `got` within bound * (1 + |want|) of the reference (dense [b][h][n][d]);
+ * where the reference is -inf (the lse of a row that sees nothing), exactly -inf. */
+static void expect_close(const char* name, const char* what, const Tensor& got, const double* want,
+                         double bound) {
+    const mfa_tensor t = got.tensor();
+    int64_t at = 0;
+    for (int64_t b = 0; b < t.shape[0]; ++b)
+        for (int64_t h = 0; h < t.shape[1]; ++h)
+            for (int64_t n = 0; n < t.shape[2]; ++n)
+                for (int64_t d = 0; d < t.shape[3]; ++d, ++at) {
+                    const double g = test_get(&t, b, h, n, d), w = want[at];
+                    CHECK(w == -INFINITY ? g == w : fabs(g - w) <= bound * (1.0 + fabs(w)),
+                          "%s: %s[%lld,%lld,%lld,%lld] = %.9g, want %.9g", name, what, (long long)b,
+                          (long long)h, (long long)n, (long long)d, g, w);
+                }
 }
 
 static void run_case(const mfa_backend_ops* ops, void* state, const Case& c, std::mt19937& rng) {
@@ -270,83 +263,39 @@ static void run_case(const mfa_backend_ops* ops, void* state, const Case& c, std
     mfa_visibility_band(Nq, Nk, diag_offset, c.window_left, c.window_right, &p.band_lo, &p.band_hi);
     p.q = q.view, p.k = k.view, p.v = v.view, p.out = out.view, p.lse = lse.view;
     p.dout = dout.view, p.dq = dq.view, p.dk = dk.view, p.dv = dv.view;
-    if (ops->forward(state, &p) != MFA_OK || ops->backward(state, &p) != MFA_OK) {
-        fail("%s: call failed: %s", c.name, last_error);
-        return;
-    }
+    const mfa_status forward = ops->forward(state, &p);
+    CHECK(forward == MFA_OK, "%s: forward failed: %s", c.name, mfa_last_error());
+    if (forward != MFA_OK) return;
+    const mfa_status backward = ops->backward(state, &p);
+    CHECK(backward == MFA_OK, "%s: backward failed: %s", c.name, mfa_last_error());
+    if (backward != MFA_OK) return;
 
+    /* The reference of the problem as the core hands it over: the causal mask is a window whose
+     * right edge is the diagonal, the alignment the diagonal's offset. Its gradients are taken
+     * around its own out and lse. */
+    const ref_problem reference = {B,
+                                   Hq,
+                                   Hkv,
+                                   Nq,
+                                   Nk,
+                                   D,
+                                   Dv,
+                                   p.scale,
+                                   0,
+                                   c.bottom_right ? MFA_ALIGN_BOTTOM_RIGHT : MFA_ALIGN_TOP_LEFT,
+                                   c.window_left,
+                                   c.window_right};
+    const mfa_tensor tq = q.tensor(), tk = k.tensor(), tv = v.tensor(), tdout = dout.tensor();
+    ref_result f = ref_forward(&reference, &tq, &tk, &tv);
+    ref_result g = ref_backward(&reference, &tq, &tk, &tv, nullptr, &tdout, nullptr, &f);
     const double bound = tolerance(c.dtype);
-    std::vector<double> dk_want((size_t)(B * Hkv * Nk * D)), dv_want((size_t)(B * Hkv * Nk * Dv));
-    std::vector<double> weight((size_t)Nk);
-    for (int64_t b = 0; b < B; ++b)
-        for (int64_t h = 0; h < Hq; ++h) {
-            const int64_t hk = h / group;
-            for (int64_t i = 0; i < Nq; ++i) {
-                /* Row i's softmax in float64 from the (rounded) inputs as stored. */
-                const int64_t aligned = i + diag_offset;
-                double peak = -INFINITY;
-                for (int64_t j = 0; j < Nk; ++j) {
-                    const bool visible = (c.window_left < 0 || j >= aligned - c.window_left) &&
-                                         (c.window_right < 0 || j <= aligned + c.window_right);
-                    double score = 0;
-                    for (int64_t x = 0; x < D; ++x) score += q.get(b, h, i, x) * k.get(b, hk, j, x);
-                    weight[j] = visible ? score * p.scale : -INFINITY;
-                    peak = std::max(peak, weight[j]);
-                }
-                double total = 0;
-                for (int64_t j = 0; j < Nk; ++j) {
-                    weight[j] = weight[j] == -INFINITY ? 0.0 : exp(weight[j] - peak);
-                    total += weight[j];
-                }
-                if (total == 0) {
-                    if (lse.get(b, h, i, 0) != -INFINITY)
-                        fail("%s: lse of a row that sees nothing = %g", c.name,
-                             lse.get(b, h, i, 0));
-                } else {
-                    expect_close("lse", lse.get(b, h, i, 0), peak + log(total), 2e-6, b, h, i, 0);
-                }
-                double row_dot = 0;
-                for (int64_t x = 0; x < Dv; ++x) {
-                    double o = 0;
-                    for (int64_t j = 0; j < Nk; ++j) o += weight[j] * v.get(b, hk, j, x);
-                    o = total > 0 ? o / total : 0;
-                    expect_close("out", out.get(b, h, i, x), o, bound, b, h, i, x);
-                    row_dot += dout.get(b, h, i, x) * o;
-                }
-                std::vector<double> dq_want((size_t)D, 0.0);
-                for (int64_t j = 0; j < Nk; ++j) {
-                    if (weight[j] == 0) continue;
-                    const double prob = weight[j] / total;
-                    double dp = 0;
-                    for (int64_t x = 0; x < Dv; ++x) {
-                        dp += dout.get(b, h, i, x) * v.get(b, hk, j, x);
-                        dv_want[(size_t)(((b * Hkv + hk) * Nk + j) * Dv + x)] +=
-                            prob * dout.get(b, h, i, x);
-                    }
-                    const double ds = prob * (dp - row_dot) * p.scale;
-                    for (int64_t x = 0; x < D; ++x) {
-                        dq_want[(size_t)x] += ds * k.get(b, hk, j, x);
-                        dk_want[(size_t)(((b * Hkv + hk) * Nk + j) * D + x)] +=
-                            ds * q.get(b, h, i, x);
-                    }
-                }
-                for (int64_t x = 0; x < D; ++x)
-                    expect_close("dq", dq.get(b, h, i, x), dq_want[(size_t)x], 2 * bound, b, h, i,
-                                 x);
-            }
-        }
-    for (int64_t b = 0; b < B; ++b)
-        for (int64_t h = 0; h < Hkv; ++h)
-            for (int64_t j = 0; j < Nk; ++j) {
-                for (int64_t x = 0; x < D; ++x)
-                    expect_close("dk", dk.get(b, h, j, x),
-                                 dk_want[(size_t)(((b * Hkv + h) * Nk + j) * D + x)], 2 * bound, b,
-                                 h, j, x);
-                for (int64_t x = 0; x < Dv; ++x)
-                    expect_close("dv", dv.get(b, h, j, x),
-                                 dv_want[(size_t)(((b * Hkv + h) * Nk + j) * Dv + x)], 2 * bound, b,
-                                 h, j, x);
-            }
+    expect_close(c.name, "out", out, f.out, bound);
+    expect_close(c.name, "lse", lse, f.lse, 2e-6);
+    expect_close(c.name, "dq", dq, g.dq, 2 * bound);
+    expect_close(c.name, "dk", dk, g.dk, 2 * bound);
+    expect_close(c.name, "dv", dv, g.dv, 2 * bound);
+    ref_free(&f);
+    ref_free(&g);
 }
 
 /* Several caller threads share one context; each must get exactly what it gets alone. */
@@ -393,9 +342,9 @@ static void test_concurrent_callers(const mfa_backend_ops* ops, void* state) {
         });
     for (std::thread& thread : threads) thread.join();
     for (int t = 0; t < callers; ++t)
-        if (mismatches[(size_t)t])
-            fail("concurrent caller %d: %d of 10 results differ from its result alone", t,
-                 mismatches[(size_t)t]);
+        CHECK(mismatches[(size_t)t] == 0,
+              "concurrent caller %d: %d of 10 results differ from its result alone", t,
+              mismatches[(size_t)t]);
 }
 
 static void test_kernel_build(const mfa_backend_ops* ops, const char* isa) {
@@ -406,19 +355,15 @@ static void test_kernel_build(const mfa_backend_ops* ops, const char* isa) {
     void* state = nullptr;
     const mfa_status status = ops->create(&options, &state);
     if (status == MFA_ERROR_UNSUPPORTED) {
-        printf("kernel build %s: skipped (%s)\n", isa, last_error);
+        printf("kernel build %s: skipped (%s)\n", isa, mfa_last_error());
         return;
     }
-    if (status != MFA_OK) {
-        fail("create with MFA_CPU_ISA=%s: %s", isa, last_error);
-        return;
-    }
+    CHECK(status == MFA_OK, "create with MFA_CPU_ISA=%s: %s", isa, mfa_last_error());
+    if (status != MFA_OK) return;
     printf("kernel build %s: %s\n", isa, ops->device_name(state));
     std::mt19937 rng(7);
     for (const Case& c : cases) {
-        const int before = failures;
         run_case(ops, state, c, rng);
-        if (failures != before) printf("  in case \"%s\"\n", c.name);
     }
     test_concurrent_callers(ops, state);
     ops->destroy(state);
@@ -426,11 +371,11 @@ static void test_kernel_build(const mfa_backend_ops* ops, const char* isa) {
 
 int main() {
     test_conversions();
-    printf("conversions: %s\n", failures ? "FAILED" : "ok");
+    printf("conversions: %s\n", test_failures ? "FAILED" : "ok");
 
     const mfa_backend_ops* ops = mfa_cpu_backend_ops();
-    if (ops->backend != MFA_BACKEND_CPU || !ops->available())
-        fail("the ops table is not an available cpu backend");
+    CHECK(ops->backend == MFA_BACKEND_CPU && ops->available(),
+          "the ops table is not an available cpu backend");
 #if defined(__x86_64__)
     const char* builds[] = {"avx512", "avx2", "portable"};
 #else
@@ -440,11 +385,9 @@ int main() {
 
     setenv("MFA_CPU_ISA", "no-such-isa", 1);
     void* state = nullptr;
-    if (ops->create(nullptr, &state) != MFA_ERROR_INVALID_ARGUMENT ||
-        !strstr(last_error, "no-such-isa"))
-        fail("MFA_CPU_ISA=no-such-isa was not rejected with a message naming it");
+    CHECK_ERROR("MFA_CPU_ISA=no-such-isa", ops->create(nullptr, &state), MFA_ERROR_INVALID_ARGUMENT,
+                "no-such-isa");
     unsetenv("MFA_CPU_ISA");
 
-    printf("%s\n", failures ? "FAILED" : "passed");
-    return failures ? 1 : 0;
+    return test_finish("cpu backend");
 }

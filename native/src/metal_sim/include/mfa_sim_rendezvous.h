@@ -1,0 +1,32 @@
+// How a barrier, a SIMD-group function or a simdgroup_matrix operation meets the rest of its
+// group in the executor (mfa_sim_abi.h). Every rendezvous records its call site: lanes of a
+// SIMD-group (threads of a threadgroup) must all be in the same one, or the dispatch fails as
+// divergent.
+#ifndef MFA_SIM_RENDEZVOUS_H
+#define MFA_SIM_RENDEZVOUS_H
+
+#include <metal_types>
+
+#include "mfa_sim_abi.h"
+
+#define MFA_SIM_SITE_PARAMETERS                                                                    \
+    const char *mfa_sim_file = __builtin_FILE(), uint mfa_sim_line = __builtin_LINE()
+
+namespace metal {
+namespace sim_detail {
+// Runs operation(records, lanes) once for the whole SIMD-group, in the last lane to arrive,
+// after every lane has deposited its record.
+template <class Record, class Operation>
+inline void simd_rendezvous(const char* name, const char* file, uint line, Record& mine,
+                            Operation operation) {
+    const mfa_sim_abi::Site site{name, file, line};
+    const mfa_sim_abi::SimdRendezvous r = mfa_sim_simd_arrive(&site, &mine);
+    if (r.records) {
+        operation(reinterpret_cast<Record* const*>(r.records), r.lanes);
+        mfa_sim_simd_release();
+    }
+}
+} // namespace sim_detail
+} // namespace metal
+
+#endif // MFA_SIM_RENDEZVOUS_H

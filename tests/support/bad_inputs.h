@@ -1,0 +1,396 @@
+/* The bad inputs of the C API, one table: each row breaks one thing in a valid call and states
+ * the status the call must return and a text its message must contain.
+ *
+ *   tests/c/test_validation.c runs every row: status and message, no output byte written, no
+ *   input byte changed, no context created;
+ *   tests/edge/test_bad_inputs_doc.c checks that docs/bad-inputs.md lists exactly the
+ *   documented rows, with this table's status and text.
+ *
+ * The starting point of every row is the doc's: a valid call on a cpu context, f32,
+ * q [2, 4, 5, 8], k [2, 2, 7, 8], v [2, 2, 7, 6], out [2, 4, 5, 6], lse [2, 4, 5, 1], dense
+ * [B, H, N, D] strides; dout, dq, dk and dv shaped like out, q, k and v. */
+#ifndef MFA_TESTS_BAD_INPUTS_H
+#define MFA_TESTS_BAD_INPUTS_H
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "test_util.h"
+
+enum { BAD_B = 2, BAD_HQ = 4, BAD_HKV = 2, BAD_NQ = 5, BAD_NK = 7, BAD_D = 8, BAD_DV = 6 };
+
+/* What a row calls: mfa_attention_forward or mfa_attention_backward on the fixture, or a call
+ * of its own whose status it leaves in the fixture. */
+typedef enum bad_input_kind { BAD_FORWARD, BAD_BACKWARD, BAD_CALL } bad_input_kind;
+
+/* A valid forward and backward problem that a row breaks in one place. */
+typedef struct bad_input_fixture {
+    test_attention a;
+    mfa_attention_params params;
+    int pass_q, pass_k, pass_v, pass_out, pass_lse; /* 0: that argument is NULL */
+    mfa_context* ctx;
+    mfa_status status;    /* of a row's own call */
+    void* pointer;        /* what a row's call returned, if a pointer */
+    int created_context;  /* the row called mfa_context_create ... */
+    mfa_context* created; /* ... which must have set this to NULL */
+    double seconds;       /* mfa_context_last_gpu_time's output; must stay -1 */
+} bad_input_fixture;
+
+/* The cpu context of the valid call, made by the test before any row runs. */
+static mfa_context* bad_input_cpu_context;
+
+static mfa_context_options bad_input_options;
+static mfa_capabilities bad_input_caps;
+
+static bad_input_fixture bad_input_fixture_make(void) {
+    bad_input_fixture f;
+    memset(&f, 0, sizeof f);
+    f.a = test_attention_make(MFA_DTYPE_F32, BAD_B, BAD_HQ, BAD_HKV, BAD_NQ, BAD_NK, BAD_D, BAD_DV,
+                              TEST_BHSD);
+    test_fill_random(&f.a.out);
+    test_fill_random(&f.a.lse);
+    mfa_attention_params_init(&f.params);
+    f.pass_q = f.pass_k = f.pass_v = f.pass_out = f.pass_lse = 1;
+    f.ctx = bad_input_cpu_context;
+    f.seconds = -1;
+    return f;
+}
+
+/* mfa_context_create with default options changed by `change`; *out starts as a non-NULL
+ * sentinel, so a failed create that does not reset it shows. */
+static mfa_status bad_input_create(bad_input_fixture* f, int backend,
+                                   void (*change)(mfa_context_options*)) {
+    mfa_context_options_init(&bad_input_options);
+    if (change) change(&bad_input_options);
+    f->created_context = 1;
+    f->created = (mfa_context*)&bad_input_options;
+    return mfa_context_create((mfa_backend)backend, &bad_input_options, &f->created);
+}
+static void options_size(mfa_context_options* o) { o->struct_size = 3; }
+static void threads_negative(mfa_context_options* o) { o->num_threads = -1; }
+static void threads_too_many(mfa_context_options* o) { o->num_threads = 4097; }
+static void family_unknown(mfa_context_options* o) { o->gpu_family = (mfa_gpu_family)5; }
+static void family_set(mfa_context_options* o) { o->gpu_family = MFA_GPU_FAMILY_APPLE8; }
+static void seed_set(mfa_context_options* o) { o->sim_schedule_seed = 42; }
+static void family_apple7(mfa_context_options* o) { o->gpu_family = MFA_GPU_FAMILY_APPLE7; }
+static void seed_7(mfa_context_options* o) { o->sim_schedule_seed = 7; }
+
+/* Gives x a fresh storage of n elements (poisoned like any output), keeping its view. */
+static void bad_input_widen(test_tensor* x, size_t n) {
+    free(x->storage);
+    x->bytes = n * mfa_dtype_size(x->t.dtype);
+    x->storage = calloc(n, mfa_dtype_size(x->t.dtype));
+    x->t.data = x->storage;
+}
+
+/* out laid out in B and H with strides 150 and 60 (blocks of 30 = N x Dv elements): block
+ * starts 60h + 150b are distinct for h < 4, b < 2, so no two elements share an address, but
+ * 150 does not exceed the 209 elements the smaller strides span. */
+static void out_distinct_but_not_nested(bad_input_fixture* f) {
+    bad_input_widen(&f->a.out, 150 + 3 * 60 + 30);
+    f->a.out.t.strides[0] = 150;
+    f->a.out.t.strides[1] = 60;
+}
+
+/* q and out share one buffer of 16-element rows: q uses elements 0..7 of each row, out 8..13.
+ * No byte is shared, but each one's extent contains the other's. */
+static void out_interleaved_with_q(bad_input_fixture* f) {
+    bad_input_widen(&f->a.q, (size_t)BAD_B * BAD_HQ * BAD_NQ * 16);
+    const int64_t strides[4] = {BAD_HQ * BAD_NQ * 16, BAD_NQ * 16, 16, 1};
+    memcpy(f->a.q.t.strides, strides, sizeof strides);
+    test_fill_random(&f->a.q);
+    f->a.out.t.data = (float*)f->a.q.storage + 8;
+    memcpy(f->a.out.t.strides, strides, sizeof strides);
+}
+
+/* X(id, kind, status, text, statements breaking fixture f): the rows of docs/bad-inputs.md, in
+ * its order. */
+#define BAD_INPUTS_DOCUMENTED(X)                                                                   \
+    X("ctx-null", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT, "ctx is NULL", f->ctx = NULL)           \
+    X("create-out-null", BAD_CALL, MFA_ERROR_INVALID_ARGUMENT, "out is NULL",                      \
+      f->status = mfa_context_create(MFA_BACKEND_CPU, NULL, NULL))                                 \
+    X("create-backend-unknown", BAD_CALL, MFA_ERROR_INVALID_ARGUMENT,                              \
+      "backend = 42 is not an mfa_backend", f->status = bad_input_create(f, 42, NULL))             \
+    X("create-options-size", BAD_CALL, MFA_ERROR_INVALID_ARGUMENT, "options.struct_size = 3",      \
+      f->status = bad_input_create(f, MFA_BACKEND_CPU, options_size))                              \
+    X("create-threads-negative", BAD_CALL, MFA_ERROR_INVALID_ARGUMENT,                             \
+      "options.num_threads must be in [0, 4096]",                                                  \
+      f->status = bad_input_create(f, MFA_BACKEND_CPU, threads_negative))                          \
+    X("create-threads-too-many", BAD_CALL, MFA_ERROR_INVALID_ARGUMENT, "got 4097",                 \
+      f->status = bad_input_create(f, MFA_BACKEND_CPU, threads_too_many))                          \
+    X("create-family-unknown", BAD_CALL, MFA_ERROR_INVALID_ARGUMENT,                               \
+      "options.gpu_family = 5 is not an mfa_gpu_family",                                           \
+      f->status = bad_input_create(f, MFA_BACKEND_METAL_SIM, family_unknown))                      \
+    X("create-family-not-sim", BAD_CALL, MFA_ERROR_INVALID_ARGUMENT,                               \
+      "apply to the metal-sim backend only",                                                       \
+      f->status = bad_input_create(f, MFA_BACKEND_CPU, family_set))                                \
+    X("create-seed-not-sim", BAD_CALL, MFA_ERROR_INVALID_ARGUMENT,                                 \
+      "apply to the metal-sim backend only",                                                       \
+      f->status = bad_input_create(f, MFA_BACKEND_CPU, seed_set))                                  \
+    X("caps-null", BAD_CALL, MFA_ERROR_INVALID_ARGUMENT, "caps is NULL",                           \
+      f->status = mfa_context_capabilities(f->ctx, NULL))                                          \
+    X("caps-size", BAD_CALL, MFA_ERROR_INVALID_ARGUMENT, "caps->struct_size = 4",                  \
+      bad_input_caps.struct_size = 4;                                                              \
+      f->status = mfa_context_capabilities(f->ctx, &bad_input_caps))                               \
+    X("tensor-null", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT, "k is NULL", f->pass_k = 0)          \
+    X("out-null", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT, "out is NULL", f->pass_out = 0)         \
+    X("data-null", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT, "v.data is NULL",                      \
+      f->a.v.t.data = NULL)                                                                        \
+    X("dtype-unknown", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT, "q.dtype = 9 is not an mfa_dtype", \
+      f->a.q.t.dtype = (mfa_dtype)9)                                                               \
+    X("dtype-mixed", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT, "k.dtype must be f32",               \
+      f->a.k.t.dtype = MFA_DTYPE_F16)                                                              \
+    X("out-dtype", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT, "out.dtype must be f32",               \
+      f->a.out.t.dtype = MFA_DTYPE_BF16)                                                           \
+    X("lse-dtype", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT,                                        \
+      "lse.dtype must be f32 (lse is always f32)", f->a.lse.t.dtype = MFA_DTYPE_F16)               \
+    X("shape-zero", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT,                                       \
+      "q.shape[2] (seq) must be >= 1, got 0", f->a.q.t.shape[2] = 0)                               \
+    X("shape-negative", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT,                                   \
+      "v.shape[3] (head dim) must be >= 1, got -4", f->a.v.t.shape[3] = -4)                        \
+    X("batch-mismatch", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT,                                   \
+      "v.shape[0] (batch) must equal q.shape[0] = 2, got 1", f->a.v.t.shape[0] = 1)                \
+    X("head-dim-mismatch", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT,                                \
+      "k.shape[3] (head dim) must equal q.shape[3] = 8, got 9", f->a.k.t.shape[3] = BAD_D + 1)     \
+    X("kv-heads-mismatch", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT,                                \
+      "v.shape[1] (heads) must equal k.shape[1] = 2, got 1", f->a.v.t.shape[1] = 1)                \
+    X("kv-seq-mismatch", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT,                                  \
+      "v.shape[2] (seq) must equal k.shape[2] = 7, got 6", f->a.v.t.shape[2] = BAD_NK - 1)         \
+    X("heads-not-multiple", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT,                               \
+      "q.shape[1] (heads) = 3 must be a multiple of k.shape[1]", f->a.q.t.shape[1] = 3;            \
+      f->a.out.t.shape[1] = 3; f->a.lse.t.shape[1] = 3)                                            \
+    X("out-shape", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT,                                        \
+      "out.shape[3] (head dim) must equal v.shape[3] = 6, got 8", f->a.out.t.shape[3] = BAD_D)     \
+    X("lse-shape", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT, "lse.shape[3] must be 1, got 2",       \
+      f->a.lse.t.shape[3] = 2)                                                                     \
+    X("head-dim-too-large", BAD_FORWARD, MFA_ERROR_UNSUPPORTED,                                    \
+      "q.shape[3] (head dim) = 1048576 exceeds the cpu backend's maximum",                         \
+      f->a.q.t.shape[3] = f->a.k.t.shape[3] = (int64_t)1 << 20;                                    \
+      f->a.q.t.strides[3] = f->a.k.t.strides[3] = 0)                                               \
+    X("element-count-overflow", BAD_FORWARD, MFA_ERROR_SIZE_OVERFLOW,                              \
+      "q: element offsets of shape", f->a.q.t.shape[0] = (int64_t)1 << 40;                         \
+      f->a.q.t.shape[2] = (int64_t)1 << 40; f->a.q.t.strides[0] = f->a.q.t.strides[2] = 0)         \
+    X("offset-overflow", BAD_FORWARD, MFA_ERROR_SIZE_OVERFLOW, "overflow 64 bits",                 \
+      f->a.k.t.strides[2] = INT64_MAX / 2)                                                         \
+    X("address-overflow", BAD_FORWARD, MFA_ERROR_SIZE_OVERFLOW, "v: the byte range of the tensor", \
+      f->a.v.t.strides[0] = (int64_t)1 << 61)                                                      \
+    X("address-negative", BAD_FORWARD, MFA_ERROR_SIZE_OVERFLOW,                                    \
+      "does not fit in the address space", f->a.v.t.strides[1] = -((int64_t)1 << 60))              \
+    X("misaligned", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT,                                       \
+      "k.data is not aligned to its element size (4 bytes)",                                       \
+      f->a.k.t.data = (char*)f->a.k.t.data + 2)                                                    \
+    X("output-broadcast", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT,                                 \
+      "out: stride 0 of dim 1 (heads) makes elements overlap", f->a.out.t.strides[1] = 0)          \
+    X("output-self-overlap", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT, "makes elements overlap",    \
+      f->a.out.t.strides[2] = 2)                                                                   \
+    X("output-aliases-input", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT, "out overlaps v",           \
+      f->a.out.t.data = f->a.v.t.data)                                                             \
+    X("outputs-alias", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT, "out overlaps lse",                \
+      f->a.lse.t.data = f->a.out.t.data)                                                           \
+    X("output-strides-not-nested", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT,                        \
+      "out: stride 150 of dim 0 (batch) makes elements overlap", out_distinct_but_not_nested(f))   \
+    X("output-extent-interleaves", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT, "out overlaps q",      \
+      out_interleaved_with_q(f))                                                                   \
+    X("params-size", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT, "params.struct_size",                \
+      f->params.struct_size = sizeof f->params - 8)                                                \
+    X("scale-nan", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT, "params.scale must be finite",         \
+      f->params.scale = NAN)                                                                       \
+    X("scale-inf", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT,                                        \
+      "params.scale must be finite, got -inf", f->params.scale = -INFINITY)                        \
+    X("causal-flag", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT,                                      \
+      "params.causal must be 0 or 1, got 2", f->params.causal = 2)                                 \
+    X("alignment-unknown", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT,                                \
+      "params.alignment = 3 is not an mfa_alignment", f->params.alignment = (mfa_alignment)3)      \
+    X("window-below-minus-one", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT, "got (-1, -5)",           \
+      f->params.window_right = -5)                                                                 \
+    X("backward-lse-null", BAD_BACKWARD, MFA_ERROR_INVALID_ARGUMENT, "lse is NULL",                \
+      f->pass_lse = 0)                                                                             \
+    X("backward-dout-shape", BAD_BACKWARD, MFA_ERROR_INVALID_ARGUMENT,                             \
+      "dout.shape[2] (seq) must equal q.shape[2] = 5, got 6", f->a.dout.t.shape[2] = BAD_NQ + 1)   \
+    X("backward-grad-dtype", BAD_BACKWARD, MFA_ERROR_INVALID_ARGUMENT, "dq.dtype must be f32",     \
+      f->a.dq.t.dtype = MFA_DTYPE_F16)                                                             \
+    X("backward-grad-aliases-input", BAD_BACKWARD, MFA_ERROR_INVALID_ARGUMENT, "dk overlaps k",    \
+      f->a.dk.t.data = f->a.k.t.data)                                                              \
+    X("backward-grads-alias", BAD_BACKWARD, MFA_ERROR_INVALID_ARGUMENT, "dq overlaps dv",          \
+      f->a.dv.t.data = f->a.dq.t.data)                                                             \
+    X("backward-grad-broadcast", BAD_BACKWARD, MFA_ERROR_INVALID_ARGUMENT,                         \
+      "dv: stride 0 of dim 2 (seq) makes elements overlap", f->a.dv.t.strides[2] = 0)              \
+    X("alloc-overflow", BAD_CALL, MFA_ERROR_SIZE_OVERFLOW, "rounded up to whole",                  \
+      f->pointer = mfa_alloc(SIZE_MAX);                                                            \
+      f->status = f->pointer == NULL ? MFA_ERROR_SIZE_OVERFLOW : MFA_OK)
+
+/* More rows of the same rules on other arguments, dimensions and values, which the document
+ * leaves to the rows above. */
+#define BAD_INPUTS_MORE(X)                                                                         \
+    X("dtype-unknown-7", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT, "not an mfa_dtype",              \
+      f->a.q.t.dtype = (mfa_dtype)7)                                                               \
+    X("out-dtype-f16", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT, "out.dtype must be f32",           \
+      f->a.out.t.dtype = MFA_DTYPE_F16)                                                            \
+    X("head-dim-mismatch-smaller", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT,                        \
+      "k.shape[3] (head dim) must equal q.shape[3] = 8", f->a.k.t.shape[3] = 4)                    \
+    X("alignment-unknown-5", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT, "not an mfa_alignment",      \
+      f->params.alignment = (mfa_alignment)5)                                                      \
+    X("window-right-minus-seven", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT,                         \
+      "window_left and window_right", f->params.window_right = -7)                                 \
+    X("create-family-apple7-not-sim", BAD_CALL, MFA_ERROR_INVALID_ARGUMENT,                        \
+      "metal-sim backend only", f->status = bad_input_create(f, MFA_BACKEND_CPU, family_apple7))   \
+    X("create-seed-7-not-sim", BAD_CALL, MFA_ERROR_INVALID_ARGUMENT, "metal-sim backend only",     \
+      f->status = bad_input_create(f, MFA_BACKEND_CPU, seed_7))                                    \
+    X("q-null", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT, "q is NULL", f->pass_q = 0)               \
+    X("v-null", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT, "v is NULL", f->pass_v = 0)               \
+    X("q-data-null", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT, "q.data is NULL",                    \
+      f->a.q.t.data = NULL)                                                                        \
+    X("v-dtype", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT, "v.dtype must be f32",                   \
+      f->a.v.t.dtype = MFA_DTYPE_BF16)                                                             \
+    X("k-shape-negative", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT,                                 \
+      "k.shape[3] (head dim) must be >= 1, got -3", f->a.k.t.shape[3] = -3)                        \
+    X("k-batch-mismatch", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT,                                 \
+      "k.shape[0] (batch) must equal q.shape[0] = 2, got 1", f->a.k.t.shape[0] = 1)                \
+    X("out-seq", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT,                                          \
+      "out.shape[2] (seq) must equal q.shape[2] = 5", f->a.out.t.shape[2] = 7)                     \
+    X("lse-heads", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT,                                        \
+      "lse.shape[1] (heads) must equal q.shape[1] = 4", f->a.lse.t.shape[1] = 2)                   \
+    X("scale-plus-inf", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT, "params.scale must be finite",    \
+      f->params.scale = INFINITY)                                                                  \
+    X("params-size-larger", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT, "params.struct_size",         \
+      f->params.struct_size = sizeof f->params + 8)                                                \
+    X("window-left-below-minus-one", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT,                      \
+      "window_left and window_right", f->params.window_left = -2)                                  \
+    X("output-broadcast-seq", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT, "makes elements overlap",   \
+      f->a.out.t.strides[2] = 0)                                                                   \
+    X("output-self-overlap-heads", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT,                        \
+      "makes elements overlap", f->a.out.t.strides[1] = 3)                                         \
+    X("output-aliases-q", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT, "out overlaps q",               \
+      f->a.out.t.data = f->a.q.t.data)                                                             \
+    X("outputs-overlap", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT, "overlaps",                      \
+      f->a.lse.t.data = (char*)f->a.out.t.data + 4)                                                \
+    X("element-count-overflow-strided", BAD_FORWARD, MFA_ERROR_SIZE_OVERFLOW, "overflow 64 bits",  \
+      f->a.q.t.shape[0] = (int64_t)1 << 40;                                                        \
+      f->a.q.t.strides[0] = (int64_t)1 << 40)                                                      \
+    X("byte-count-overflow", BAD_FORWARD, MFA_ERROR_SIZE_OVERFLOW, "address space",                \
+      f->a.k.t.strides[0] = INT64_MAX / 2)                                                         \
+    X("address-negative-batch", BAD_FORWARD, MFA_ERROR_SIZE_OVERFLOW, "address space",             \
+      f->a.k.t.strides[0] = -(INT64_MAX / 4))                                                      \
+    X("misaligned-v", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT, "not aligned",                      \
+      f->a.v.t.data = (char*)f->a.v.t.data + 1)                                                    \
+    X("backward-dout-head-dim", BAD_BACKWARD, MFA_ERROR_INVALID_ARGUMENT,                          \
+      "dout.shape[3] (head dim) must equal v.shape[3] = 6", f->a.dout.t.shape[3] = 5)              \
+    X("backward-dq-seq", BAD_BACKWARD, MFA_ERROR_INVALID_ARGUMENT,                                 \
+      "dq.shape[2] (seq) must equal q.shape[2] = 5", f->a.dq.t.shape[2] = 4)                       \
+    X("backward-dk-dtype", BAD_BACKWARD, MFA_ERROR_INVALID_ARGUMENT, "dk.dtype must be f32",       \
+      f->a.dk.t.dtype = MFA_DTYPE_F16)                                                             \
+    X("backward-dv-heads", BAD_BACKWARD, MFA_ERROR_INVALID_ARGUMENT,                               \
+      "dv.shape[1] (heads) must equal v.shape[1] = 2", f->a.dv.t.shape[1] = 4)                     \
+    X("backward-dv-aliases-dk", BAD_BACKWARD, MFA_ERROR_INVALID_ARGUMENT, "overlaps",              \
+      f->a.dv.t.data = f->a.dk.t.data)                                                             \
+    X("backward-dq-aliases-dout", BAD_BACKWARD, MFA_ERROR_INVALID_ARGUMENT, "dq overlaps dout",    \
+      f->a.dout.t.data = f->a.dq.t.data)                                                           \
+    X("backward-dk-data-null", BAD_BACKWARD, MFA_ERROR_INVALID_ARGUMENT, "dk.data is NULL",        \
+      f->a.dk.t.data = NULL)                                                                       \
+    X("backward-dk-broadcast", BAD_BACKWARD, MFA_ERROR_INVALID_ARGUMENT, "makes elements overlap", \
+      f->a.dk.t.strides[0] = 0)                                                                    \
+    X("caps-ctx-null", BAD_CALL, MFA_ERROR_INVALID_ARGUMENT, "ctx is NULL",                        \
+      f->status = mfa_context_capabilities(NULL, NULL))                                            \
+    X("caps-size-zero", BAD_CALL, MFA_ERROR_INVALID_ARGUMENT, "struct_size",                       \
+      bad_input_caps.struct_size = 0;                                                              \
+      f->status = mfa_context_capabilities(f->ctx, &bad_input_caps))                               \
+    X("gpu-time-not-metal", BAD_CALL, MFA_ERROR_UNSUPPORTED, "metal backend only",                 \
+      f->status = mfa_context_last_gpu_time(f->ctx, &f->seconds))                                  \
+    X("gpu-time-ctx-null", BAD_CALL, MFA_ERROR_INVALID_ARGUMENT, "ctx is NULL",                    \
+      f->status = mfa_context_last_gpu_time(NULL, &f->seconds))
+
+typedef struct bad_input {
+    const char* id;
+    int documented; /* a row of docs/bad-inputs.md */
+    bad_input_kind kind;
+    mfa_status status;
+    const char* text;
+} bad_input;
+
+#define BAD_INPUT_DOCUMENTED(id, kind, status, text, ...) {id, 1, kind, status, text},
+#define BAD_INPUT_MORE(id, kind, status, text, ...)       {id, 0, kind, status, text},
+static const bad_input bad_inputs[] = {BAD_INPUTS_DOCUMENTED(BAD_INPUT_DOCUMENTED)
+                                           BAD_INPUTS_MORE(BAD_INPUT_MORE)};
+#undef BAD_INPUT_DOCUMENTED
+#undef BAD_INPUT_MORE
+#define BAD_INPUT_COUNT ((int)(sizeof bad_inputs / sizeof bad_inputs[0]))
+
+/* Breaks the fixture as row `index` says (and makes the row's own call). */
+static void bad_input_break(int index, bad_input_fixture* f) {
+    int i = 0;
+#define BAD_INPUT_APPLY(id, kind, status, text, ...)                                               \
+    if (index == i++) {                                                                            \
+        __VA_ARGS__;                                                                               \
+    }
+    BAD_INPUTS_DOCUMENTED(BAD_INPUT_APPLY)
+    BAD_INPUTS_MORE(BAD_INPUT_APPLY)
+#undef BAD_INPUT_APPLY
+}
+
+#define BAD_INPUT_SENTINEL 0xA5
+
+static void bad_input_poison(test_tensor* x) { memset(x->storage, BAD_INPUT_SENTINEL, x->bytes); }
+
+static int bad_input_untouched(const test_tensor* x) {
+    for (size_t i = 0; i < x->bytes; ++i)
+        if (((const unsigned char*)x->storage)[i] != BAD_INPUT_SENTINEL) return 0;
+    return 1;
+}
+
+/* Runs row `index`: the status and message it states, no output byte written, no input byte
+ * changed, no context left created. */
+static void bad_input_run(int index) {
+    const bad_input* row = &bad_inputs[index];
+    bad_input_fixture f = bad_input_fixture_make();
+    /* A message no row expects ("caps->struct_size = 0 ..."), so a row whose call forgot to set
+     * its own cannot pass on a leftover one. */
+    mfa_capabilities tiny;
+    tiny.struct_size = 0;
+    mfa_context_capabilities(bad_input_cpu_context, &tiny);
+    bad_input_break(index, &f);
+    test_tensor* inputs[] = {&f.a.q, &f.a.k, &f.a.v, &f.a.dout};
+    unsigned char* before[4];
+    for (int i = 0; i < 4; ++i) {
+        before[i] = (unsigned char*)malloc(inputs[i]->bytes);
+        memcpy(before[i], inputs[i]->storage, inputs[i]->bytes);
+    }
+    mfa_status status = f.status;
+    if (row->kind == BAD_FORWARD) {
+        bad_input_poison(&f.a.out);
+        bad_input_poison(&f.a.lse);
+        status =
+            mfa_attention_forward(f.ctx, &f.params, f.pass_q ? &f.a.q.t : NULL,
+                                  f.pass_k ? &f.a.k.t : NULL, f.pass_v ? &f.a.v.t : NULL,
+                                  f.pass_out ? &f.a.out.t : NULL, f.pass_lse ? &f.a.lse.t : NULL);
+        CHECK(bad_input_untouched(&f.a.out) && bad_input_untouched(&f.a.lse),
+              "%s: an output was written", row->id);
+    } else if (row->kind == BAD_BACKWARD) {
+        bad_input_poison(&f.a.dq);
+        bad_input_poison(&f.a.dk);
+        bad_input_poison(&f.a.dv);
+        status = mfa_attention_backward(f.ctx, &f.params, &f.a.q.t, &f.a.k.t, &f.a.v.t, &f.a.out.t,
+                                        &f.a.dout.t, f.pass_lse ? &f.a.lse.t : NULL, &f.a.dq.t,
+                                        &f.a.dk.t, &f.a.dv.t);
+        CHECK(bad_input_untouched(&f.a.dq) && bad_input_untouched(&f.a.dk) &&
+                  bad_input_untouched(&f.a.dv),
+              "%s: a gradient was written", row->id);
+    }
+    CHECK_ERROR(row->id, status, row->status, row->text);
+    for (int i = 0; i < 4; ++i) {
+        CHECK(memcmp(before[i], inputs[i]->storage, inputs[i]->bytes) == 0,
+              "%s: an input was written", row->id);
+        free(before[i]);
+    }
+    CHECK(f.seconds == -1, "%s: the GPU time was written", row->id);
+    mfa_free(f.pointer);
+    if (f.created_context) {
+        CHECK(f.created == NULL, "%s: a failed mfa_context_create did not set *out to NULL",
+              row->id);
+        if (f.created != NULL && f.created != (mfa_context*)&bad_input_options)
+            mfa_context_destroy(f.created);
+    }
+    test_attention_free(&f.a);
+}
+
+#endif
