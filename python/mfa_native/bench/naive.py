@@ -32,9 +32,12 @@ def _visible(seq_q, seq_k, causal, window, alignment):
     return visible
 
 
-def _grouped(kv, heads):
-    """k or v with each of its heads repeated for the query heads that read it."""
-    return np.repeat(kv, heads // kv.shape[1], axis=1) if kv.shape[1] != heads else kv
+def _by_group(q, kv):
+    """q as (B, Hkv, G, Nq, D), each key/value head's G query heads together, and k or v as
+    (B, Hkv, 1, Nk, D): matmul broadcasts the two without copying k and v for each group."""
+    batch, heads, seq_q, dim = q.shape
+    kv_heads = kv.shape[1]
+    return q.reshape(batch, kv_heads, heads // kv_heads, seq_q, dim), kv[:, :, None]
 
 
 def _scores(q, k, scale, visible):
@@ -44,8 +47,9 @@ def _scores(q, k, scale, visible):
 
 def attention(q, k, v, scale, causal=False, window=None, alignment="bottom_right"):
     """(out, lse) of softmax(scale * q k^T) v for q (B, Hq, Nq, D), k and v (B, Hkv, Nk, D)."""
-    k, v = _grouped(k, q.shape[1]), _grouped(v, q.shape[1])
-    scores = _scores(q, k, scale, _visible(q.shape[2], k.shape[2], causal, window, alignment))
+    grouped, k = _by_group(q, k)
+    v = v[:, :, None]
+    scores = _scores(grouped, k, scale, _visible(q.shape[2], k.shape[3], causal, window, alignment))
     row_max = scores.max(axis=-1, keepdims=True)
     row_max = np.where(np.isfinite(row_max), row_max, 0)  # a row that sees no key
     weights = np.exp(scores - row_max)
@@ -53,7 +57,7 @@ def attention(q, k, v, scale, causal=False, window=None, alignment="bottom_right
     seen = row_sum > 0
     out = (weights / np.where(seen, row_sum, 1)) @ v
     lse = np.where(seen, row_max + np.log(np.where(seen, row_sum, 1)), -np.inf)[..., 0]
-    return out, lse
+    return out.reshape(q.shape[:3] + v.shape[-1:]), lse.reshape(q.shape[:3])
 
 
 def attention_backward(
@@ -61,18 +65,17 @@ def attention_backward(
 ):
     """(dq, dk, dv) of attention's output, given its out and lse; dk and dv summed over the
     query heads of each key/value head."""
-    heads, kv_heads = q.shape[1], k.shape[1]
-    k_all, v_all = _grouped(k, heads), _grouped(v, heads)
+    grouped, k_grouped = _by_group(q, k)
+    shape = grouped.shape[:4]
+    dout, out = dout.reshape(shape + dout.shape[-1:]), out.reshape(shape + out.shape[-1:])
+    lse = lse.reshape(shape)
+    visible = _visible(q.shape[2], k.shape[2], causal, window, alignment)
     # scores stays alive to the end, as in straightforward numpy code: part of the naive peak.
-    scores = _scores(q, k_all, scale, _visible(q.shape[2], k.shape[2], causal, window, alignment))
+    scores = _scores(grouped, k_grouped, scale, visible)
     probabilities = np.exp(scores - np.where(np.isfinite(lse), lse, 0)[..., None])
-    dv = np.swapaxes(probabilities, -1, -2) @ dout
+    dv = (np.swapaxes(probabilities, -1, -2) @ dout).sum(axis=2)
     delta = np.sum(dout * out, axis=-1, keepdims=True)
-    dscores = probabilities * (dout @ np.swapaxes(v_all, -1, -2) - delta)
-    dq = scale * (dscores @ k_all)
-    dk = scale * (np.swapaxes(dscores, -1, -2) @ q)
-    if kv_heads != heads:
-        batch, _, seq_k, dim = dk.shape
-        dk = dk.reshape(batch, kv_heads, heads // kv_heads, seq_k, dim).sum(axis=2)
-        dv = dv.reshape(batch, kv_heads, heads // kv_heads, seq_k, dim).sum(axis=2)
-    return dq, dk, dv
+    dscores = probabilities * (dout @ np.swapaxes(v[:, :, None], -1, -2) - delta)
+    dq = scale * (dscores @ k_grouped)
+    dk = scale * (np.swapaxes(dscores, -1, -2) @ grouped).sum(axis=2)
+    return dq.reshape(q.shape), dk, dv
