@@ -73,6 +73,36 @@ def test_runs_end_to_end_and_agrees_with_numpy(tmp_path, backend):
     assert document["roofs"] == {} and "roof" not in document["rows"][0]["results"]["mfa"]
 
 
+def test_decode_runs_forward_only_against_the_bandwidth_roof(tmp_path):
+    stdout, document = _run_bench(
+        tmp_path,
+        "--grid",
+        "decode",
+        "--seq-q",
+        "1",
+        "--heads",
+        "4",
+        "--kv-heads",
+        "2",
+        "--batch",
+        "1",
+        "--window",
+        "--roof",
+    )
+    assert set(document["roofs"]) >= {"fma_f32", "read"}
+    assert all(document["roofs"][name]["rate"] > 0 for name in document["roofs"])
+    [row] = document["rows"]
+    assert (row["config_label"], row["pass"], row["grid"]) == (
+        "f32 B1 H4/2 Nq1 Nk64 D8 full",
+        "fwd",
+        "decode",
+    )
+    mfa, numpy = row["results"]["mfa"], row["results"]["numpy"]
+    assert mfa["roof"] == numpy["roof"] == "read" and 0 < mfa["roof_fraction"]
+    assert not numpy["disagrees"]  # the naive peer's grouped heads agree with mfa's
+    assert "fp32 FMA" in stdout and "read bandwidth" in stdout and "% roof" in stdout
+
+
 def test_a_backend_that_cannot_run_here_is_a_clear_error(capsys):
     if "metal" in mfa_native.available_backends():
         pytest.skip("metal runs here")

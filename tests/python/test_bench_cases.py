@@ -6,21 +6,18 @@ import math
 import numpy as np
 import pytest
 import reference
-from mfa_native.bench import naive
+from mfa_native.bench import cli, naive
 from mfa_native.bench.cases import AXES, GRIDS, Case, cases
 
-# Every axis's value where a block names none: what cli._axis_defaults gives on cpu.
-_DEFAULTS = {
-    "dtype": ("f32", "bf16"),
-    "dim": (64, 128),
-    "seq": (1024, 2048, 4096),
-    "batch": (1,),
-    "heads": (8,),
-    "kv_heads": (None,),
-    "seq_q": (None,),
-    "causal": (False, True),
-    "windows": ((256, 0),),
-}
+
+def _cpu_axis_defaults():
+    arguments = cli._parser().parse_args([])
+    cli._apply_defaults(arguments, "cpu")
+    return cli._axis_defaults(arguments)
+
+
+# Every axis's values where a block names none, as the command line gives them on cpu.
+_DEFAULTS = _cpu_axis_defaults()
 
 
 def _shape(case):
@@ -29,6 +26,7 @@ def _shape(case):
 
 def test_defaults_name_every_axis():
     assert set(_DEFAULTS) == set(AXES)
+    assert _DEFAULTS["seq"] == (1024, 2048, 4096) and _DEFAULTS["windows"] == ((256, 0),)
 
 
 def test_decode_is_the_issue_grid_forward_only():
