@@ -4,8 +4,8 @@ Per case and pass:
 
 1. warm-up: every peer makes ``warmups`` untimed calls, peer after peer (first-touch page
    faults, thread-pool start, lazy set-up, pipeline compilation). The first call's result is
-   kept for the agreement check; where a peer can say which kernel ran (torch's SDPA backend),
-   that call is the one observed.
+   compared with mfa's; where a peer can say which kernel ran (torch's SDPA backend), that call
+   is the one observed.
 2. timed rounds, interleaved: each of ``repeats`` rounds runs one trial of every peer, in an
    order that rotates by one peer each round (A B C, B C A, C A B, ...), so a burst of load
    from elsewhere lands on every peer alike and no peer always runs right after the same one.
@@ -112,7 +112,7 @@ def _rates(case, which, seconds, prefix=""):
 
 def _measure_pass(case, which, peers, runners, settings, progress):
     """The results of every peer on one case and pass, keyed by peer name."""
-    results, functions, first = {}, {}, {}
+    results, functions, observed = {}, {}, {}
     for peer in peers:
         runner = runners[peer.name]
         if which in runner:
@@ -133,12 +133,21 @@ def _measure_pass(case, which, peers, runners, settings, progress):
         if peer in active:
             active.remove(peer)
 
-    # 1. Warm-up, the first call observed.
+    # 1. Warm-up, the first call observed and its result compared with mfa's (the first peer's)
+    #    at once, so that only mfa's stays in memory.
+    reference = None
     for peer in list(active):
         try:
             step(peer, "warm-up")
             output, kernel = peer.observe(functions[peer.name])
-            first[peer.name] = (peer.as_float32(output), kernel)
+            agreement = {}
+            if reference is None:
+                reference = peer.as_float32(output)
+            else:
+                difference = _max_relative_difference(peer.as_float32(output), reference)
+                agreement["max_relative_difference_to_mfa"] = difference
+                agreement["disagrees"] = difference > AGREEMENT[case.dtype]
+            observed[peer.name] = (kernel, agreement)
             del output
             for _ in range(settings.warmups - 1):
                 step(peer, "warm-up")
@@ -165,23 +174,18 @@ def _measure_pass(case, which, peers, runners, settings, progress):
                 gpus[peer.name].append(gpu)
             time.sleep(peer.settle_seconds)
 
-    # 3. Results, agreement with mfa (the first peer), memory.
-    reference = None
+    # 3. Results and memory.
+    del reference
     for peer in active:
         wall = float(np.median(walls[peer.name]))
         gpu = min(gpus[peer.name]) if gpus[peer.name] else None
-        output, kernel = first[peer.name]
+        kernel, agreement = observed[peer.name]
         result = {"ms": wall * 1e3, "gpu_ms": None if gpu is None else gpu * 1e3}
         result.update(_rates(case, which, wall))
         result.update(_rates(case, which, gpu, "gpu_"))
         if kernel is not None:
             result["kernel"] = kernel
-        if reference is None:
-            reference = output
-        else:
-            difference = _max_relative_difference(output, reference)
-            result["max_relative_difference_to_mfa"] = difference
-            result["disagrees"] = difference > AGREEMENT[case.dtype]
+        result.update(agreement)
         result["peak_extra_bytes"] = None
         if settings.memory:
             step(peer, "memory")
@@ -190,7 +194,6 @@ def _measure_pass(case, which, peers, runners, settings, progress):
             except Exception as error:
                 result = _failure(peer, error)
         results[peer.name] = result
-    first.clear()
     progress.skip(sum(calls_per_cell(settings) - count for count in made.values()) * work)
 
     mfa = results.get("mfa", {})
