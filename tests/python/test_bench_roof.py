@@ -70,7 +70,7 @@ def test_the_bf16_probe_runs_exactly_where_the_cpu_has_the_instruction():
     elif flags is not None and platform.machine() in ("aarch64", "arm64"):
         assert ("dot_bf16" in roofs) == ("bf16" in flags)
     for r in roofs.values():
-        assert r.rate > 0 and r.median_rate > 0 and r.threads == 1 and r.trials == 5
+        assert r.rate > 0 and r.medians[0] > 0 and r.threads == 1 and r.trials == 5
         assert r.method and r.unit == roof.UNITS[r.name]
     if "dot_bf16" in missing:
         assert "dot product" in missing["dot_bf16"]
@@ -86,8 +86,17 @@ def test_probes_refuse_bad_arguments():
     assert lib.mfa_probe_fma_f32(1, 5, 0.0, result) == lib.MFA_PROBE_FAILED
 
 
-def _roof(name, rate):
-    return roof.Roof(name, rate, rate, roof.UNITS[name], "test", "test", 1, 1)
+def _roof(name, rate, median=None):
+    return roof.Roof(name, rate, (median or rate,), roof.UNITS[name], "test", "test", 1, 5)
+
+
+def test_roofs_of_two_measurements_keep_the_best_trial_and_both_medians():
+    before = {"fma_f32": _roof("fma_f32", 200.0, 190.0), "read": _roof("read", 30.0)}
+    after = {"fma_f32": _roof("fma_f32", 210.0, 150.0), "read": _roof("read", 20.0)}
+    combined = roof.combine(before, after)
+    assert combined["fma_f32"].rate == 210.0 and combined["fma_f32"].medians == (190.0, 150.0)
+    assert combined["read"].rate == 30.0 and combined["read"].trials == 10
+    assert roof.combine(before, {}) == before
 
 
 def test_each_result_gets_the_roofline_bound_of_its_intensity():

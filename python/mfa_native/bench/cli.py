@@ -119,7 +119,7 @@ def _parser():
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="each grid's first shapes (readme: the first two N, first D), the naive numpy "
+        help="each grid's first shapes (readme: the first N and D), the naive numpy "
         "peer only up to N 512, no memory measurements; the same repeats",
     )
     parser.add_argument("--backend", default="cpu", choices=["cpu", "auto", "metal", "metal-sim"])
@@ -339,10 +339,8 @@ def main(argv=None):
         + (f" and torch (torch.set_num_threads({threads}))" if torch_peer else "")
         + "; numpy's BLAS at its own default; no allocator tuning, no thread pinning"
     )
-    roofs, missing = _roofs(arguments, threads)
-    for line in report.roof_lines(roofs, missing, threads):
-        print(line)
     sys.stdout.flush()
+    roofs_before, missing = _roofs(arguments, threads)
 
     total = sum(timing.planned_work(selected, peers, settings) for _, selected, settings in plan)
     progress = report.Progress(total)
@@ -352,8 +350,19 @@ def main(argv=None):
             rows += timing.run(selected, peers, settings, progress, grid=name)
     finally:
         progress.close()
+    roofs = roof.combine(roofs_before, _roofs(arguments, threads)[0] if roofs_before else {})
+    for line in report.roof_lines(roofs, missing, threads):
+        print(line)
     _add_roofs(rows, roofs)
-    print(report.table(rows, [peer.name for peer in peers], tera=mfa.backend == "metal"))
+    # A peer that ran no row (the naive one under --quick) gets a line instead of its columns.
+    shown = []
+    for peer in peers:
+        entries = [row["results"][peer.name] for row in rows]
+        if peer is mfa or any("skipped" not in entry for entry in entries):
+            shown.append(peer.name)
+        elif entries:
+            print(f"{peer.name} ran no row: {entries[0]['skipped']}")
+    print(report.table(rows, shown, tera=mfa.backend == "metal"))
     for row in rows:
         for name, result in row["results"].items():
             if "error" in result:

@@ -130,14 +130,16 @@ def roof_lines(roofs, missing, threads):
     """The header lines that state the roofs."""
     if not roofs and not missing:
         return []
-    lines = [f"roofs, {threads} threads at once (best of the trials; median in parentheses):"]
+    lines = [
+        f"roofs, {threads} threads at once, measured before and after the cases (the best "
+        "trial; each measurement's median in parentheses):"
+    ]
     titles = {"fma_f32": "fp32 FMA", "dot_bf16": "bf16 dot product", "read": "read bandwidth"}
     for name, title in titles.items():
         if name in roofs:
             r = roofs[name]
-            lines.append(
-                f"  {title:17}{r.rate:7.0f} {r.unit:8}({r.median_rate:.0f})  {r.isa}: {r.method}"
-            )
+            medians = ", ".join(f"{median:.0f}" for median in r.medians)
+            lines.append(f"  {title:17}{r.rate:7.0f} {r.unit:8}({medians})  {r.isa}: {r.method}")
         elif name in missing:
             lines.append(f"  {title:17}   none  {missing[name]}")
     return lines

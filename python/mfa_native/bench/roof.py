@@ -12,13 +12,16 @@ dot_bf16
 read
     streaming read bandwidth in GB/s, over a buffer several times the last-level cache.
 
-Each is the best of a few short trials (the roof), with the median beside it. A result's roof is
+The benchmark measures them before and after its cases; each roof is the best trial of both
+(what the machine reaches when nothing disturbs it), with each measurement's median beside it
+to show how steady the machine was. A result's roof is
 the roofline's bound for its arithmetic intensity: the smaller of the compute roof of its dtype
 (bf16: the dot-product roof where there is one; f32 and f16: the FMA roof) and the bandwidth
 times its FLOPs per byte of compulsory traffic (``Case.bytes``). Decoding (few query rows
 against a long cache) is bound by bandwidth, prefill by compute; the report says which.
 """
 
+import dataclasses
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,7 +30,7 @@ import cffi
 
 from mfa_native import _library
 
-__all__ = ["Roof", "measure", "bound", "RoofUnavailable"]
+__all__ = ["Roof", "measure", "combine", "bound", "RoofUnavailable"]
 
 _NAMES = {"darwin": "libmfa_probes.dylib", "win32": "mfa_probes.dll"}
 # Per trial: long enough to see the clock settle, short enough that all three take about a
@@ -49,7 +52,7 @@ class RoofUnavailable(RuntimeError):
 class Roof:
     name: str  # a key of UNITS
     rate: float  # best trial
-    median_rate: float
+    medians: tuple  # each measurement's median trial
     unit: str
     isa: str
     method: str
@@ -116,7 +119,7 @@ def measure(threads):
         roofs[name] = Roof(
             name,
             result.rate,
-            result.median_rate,
+            (result.median_rate,),
             UNITS[name],
             ffi.string(result.isa).decode(),
             method,
@@ -124,6 +127,26 @@ def measure(threads):
             result.trials,
         )
     return roofs, missing
+
+
+def combine(*measurements):
+    """{name: Roof} of several measurements in one run: the best trial of all, every
+    measurement's median."""
+    roofs = {}
+    for measured in measurements:
+        for name, r in measured.items():
+            seen = roofs.get(name)
+            roofs[name] = (
+                r
+                if seen is None
+                else dataclasses.replace(
+                    seen,
+                    rate=max(seen.rate, r.rate),
+                    medians=seen.medians + r.medians,
+                    trials=seen.trials + r.trials,
+                )
+            )
+    return roofs
 
 
 def self_check():
