@@ -41,10 +41,10 @@ metal-sim 64 256                     16 64      f32            1       1        
 The readme grid's windows: 256,0 (32,0 on metal-sim). ``auto`` takes the defaults of the backend
 it resolves to. ``--quick`` keeps each grid's first shapes (readme: the first N and D), runs
 the naive numpy peer (the slowest by far) only up to N = 512 and measures no memory; it keeps
-the repeats, so its medians are of as many rounds as the full run's. The
-roofs and the memory targets are measured on cpu only unless asked for. The metal-sim backend
-simulates every GPU thread on the CPU, so its times say nothing about a GPU: it runs to check
-that the metal kernels' results agree with the other peers.
+the repeats, so its medians are of as many rounds as the full run's. The roofs are the CPU's,
+measured for the cpu backend only; the memory targets are measured on cpu unless asked for.
+The metal-sim backend simulates every GPU thread on the CPU, so its times say nothing about a
+GPU: it runs to check that the metal kernels' results agree with the other peers.
 
 Peers, each run on the same inputs in the same process; every peer but mfa is optional and
 imported only when asked for:

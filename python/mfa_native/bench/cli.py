@@ -190,7 +190,7 @@ def _parser():
     parser.add_argument(
         "--roof",
         action=argparse.BooleanOptionalAction,
-        help=_by_backend("roof", "measure the FMA, bf16 dot-product and bandwidth roofs"),
+        help=_by_backend("roof", "measure the CPU's FMA, bf16 dot and bandwidth roofs (cpu only)"),
     )
     parser.add_argument("--json", metavar="PATH", help="write every result as JSON")
     parser.add_argument("--plot", metavar="PATH", help="write a PNG of GFLOP/s against N")
@@ -303,6 +303,9 @@ def main(argv=None):
     if "mfa" not in arguments.peers:
         print("bench: mfa must be among --peers", file=sys.stderr)
         return 2
+    if arguments.roof and mfa.backend != "cpu":
+        print(f"bench: the roofs are the CPU's; none for --backend {mfa.backend}", file=sys.stderr)
+        arguments.roof = False
     try:
         plan = []
         for name in dict.fromkeys(arguments.grid):
