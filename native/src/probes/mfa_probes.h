@@ -52,7 +52,7 @@ int mfa_probe_fma_f32(int threads, int trials, double seconds, mfa_probe_result*
 int mfa_probe_dot_bf16(int threads, int trials, double seconds, mfa_probe_result* result);
 /* Reads a buffer of `bytes` (>= threads * MFA_PROBE_READ_BLOCK; choose it several times the
  * last-level cache), split into one contiguous slice per thread, each slice first touched by
- * the thread that reads it. */
+ * the thread that reads it; on Linux the buffer asks for transparent huge pages. */
 int mfa_probe_read(int threads, int trials, double seconds, size_t bytes, mfa_probe_result* result);
 
 /* Self-checks of the kernels the probes time, on the calling thread, for tests: what each

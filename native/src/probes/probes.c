@@ -35,6 +35,9 @@
 
 #include "probes/kernels.h"
 
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 #if defined(__x86_64__)
 #include <cpuid.h>
 #elif defined(__aarch64__) && defined(__linux__)
@@ -336,9 +339,17 @@ PROBE_EXPORT int mfa_probe_read(int threads, int trials, double seconds, size_t 
     if (slice == 0)
         return fail(result, MFA_PROBE_FAILED, kernel->isa,
                     "bytes must be at least threads * MFA_PROBE_READ_BLOCK");
+    /* Transparent huge pages where Linux offers them on request, as numpy asks for its large
+     * arrays (a caller's k and v): with 4 KiB pages the hardware prefetchers stop at every page
+     * boundary, and the probe would report less than such arrays are read at. */
+    const size_t huge_page = 2u << 20;
+    const size_t length = (slice * (size_t)threads + huge_page - 1) / huge_page * huge_page;
     void* buffer = NULL;
-    if (posix_memalign(&buffer, 4096, slice * (size_t)threads) != 0)
+    if (posix_memalign(&buffer, huge_page, length) != 0)
         return fail(result, MFA_PROBE_FAILED, kernel->isa, "cannot allocate the buffer");
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    madvise(buffer, length, MADV_HUGEPAGE);
+#endif
     worker* workers = calloc((size_t)threads, sizeof *workers);
     if (!workers) {
         free(buffer);

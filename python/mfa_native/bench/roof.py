@@ -10,7 +10,9 @@ dot_bf16
     bfloat16 dot-product throughput in GFLOP/s (AVX512_BF16 vdpbf16ps, Armv8.6 bfdot), where
     the CPU has such an instruction.
 read
-    streaming read bandwidth in GB/s, over a buffer several times the last-level cache.
+    streaming read bandwidth in GB/s, over a buffer several times the last-level cache, in
+    transparent huge pages on Linux (as numpy's large arrays are: with 4 KiB pages the
+    prefetchers stop at every page and the probe would read slower than k and v are read).
 
 The benchmark measures them before and after its cases; each roof is the best trial of both
 (what the machine reaches when nothing disturbs it), with each measurement's median beside it
@@ -115,7 +117,8 @@ def measure(threads):
         if status != lib.MFA_PROBE_OK:
             raise RoofUnavailable(f"the {name} probe failed: {method}")
         if name == "read":
-            method += f"; {_READ_BYTES // 2**20} MiB"
+            pages = ", transparent huge pages asked for" if sys.platform.startswith("linux") else ""
+            method += f"; {_READ_BYTES // 2**20} MiB{pages}"
         roofs[name] = Roof(
             name,
             result.rate,
