@@ -362,6 +362,15 @@ def test_torch_on_mps_skips_scores_of_4_gib():
     )
 
 
+def test_the_naive_peer_skips_what_it_cannot_hold():
+    peer = peers.NumpyPeer(2048)
+    assert "squared" in peer.skip_reason(Case(1, 8, 4096, 64, "f32", False))
+    cache = dict(kv_heads=32, seq_k=32768)  # the decode grid's largest: 8 GiB of f32 k and v
+    assert peer.skip_reason(Case(8, 32, 4, 128, "f32", **cache)) is None  # read in place
+    assert "2 GiB" in peer.skip_reason(Case(8, 32, 4, 128, "bf16", **cache))
+    assert peer.skip_reason(Case(1, 32, 4, 128, "bf16", **cache)) is None
+
+
 @pytest.mark.parametrize(
     "module, make_peer",
     [

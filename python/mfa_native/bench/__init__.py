@@ -20,7 +20,8 @@ readme
     causal, and with each sliding window.
 decode
     decoding: Nq 1 and 4 against Nk 4096 and 32768, Hq 32 with Hkv 8 and 32, D 128, B 1
-    and 8, forward only.
+    and 8, forward only. Its largest cache (B 8, Hkv 32, Nk 32k) is 8 GiB of k and v in f32,
+    4 GiB in bf16, which every peer reads in place; ``--batch 1`` keeps it within 1 GiB.
 shapes
     D 80, 96 and 256 at N 1024 and 2048; GQA prefill (Hq 32, Hkv 8, N 2048, D 128); small N
     with a large batch (B 8, N 128 and 256, D 64 and 128); B 4 at N 2048, D 64.
@@ -70,7 +71,8 @@ mlx
     bottom-right, the benchmark top-left).
 numpy
     naive attention that materializes the Nq x Nk scores (``naive``), in float32, up to
-    ``--naive-max-seq`` squared scores per head.
+    ``--naive-max-seq`` squared scores per head, and for bf16 and f16 inputs up to 2 GiB of
+    float32 copies of k and v.
 
 A peer that raises (a GPU out of memory, say) is reported with its error and the run goes on;
 an error of mfa's stops the run.

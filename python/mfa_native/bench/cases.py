@@ -137,7 +137,7 @@ GRIDS = {
         Grid(
             "decode",
             "decoding: Nq 1 and 4 against Nk 4k and 32k, Hq 32 with Hkv 8 and 32, D 128, "
-            "B 1 and 8, forward only",
+            "B 1 and 8, forward only (k and v up to 8 GiB in f32: B 8, Hkv 32, Nk 32k)",
             (
                 {
                     "seq_q": (1, 4),

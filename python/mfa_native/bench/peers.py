@@ -36,6 +36,9 @@ def numpy_dtype(name):
     return np.dtype(ml_dtypes.bfloat16)
 
 
+_PIECE = 2**24
+
+
 def inputs(case, backward=True, seed=0):
     """q, k, v and dout (None without backward) as standard-normal arrays of the case's dtype,
     shared by every peer (none of them writes its inputs)."""
@@ -45,7 +48,16 @@ def inputs(case, backward=True, seed=0):
     kv_shape = (case.batch, case.kv_heads, case.seq_k, case.dim)
 
     def normal(shape):
-        return rng.standard_normal(shape, dtype=np.float32).astype(dtype, copy=False)
+        if dtype == np.float32:
+            return rng.standard_normal(shape, dtype=np.float32)
+        # In pieces, so that a large bf16 cache never has a float32 twin in memory.
+        array = np.empty(shape, dtype)
+        flat = array.reshape(-1)
+        for start in range(0, flat.size, _PIECE):
+            flat[start : start + _PIECE] = rng.standard_normal(
+                min(_PIECE, flat.size - start), dtype=np.float32
+            )
+        return array
 
     return (
         normal(q_shape),
@@ -322,6 +334,11 @@ class MlxPeer(Peer):
         return functions
 
 
+# The most the naive peer copies k and v into float32 for (bf16 and f16 inputs): the decode
+# grid's largest cache, B 8, Hkv 32, Nk 32k, D 128, would be 8 GiB.
+_NAIVE_MAX_COPY = 2 * 2**30
+
+
 class NumpyPeer(Peer):
     """Naive attention in float32 numpy (``bench.naive``): the N x N scores and probabilities
     are materialized, so it runs only up to Nq x Nk = naive_max_seq^2 scores per head."""
@@ -337,6 +354,9 @@ class NumpyPeer(Peer):
     def skip_reason(self, case):
         if case.seq * case.seq_k > self.max_seq**2:
             return f"Nq x Nk > --naive-max-seq {self.max_seq} squared"
+        float32_kv = 2 * case.batch * case.kv_heads * case.seq_k * case.dim * 4
+        if case.dtype != "f32" and float32_kv > _NAIVE_MAX_COPY:
+            return "its float32 copies of k and v would exceed 2 GiB"
         return None
 
     def prepare(self, case, q, k, v, dout):

@@ -37,8 +37,9 @@ def cpu_model():
 
 
 class Progress:
-    """One line on stderr: calls done (weighted by their FLOPs, so the percentage and the
-    remaining-time estimate follow the work, not the count), elapsed time, what runs now.
+    """One line on stderr: calls done (weighted by an estimate of their time, so the percentage
+    and the remaining-time estimate follow the work, not the count), elapsed time, what runs
+    now.
 
     On a terminal it is redrawn in place at every call and, by a background thread, twice a
     second while a long call runs, so that the clock keeps moving. Elsewhere (a log, a pipe)
@@ -82,7 +83,7 @@ class Progress:
                 self.stream.flush()
 
     def step(self, label, work=1.0):
-        """A call of the given work (FLOPs) begins."""
+        """A call of the given work (any unit, the same for every call) begins."""
         with self._lock:
             self.label = label
         self._draw()

@@ -121,7 +121,7 @@ def _measure_pass(case, which, peers, runners, settings, progress):
             results[peer.name] = dict(runner)
     active = [peer for peer in peers if peer.name in functions]
     label = f"{case.label()} {which}"
-    work = case.flops(which)  # the progress line's weight of one call
+    work = _work(case, which)
     made = dict.fromkeys(functions, 0)
 
     def step(peer, what):
@@ -205,10 +205,17 @@ def _measure_pass(case, which, peers, runners, settings, progress):
     return {peer.name: results[peer.name] for peer in peers}
 
 
+def _work(case, which):
+    """The progress line's weight of one call: its time at 100 GFLOP/s and 10 GB/s, whichever
+    is longer (only the proportions matter: decoding is weighed by its bytes, prefill by its
+    FLOPs)."""
+    return max(case.flops(which) / 100e9, case.bytes(which) / 10e9)
+
+
 def planned_work(cases, peers, settings):
-    """The progress line's total: every call of every peer, weighted by its FLOPs."""
+    """The progress line's total: every call of every peer, weighted by _work."""
     return sum(
-        calls_per_cell(settings) * case.flops(which)
+        calls_per_cell(settings) * _work(case, which)
         for case in cases
         for which in settings.passes
         for peer in peers
@@ -235,7 +242,7 @@ def run(cases, peers, settings, progress, grid=None):
                 runners[peer.name] = _failure(peer, error)
         for which in settings.passes:
             skipped = sum(1 for runner in runners.values() if which not in runner)
-            progress.skip(skipped * calls_per_cell(settings) * case.flops(which))
+            progress.skip(skipped * calls_per_cell(settings) * _work(case, which))
             results = _measure_pass(case, which, peers, runners, settings, progress)
             row = {"config": asdict(case), "config_label": case.label(), "pass": which}
             if grid is not None:
