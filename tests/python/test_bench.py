@@ -103,6 +103,19 @@ def test_decode_runs_forward_only_against_the_bandwidth_roof(tmp_path):
     assert "fp32 FMA" in stdout and "read bandwidth" in stdout and "% roof" in stdout
 
 
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--seq", "0"], "sizes must be >= 1: seq 0"),
+        (["--heads", "8", "--kv-heads", "3"], "kv_heads 3 does not divide heads 8"),
+        (["--repeats", "0"], "--repeats, --warmups and --dispatches must be >= 1"),
+    ],
+)
+def test_bad_sizes_are_a_clear_error_before_anything_runs(capsys, argv, message):
+    assert bench.main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
 def test_a_backend_that_cannot_run_here_is_a_clear_error(capsys):
     if "metal" in mfa_native.available_backends():
         pytest.skip("metal runs here")

@@ -82,9 +82,13 @@ def test_options_replace_every_blocks_values():
     assert {case.batch for case in selected} == {1, 8, 4}  # what the blocks name stays
 
 
-def test_kv_heads_must_divide_heads():
+def test_kv_heads_must_divide_heads_and_sizes_be_positive():
     with pytest.raises(ValueError, match="kv_heads 3 does not divide heads 8"):
         cases(GRIDS["readme"], _DEFAULTS, {"kv_heads": (3,)})
+    with pytest.raises(ValueError, match="sizes must be >= 1: seq 0, seq_k 0"):
+        cases(GRIDS["readme"], _DEFAULTS, {"seq": (0,)})
+    with pytest.raises(ValueError, match="kv_heads 0"):
+        Case(1, 8, 16, 8, "f32", kv_heads=0)
 
 
 @pytest.mark.parametrize(

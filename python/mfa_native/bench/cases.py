@@ -61,6 +61,11 @@ class Case:
             object.__setattr__(self, "seq_k", self.seq)
         if self.window is not None:
             object.__setattr__(self, "window", tuple(self.window))
+        sizes = dict(batch=self.batch, heads=self.heads, seq=self.seq, dim=self.dim)
+        sizes.update(kv_heads=self.kv_heads, seq_k=self.seq_k)
+        small = [f"{name} {value}" for name, value in sizes.items() if value < 1]
+        if small:
+            raise ValueError(f"sizes must be >= 1: {', '.join(small)}")
         if self.heads % self.kv_heads:
             raise ValueError(f"kv_heads {self.kv_heads} does not divide heads {self.heads}")
 

@@ -297,8 +297,8 @@ def main(argv=None):
         return 2
     overrides = _overrides(arguments)
     _apply_defaults(arguments, mfa.backend)
-    if min(arguments.repeats, arguments.dispatches, *arguments.seq) < 1 or arguments.warmups < 1:
-        print("bench: --repeats, --warmups, --dispatches and --seq must be >= 1", file=sys.stderr)
+    if min(arguments.repeats, arguments.dispatches, arguments.warmups) < 1:
+        print("bench: --repeats, --warmups and --dispatches must be >= 1", file=sys.stderr)
         return 2
     if "mfa" not in arguments.peers:
         print("bench: mfa must be among --peers", file=sys.stderr)
