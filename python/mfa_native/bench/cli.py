@@ -164,7 +164,7 @@ def _parser():
     )
     parser.add_argument("--repeats", type=int, help=_by_backend("repeats", "timed rounds"))
     parser.add_argument(
-        "--warmups", type=int, default=1, help="untimed calls per peer before the rounds"
+        "--warmups", type=int, default=1, help="untimed calls per peer before the rounds (1)"
     )
     parser.add_argument(
         "--dispatches", type=int, help=_by_backend("dispatches", "calls in a row per trial")
@@ -174,7 +174,8 @@ def _parser():
         type=int,
         help=_by_backend(
             "naive_max_seq",
-            "the naive numpy peer runs up to this many squared scores (it stores Nq x Nk)",
+            "the naive numpy peer runs where Nq x Nk is at most this squared (it stores the "
+            "scores)",
         ),
     )
     parser.add_argument(
