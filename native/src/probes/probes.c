@@ -107,22 +107,19 @@ static bool arm_has_bf16(void) {
 }
 #endif
 
-static const probe_compute* choose_fma(void) {
-#if defined(__x86_64__)
-    const x86_features f = x86_detect();
-    if (f.avx512f) return probe_fma_avx512();
-    if (f.avx2_fma) return probe_fma_avx2();
-#endif
-    return probe_fma_baseline();
-}
+/* The widest FMA and read kernels this CPU and OS run. */
+typedef struct kernel_set {
+    const probe_compute* fma;
+    const probe_read* read;
+} kernel_set;
 
-static const probe_read* choose_read(void) {
+static kernel_set choose_kernels(void) {
 #if defined(__x86_64__)
     const x86_features f = x86_detect();
-    if (f.avx512f) return probe_read_avx512();
-    if (f.avx2_fma) return probe_read_avx2();
+    if (f.avx512f) return (kernel_set){probe_fma_avx512(), probe_read_avx512()};
+    if (f.avx2_fma) return (kernel_set){probe_fma_avx2(), probe_read_avx2()};
 #endif
-    return probe_read_baseline();
+    return (kernel_set){probe_fma_baseline(), probe_read_baseline()};
 }
 
 /* The bf16 dot-product kernel, or NULL with the reason in *why. */
@@ -311,7 +308,7 @@ static int probe_compute_rate(const probe_compute* kernel, uint32_t x, uint32_t 
 
 PROBE_EXPORT int mfa_probe_fma_f32(int threads, int trials, double seconds,
                                    mfa_probe_result* result) {
-    const probe_compute* kernel = choose_fma();
+    const probe_compute* kernel = choose_kernels().fma;
     const char* bad = check_arguments(threads, trials, seconds);
     if (bad) return fail(result, MFA_PROBE_FAILED, kernel->isa, bad);
     /* lane = lane * 1 + 2^-20: the lanes stay normal numbers (no slow denormal path) and the
@@ -332,7 +329,7 @@ PROBE_EXPORT int mfa_probe_dot_bf16(int threads, int trials, double seconds,
 
 PROBE_EXPORT int mfa_probe_read(int threads, int trials, double seconds, size_t bytes,
                                 mfa_probe_result* result) {
-    const probe_read* kernel = choose_read();
+    const probe_read* kernel = choose_kernels().read;
     const char* bad = check_arguments(threads, trials, seconds);
     if (bad) return fail(result, MFA_PROBE_FAILED, kernel->isa, bad);
     const size_t slice = bytes / (size_t)threads / MFA_PROBE_READ_BLOCK * MFA_PROBE_READ_BLOCK;
@@ -376,7 +373,7 @@ PROBE_EXPORT int mfa_probe_read(int threads, int trials, double seconds, size_t 
 
 PROBE_EXPORT double mfa_probe_fma_f32_sum(uint64_t iterations, float multiplier, float addend,
                                           int* lanes) {
-    const probe_compute* kernel = choose_fma();
+    const probe_compute* kernel = choose_kernels().fma;
     uint32_t x, y;
     memcpy(&x, &multiplier, sizeof x);
     memcpy(&y, &addend, sizeof y);
@@ -398,6 +395,6 @@ PROBE_EXPORT double mfa_probe_dot_bf16_sum(uint64_t iterations, uint32_t a_pair,
 
 PROBE_EXPORT int mfa_probe_read_sum(const void* data, size_t bytes, uint64_t* sum) {
     if (bytes % MFA_PROBE_READ_BLOCK != 0 || (uintptr_t)data % 64 != 0) return MFA_PROBE_FAILED;
-    *sum = choose_read()->run(data, bytes);
+    *sum = choose_kernels().read->run(data, bytes);
     return MFA_PROBE_OK;
 }
