@@ -36,6 +36,7 @@ def numpy_dtype(name):
     return np.dtype(ml_dtypes.bfloat16)
 
 
+# Values generated at a time for bf16 and f16 inputs: 64 MiB of float32.
 _PIECE = 2**24
 
 
