@@ -44,55 +44,13 @@ def _info(arguments: argparse.Namespace) -> int:
     return 0
 
 
-def _naive_scores(q: _Array, k: _Array, scale: float, causal: bool) -> _Array:
-    """scale * q k^T, the whole score matrix in memory, masked keys at -inf."""
-    scores = scale * (q @ np.swapaxes(k, -1, -2))
-    if causal:
-        # Bottom-right alignment: query i sees keys j <= i + (Nk - Nq).
-        seq_q, seq_k = scores.shape[-2:]
-        scores = np.where(np.tri(seq_q, seq_k, seq_k - seq_q, dtype=bool), scores, -np.inf)
-    return scores
-
-
-def _naive_forward(
-    q: _Array, k: _Array, v: _Array, scale: float, causal: bool
-) -> tuple[_Array, _Array]:
-    """softmax(scale * q k^T) v with the whole score matrix in memory, as numpy code does it."""
-    scores = _naive_scores(q, k, scale, causal)
-    row_max = scores.max(axis=-1, keepdims=True)
-    weights = np.exp(scores - row_max)
-    row_sum = weights.sum(axis=-1, keepdims=True)
-    out = (weights / row_sum) @ v
-    lse = (row_max + np.log(row_sum))[..., 0]
-    return out, lse
-
-
-def _naive_backward(
-    dout: _Array,
-    q: _Array,
-    k: _Array,
-    v: _Array,
-    out: _Array,
-    lse: _Array,
-    scale: float,
-    causal: bool,
-) -> tuple[_Array, _Array, _Array]:
-    # scores stays alive to the end, as in straightforward numpy code: part of the naive peak.
-    scores = _naive_scores(q, k, scale, causal)
-    probabilities = np.exp(scores - lse[..., None])
-    dv = np.swapaxes(probabilities, -1, -2) @ dout
-    row_dot = np.sum(dout * out, axis=-1, keepdims=True)
-    dscores = probabilities * (dout @ np.swapaxes(v, -1, -2) - row_dot)
-    dq = scale * (dscores @ k)
-    dk = scale * (np.swapaxes(dscores, -1, -2) @ q)
-    return dq, dk, dv
-
-
 def _mib(count: int | None) -> str:
     return "n/a" if count is None else f"{count / 2**20:9.1f} MiB"
 
 
 def _demo(arguments: argparse.Namespace) -> int:
+    from mfa_native.bench import naive  # the benchmark's naive numpy attention
+
     batch, heads, seq, dim = _DEMO_SIZES[arguments.size]
     rng = np.random.default_rng(arguments.seed)
     q, k, v, dout = (
@@ -109,10 +67,8 @@ def _demo(arguments: argparse.Namespace) -> int:
     # One-time costs (worker threads, BLAS and kernel set-up) are paid on a 16-row slice first.
     head = (q[:, :, :16], k[:, :, :16], v[:, :, :16])
     mfa_native.attention(*head, causal=arguments.causal, backend=context)
-    _naive_forward(*head, scale, arguments.causal)
+    naive.attention(*head, scale, arguments.causal)
 
-    # mfa runs first: the naive version's large temporaries would otherwise stay in the
-    # allocator's free lists and hide mfa's resident-set growth.
     (out, lse), mfa_forward = measure(
         lambda: mfa_native.attention(
             q, k, v, causal=arguments.causal, return_lse=True, backend=context
@@ -124,10 +80,10 @@ def _demo(arguments: argparse.Namespace) -> int:
         )
     )
     (ref_out, ref_lse), naive_forward = measure(
-        lambda: _naive_forward(q, k, v, scale, arguments.causal)
+        lambda: naive.attention(q, k, v, scale, arguments.causal)
     )
     ref_grads, naive_backward = measure(
-        lambda: _naive_backward(dout, q, k, v, ref_out, ref_lse, scale, arguments.causal)
+        lambda: naive.attention_backward(dout, q, k, v, ref_out, ref_lse, scale, arguments.causal)
     )
     context.close()
 

@@ -14,9 +14,10 @@ resident rise
     how far the process's resident set rose, at its highest during the call, above its size at
     the start: Linux's VmHWM after resetting it through /proc/self/clear_refs, minus VmRSS
     at the start (both read from /proc/self/status). It sees every allocation that touches
-    memory, native ones included, but also memory that the allocator keeps after frees (see
-    pin_mmap_threshold). None where the high-water mark cannot be reset: on macOS and
-    everywhere else without /proc, and on Linux where clear_refs is not writable. The portable
+    memory, native ones included; freed heap memory is returned to the OS before the call, so
+    that what the allocator kept from earlier calls does not hide the peak. None where the
+    high-water mark cannot be reset: on macOS and everywhere else without /proc, and on Linux
+    where clear_refs is not writable. The portable
     high-water mark, ``resource.getrusage``'s ``ru_maxrss`` (KiB on Linux, bytes on macOS),
     is no substitute: it cannot be reset, so it would report the largest peak of all the
     earlier work in the process rather than this call's.
@@ -55,9 +56,11 @@ def measure(function):
 
 
 def reset_resident_peak():
-    """Collect garbage, then reset the resident-set high-water mark: the resident bytes now, the
-    baseline of resident_rise, or None where the mark cannot be reset."""
+    """Collect garbage, return freed heap memory to the OS, then reset the resident-set
+    high-water mark: the resident bytes now, the baseline of resident_rise, or None where the
+    mark cannot be reset."""
     gc.collect()
+    _return_free_memory()
     try:
         with open("/proc/self/clear_refs", "w") as clear_refs:
             clear_refs.write("5")
@@ -72,16 +75,17 @@ def resident_rise(baseline):
     return None if baseline is None else _status_kib("VmHWM") * 1024 - baseline
 
 
-def pin_mmap_threshold():
-    """Keep glibc from raising its mmap threshold after large frees, which would otherwise keep
-    freed blocks resident and hide later peaks. No effect (and no harm) elsewhere."""
+def _return_free_memory():
+    """glibc's malloc_trim(0): give the pages of freed heap blocks back to the OS, in every
+    arena. Without it, memory that the allocator kept after earlier frees (glibc raises its
+    mmap threshold after large frees, so large blocks come to be recycled from the heap) is
+    already resident and hides the next call's peak. It changes no allocator setting: the next
+    allocations behave as before, they only fault their pages in again. No effect elsewhere."""
     if not sys.platform.startswith("linux"):
         return
     try:
-        libc = ctypes.CDLL(None)
-        m_mmap_threshold = -3
-        libc.mallopt(m_mmap_threshold, 128 * 1024)
-    except (OSError, AttributeError):
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
         pass
 
 

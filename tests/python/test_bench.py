@@ -1,19 +1,21 @@
 """The benchmark, ``python -m mfa_native bench``: it runs end to end at tiny sizes, counts work
 as MFA does, times every peer the same way and reports each peer's failures without stopping.
-No test asserts on a time."""
+No test asserts on a time. (Grids and the naive peer: test_bench_cases.py; interleaving, ratios
+and memory: test_bench_timing.py; the roof probes: test_bench_roof.py.)"""
 
 import io
 import json
 import subprocess
 import sys
 import types
-from argparse import Namespace
 
 import mfa_native
 import numpy as np
 import pytest
 from _errors import raises
 from mfa_native import MFAError, bench
+from mfa_native.bench import cli, peers, report, timing
+from mfa_native.bench.cases import GRIDS, Case, cases
 
 _BACKENDS = [name for name in ("cpu", "metal-sim") if name in mfa_native.available_backends()]
 
@@ -34,7 +36,7 @@ def _run_bench(tmp_path, *arguments):
             "16,0",
             "--repeats",
             "1",
-            "--no-gemm",
+            "--no-roof",
             "--no-memory-check",
             "--peers",
             "mfa",
@@ -69,6 +71,50 @@ def test_runs_end_to_end_and_agrees_with_numpy(tmp_path, backend):
         assert numpy["max_relative_difference_to_mfa"] < 1e-4 and not numpy["disagrees"]
         assert numpy["speedup_of_mfa"] > 0
     assert "GINSTRS" in stdout and "GPU ms" not in stdout and " !" not in stdout
+    assert document["roofs"] == {} and "roof" not in document["rows"][0]["results"]["mfa"]
+
+
+def test_decode_runs_forward_only_against_the_bandwidth_roof(tmp_path):
+    stdout, document = _run_bench(
+        tmp_path,
+        "--grid",
+        "decode",
+        "--seq-q",
+        "1",
+        "--heads",
+        "4",
+        "--kv-heads",
+        "2",
+        "--batch",
+        "1",
+        "--window",
+        "--roof",
+    )
+    assert set(document["roofs"]) >= {"fma_f32", "read"}
+    assert all(document["roofs"][name]["rate"] > 0 for name in document["roofs"])
+    [row] = document["rows"]
+    assert (row["config_label"], row["pass"], row["grid"]) == (
+        "f32 B1 H4/2 Nq1 Nk64 D8 full",
+        "fwd",
+        "decode",
+    )
+    mfa, numpy = row["results"]["mfa"], row["results"]["numpy"]
+    assert mfa["roof"] == numpy["roof"] == "read" and 0 < mfa["roof_fraction"]
+    assert not numpy["disagrees"]  # the naive peer's grouped heads agree with mfa's
+    assert "fp32 FMA" in stdout and "read bandwidth" in stdout and "% roof" in stdout
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--seq", "0"], "sizes must be >= 1: seq 0"),
+        (["--heads", "8", "--kv-heads", "3"], "kv_heads 3 does not divide heads 8"),
+        (["--repeats", "0"], "--repeats, --warmups and --dispatches must be >= 1"),
+    ],
+)
+def test_bad_sizes_are_a_clear_error_before_anything_runs(capsys, argv, message):
+    assert bench.main(argv) == 2
+    assert message in capsys.readouterr().err
 
 
 def test_a_backend_that_cannot_run_here_is_a_clear_error(capsys):
@@ -92,17 +138,17 @@ def test_a_backend_that_cannot_run_here_is_a_clear_error(capsys):
     ],
 )
 def test_visible_pairs_are_counted_exactly(causal, window, pairs):
-    assert bench.Config(2, 3, 4, 8, "f32", causal, window).visible_pairs() == pairs
+    assert Case(2, 3, 4, 8, "f32", causal, window).visible_pairs() == pairs
 
 
 def test_flops_and_instructions_follow_the_documented_formulas():
-    config = bench.Config(2, 3, 4, 8, "f32", False)  # B*H = 6 heads of 16 pairs, D = 8
+    config = Case(2, 3, 4, 8, "f32", False)  # B*H = 6 heads of 16 pairs, D = 8
     assert config.flops("fwd") == 4 * 6 * 16 * 8 == 3072
     assert config.flops("fwd+bwd") == 3.5 * 3072
     # MFA: forward (2D+5) = 21, dQ (3D+5) = 29, dK and dV (4D+5) = 37 per pair and head.
     assert config.instructions("fwd") == 6 * 16 * 21 == 2016
     assert config.instructions("fwd+bwd") == 6 * 16 * (21 + 29 + 37) == 8352
-    causal = bench.Config(1, 1, 4, 8, "f32", True)
+    causal = Case(1, 1, 4, 8, "f32", True)
     assert causal.instructions("fwd") == 10 * 21
 
 
@@ -110,9 +156,18 @@ def test_flops_and_instructions_follow_the_documented_formulas():
 
 
 def _defaults(backend, *argv):
-    arguments = bench._parser().parse_args(list(argv))
-    bench._apply_defaults(arguments, backend)
+    arguments = cli._parser().parse_args(list(argv))
+    cli._apply_defaults(arguments, backend)
     return arguments
+
+
+def _readme_cases(backend, *argv):
+    arguments = cli._parser().parse_args(list(argv))
+    overrides = cli._overrides(arguments)
+    cli._apply_defaults(arguments, backend)
+    return arguments, cases(
+        GRIDS["readme"], cli._axis_defaults(arguments), overrides, arguments.quick
+    )
 
 
 def test_metal_defaults_reach_the_issue_sizes_with_mfa_dispatches():
@@ -120,7 +175,7 @@ def test_metal_defaults_reach_the_issue_sizes_with_mfa_dispatches():
     assert max(arguments.seq) == 16384 and max(arguments.head_dims) == 256
     assert arguments.dispatches == 5 and arguments.repeats == 5
     assert arguments.peers == ["mfa", "mlx", "torch", "numpy"]
-    assert not arguments.gemm and not arguments.memory_check
+    assert not arguments.roof and not arguments.memory_check
 
 
 def test_metal_sim_defaults_are_a_smoke_test():
@@ -131,18 +186,22 @@ def test_metal_sim_defaults_are_a_smoke_test():
 
 
 def test_quick_trims_and_explicit_options_win():
-    quick = _defaults("cpu", "--quick")
-    assert (quick.seq, quick.head_dims, quick.repeats) == ([1024, 2048], [64], 3)
-    assert not quick.memory_check
-    given = _defaults("metal", "--quick", "--seq", "32", "--repeats", "7", "--window", "--no-gemm")
-    assert (given.seq, given.repeats, given.window, given.gemm) == ([32], 7, [], False)
-    assert given.head_dims == [64] and given.dispatches == 5
+    quick, selected = _readme_cases("cpu", "--quick")
+    assert {(case.seq, case.dim) for case in selected} == {(1024, 64)}
+    # --quick keeps the full run's repeats: its medians are of as many rounds.
+    assert quick.repeats == 5 and not quick.memory_check
+    given, selected = _readme_cases(
+        "metal", "--quick", "--seq", "32", "--repeats", "7", "--window", "--no-roof"
+    )
+    assert (given.repeats, given.window, given.roof) == (7, [], False)
+    assert {case.seq for case in selected} == {32} and {case.dim for case in selected} == {64}
+    assert all(case.window is None for case in selected) and given.dispatches == 5
 
 
 # ---- Peers ----------------------------------------------------------------------------------
 
 
-class _FakePeer(bench.Peer):
+class _FakePeer(peers.Peer):
     """Returns a fixed result; optionally records GPU time, raises (when run or when prepared)
     or skips."""
 
@@ -175,17 +234,17 @@ class _FakePeer(bench.Peer):
 
 
 def _arguments(**overrides):
-    values = dict(passes=["fwd"], repeats=2, dispatches=3, memory=False)
+    values = dict(passes=("fwd",), repeats=2, dispatches=3, memory=False)
     values.update(overrides)
-    return Namespace(**values)
+    return timing.Settings(**values)
 
 
 def _run(configs, peers, arguments):
-    return bench._benchmark(configs, peers, arguments, bench._Progress(1, io.StringIO()))
+    return timing.run(configs, peers, arguments, report.Progress(1, io.StringIO()))
 
 
 def test_every_peer_is_timed_alike_and_checked_against_the_first():
-    config = bench.Config(1, 2, 16, 8, "f32", False)
+    config = Case(1, 2, 16, 8, "f32", False)
     out = np.linspace(1, 2, 10)
     reference = _FakePeer("mfa", out, gpu_step=0.002)
     close = _FakePeer("close", out * (1 + 1e-6))
@@ -208,7 +267,7 @@ def test_every_peer_is_timed_alike_and_checked_against_the_first():
     assert results["unprepared"] == {"error": "MemoryError: no room"}
     assert results["far"]["speedup_of_mfa"] > 0 and "speedup_of_mfa" not in results["broken"]
 
-    table = bench._table([row], ["mfa", "close", "far", "broken", "absent"], None, tera=True)
+    table = report.table([row], ["mfa", "close", "far", "broken", "absent"], tera=True)
     header, line = table.splitlines()
     assert header.split()[2:7] == ["mfa", "ms", "GPU", "ms", "GPU"]
     assert "GPU TFLOPS" in header and "GPU GINSTRS" in header and "MiB" not in header
@@ -221,20 +280,20 @@ def test_errors_of_mfa_itself_stop_the_run(monkeypatch):
     def failing(*args, **kwargs):
         raise MFAError(1, "broken on purpose")
 
-    peer = bench.MfaPeer("cpu", 1)
+    peer = peers.MfaPeer("cpu", 1)
     monkeypatch.setattr(mfa_native, "attention", failing)
     with raises(MFAError, "broken on purpose", status="INVALID_ARGUMENT"):
-        _run([bench.Config(1, 1, 8, 8, "f32", False)], [peer], _arguments(repeats=1))
+        _run([Case(1, 1, 8, 8, "f32", False)], [peer], _arguments(repeats=1))
 
 
 def test_mfa_gpu_time_adds_forward_and_backward(monkeypatch):
     # A cpu context that says it is metal and reports 0.25 s of GPU time per call.
     monkeypatch.setattr(mfa_native.Context, "backend", property(lambda self: "metal"))
     monkeypatch.setattr(mfa_native.Context, "last_gpu_time", lambda self: 0.25)
-    peer = bench.MfaPeer("cpu", 1)
+    peer = peers.MfaPeer("cpu", 1)
     functions = peer.prepare(
-        bench.Config(1, 1, 8, 8, "f32", False),
-        *bench._inputs(bench.Config(1, 1, 8, 8, "f32", False)),
+        Case(1, 1, 8, 8, "f32", False),
+        *peers.inputs(Case(1, 1, 8, 8, "f32", False)),
     )
     assert peer.gpu_seconds() == 0.0
     functions["fwd"]()
@@ -245,7 +304,7 @@ def test_mfa_gpu_time_adds_forward_and_backward(monkeypatch):
 
 @pytest.mark.parametrize("backend", _BACKENDS)
 def test_mfa_records_no_gpu_time_off_metal(backend):
-    assert bench.MfaPeer(backend, 1).gpu_seconds() is None
+    assert peers.MfaPeer(backend, 1).gpu_seconds() is None
     with mfa_native.Context(backend) as context:
         with raises(MFAError, status="UNSUPPORTED"):
             context.last_gpu_time()
@@ -286,51 +345,60 @@ def _fake_mlx():
 )
 def test_torch_runs_on_the_gpu_beside_metal_only(monkeypatch, backend, device):
     modules = {"torch": _fake_torch(True), "mlx.core": _fake_mlx()}
-    monkeypatch.setattr(bench, "_optional_module", modules.get)
-    peers = bench._other_peers(["mlx", "torch", "numpy"], backend, 0, 64)
-    assert [type(peer) for peer in peers] == [bench.MlxPeer, bench.TorchPeer, bench.NumpyPeer]
-    assert peers[1].device == device
-    assert peers[1].label == f"torch 0.fake ({device})"
+    monkeypatch.setattr(peers, "optional_module", modules.get)
+    made = peers.make_peers(["mlx", "torch", "numpy"], backend, 1, naive_max_seq=64)
+    assert [type(peer) for peer in made] == [peers.MlxPeer, peers.TorchPeer, peers.NumpyPeer]
+    assert made[1].device == device
+    assert made[1].label == f"torch 0.fake ({device})"
 
 
 def test_peers_that_cannot_run_are_left_out(monkeypatch, capsys):
-    monkeypatch.setattr(bench, "_optional_module", {"torch": _fake_torch(False)}.get)
-    assert bench._other_peers(["torch", "mlx"], "metal", 0, 64) == []
+    monkeypatch.setattr(peers, "optional_module", {"torch": _fake_torch(False)}.get)
+    assert peers.make_peers(["torch", "mlx"], "metal", 1, naive_max_seq=64) == []
     assert "cannot use the GPU (mps)" in capsys.readouterr().err
 
 
 def test_a_missing_module_is_said_not_raised(capsys):
-    assert bench._optional_module("mfa_native_no_such_module") is None
+    assert peers.optional_module("mfa_native_no_such_module") is None
     assert "mfa_native_no_such_module is not available" in capsys.readouterr().err
 
 
 def test_torch_on_mps_skips_scores_of_4_gib():
-    peer = bench.TorchPeer(_fake_torch(True), "mps", 1)
-    assert peer.skip_reason(bench.Config(1, 8, 8192, 64, "f16", False)) is None
-    assert "4 GiB" in peer.skip_reason(bench.Config(1, 8, 16384, 64, "f16", False))
+    peer = peers.TorchPeer(_fake_torch(True), "mps", 1)
+    assert peer.skip_reason(Case(1, 8, 8192, 64, "f16", False)) is None
+    assert "4 GiB" in peer.skip_reason(Case(1, 8, 16384, 64, "f16", False))
     assert (
-        bench.TorchPeer(_fake_torch(True), "cpu", 1).skip_reason(
-            bench.Config(1, 8, 16384, 64, "f16", False)
+        peers.TorchPeer(_fake_torch(True), "cpu", 1).skip_reason(
+            Case(1, 8, 16384, 64, "f16", False)
         )
         is None
     )
 
 
+def test_the_naive_peer_skips_what_it_cannot_hold():
+    peer = peers.NumpyPeer(2048)
+    assert "squared" in peer.skip_reason(Case(1, 8, 4096, 64, "f32", False))
+    cache = dict(kv_heads=32, seq_k=32768)  # the decode grid's largest: 8 GiB of f32 k and v
+    assert peer.skip_reason(Case(8, 32, 4, 128, "f32", **cache)) is None  # read in place
+    assert "2 GiB" in peer.skip_reason(Case(8, 32, 4, 128, "bf16", **cache))
+    assert peer.skip_reason(Case(1, 32, 4, 128, "bf16", **cache)) is None
+
+
 @pytest.mark.parametrize(
     "module, make_peer",
     [
-        ("mlx.core", lambda module: bench.MlxPeer(module)),
-        ("torch", lambda module: bench.TorchPeer(module, "cpu", 1)),
+        ("mlx.core", lambda module: peers.MlxPeer(module)),
+        ("torch", lambda module: peers.TorchPeer(module, "cpu", 1)),
     ],
 )
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
 def test_installed_peers_agree_with_mfa(module, make_peer, dtype):
     # Where MLX or torch is installed (on Linux: their CPU builds), their code paths run for real.
     peer = make_peer(pytest.importorskip(module))
-    configs = [bench.Config(1, 2, 32, 16, dtype, causal) for causal in (False, True)]
+    configs = [Case(1, 2, 32, 16, dtype, causal) for causal in (False, True)]
     rows = _run(
         configs,
-        [bench.MfaPeer("cpu", 1), peer],
+        [peers.MfaPeer("cpu", 1), peer],
         _arguments(passes=["fwd", "fwd+bwd"], repeats=1, dispatches=1),
     )
     for row in rows:
@@ -342,18 +410,18 @@ def test_the_docstring_table_shows_the_defaults():
     table = {}
     for line in bench.__doc__.splitlines():
         backend = line.split(" ", 1)[0]
-        if backend in bench._DEFAULTS:
+        if backend in cli.DEFAULTS:
             # Columns: backend, N, D, dtypes, repeats, dispatches, peers (at fixed offsets).
             cells = [
                 line[start:end].split()
                 for start, end in ((10, 37), (37, 48), (48, 63), (63, 71), (71, 82), (82, None))
             ]
             table[backend] = cells
-    assert set(table) == set(bench._DEFAULTS)
-    for backend, defaults in bench._DEFAULTS.items():
-        seq, dims, dtypes, repeats, dispatches, peers = table[backend]
+    assert set(table) == set(cli.DEFAULTS)
+    for backend, defaults in cli.DEFAULTS.items():
+        seq, dims, dtypes, repeats, dispatches, peer_names = table[backend]
         assert [int(n) for n in seq] == defaults["seq"]
         assert [int(d) for d in dims] == defaults["head_dims"]
         assert dtypes == defaults["dtypes"]
         assert (int(*repeats), int(*dispatches)) == (defaults["repeats"], defaults["dispatches"])
-        assert ["mfa", *peers] == defaults["peers"]
+        assert ["mfa", *peer_names] == defaults["peers"]
