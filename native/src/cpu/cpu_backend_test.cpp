@@ -181,14 +181,20 @@ struct Tensor {
         memcpy(p, &bits, 2);
     }
 
-    void fill_normal(std::mt19937& rng) {
-        std::normal_distribution<float> normal(0.0f, 1.0f);
+    void fill_normal(std::mt19937& rng, double magnitude = 1) {
+        std::normal_distribution<double> normal(0.0, 1.0);
         for (int64_t b = 0; b < shape[0]; ++b)
             for (int64_t h = 0; h < shape[1]; ++h)
                 for (int64_t n = 0; n < shape[2]; ++n)
-                    for (int64_t d = 0; d < shape[3]; ++d) set(b, h, n, d, normal(rng));
+                    for (int64_t d = 0; d < shape[3]; ++d)
+                        set(b, h, n, d, (float)(normal(rng) * magnitude));
     }
 };
+
+/* What a case asserts beyond the forward: every gradient against the reference (the default),
+ * none (the reference gradient itself overflows f32), or only that each gradient is finite
+ * (logits of 1e9, where the reference's exact zeros meet f32 rounding times the scale). */
+enum Gradients { kCheckGradients, kNoGradients, kFiniteGradients };
 
 struct Case {
     const char* name;
@@ -198,6 +204,12 @@ struct Case {
     bool bottom_right;
     int layout;
     bool reverse;
+    /* q and k are drawn from N(0, 1) times these; scale 0 means 1.3 / sqrt(D). */
+    double q_magnitude = 1, k_magnitude = 1;
+    float scale = 0;
+    Gradients gradients = kCheckGradients;
+    /* A NaN in one key of batch 0, key/value head 0: every output of that group depends on it. */
+    bool nan_key = false;
 };
 
 static const Case cases[] = {
@@ -225,6 +237,45 @@ static const Case cases[] = {
      * takes the group in two passes and carries dK and dV between them. */
     {"MQA group over several backward passes", MFA_DTYPE_F32, 1, 8, 1, 260, 8, 1024, 1024, 100, -1,
      false, 0, false},
+    /* Tails of the bf16 pair packing: odd D and Dv, odd sequence lengths, a reversed layout. */
+    {"bf16 odd D, odd lengths, window", MFA_DTYPE_BF16, 2, 3, 1, 99, 141, 37, 19, 40, 7, true, 2,
+     true},
+    {"bf16 GQA bshd, Nq > Nk causal", MFA_DTYPE_BF16, 1, 6, 2, 150, 100, 80, 96, -1, 0, true, 1,
+     false},
+    /* Decoding (group x Nq <= 16): K and V read in place or converted per block, keys split over
+     * tasks (3 threads want 12 tasks: these heads split 4 to 6 ways) and merged. */
+    {"decode GQA 4, Nq 4, causal, split keys", MFA_DTYPE_F32, 1, 8, 2, 4, 3000, 64, 64, -1, 0, true,
+     0, false},
+    {"decode bf16 in place, bshd, left window", MFA_DTYPE_BF16, 2, 4, 4, 1, 2100, 128, 128, 1500,
+     -1, true, 1, false},
+    {"decode f16 converted, D % 16 != 0", MFA_DTYPE_F16, 1, 2, 1, 3, 1500, 40, 24, -1, -1, true, 0,
+     true},
+    {"decode strided elements, MQA", MFA_DTYPE_F32, 1, 4, 1, 2, 1100, 32, 16, -1, -1, true, 2,
+     false},
+    {"decode top-left causal, group 16", MFA_DTYPE_F32, 1, 16, 1, 1, 2000, 16, 32, -1, 0, false, 0,
+     false},
+    {"decode Nq > Nk causal: rows see nothing", MFA_DTYPE_BF16, 1, 2, 1, 5, 3, 16, 16, -1, 0, true,
+     0, false},
+    {"decode window inside the cache", MFA_DTYPE_F32, 1, 2, 2, 2, 5000, 64, 48, 700, 300, false, 1,
+     true},
+    /* Logits that fit f32 although an operand times the scale would not: the scale must
+     * multiply the dot product. q 1e38 times scale 10 overflows; scale 3e38 times log2(e)
+     * overflows. */
+    {"q 1e38, k 1e-38, scale 10", MFA_DTYPE_F32, 1, 2, 1, 20, 30, 8, 8, -1, -1, true, 0, false,
+     1e38, 1e-38, 10.0f, kNoGradients},
+    {"decode q 1e38, k 1e-38, scale 10", MFA_DTYPE_F32, 1, 2, 1, 1, 30, 8, 8, -1, -1, true, 0,
+     false, 1e38, 1e-38, 10.0f, kNoGradients},
+    {"scale 3e38, q 1e-30", MFA_DTYPE_F32, 1, 2, 1, 20, 30, 8, 8, -1, 0, true, 0, false, 1e-30, 1,
+     3e38f, kFiniteGradients},
+    {"bf16 scale 3e38, q 1e-30", MFA_DTYPE_BF16, 1, 2, 1, 20, 30, 8, 8, -1, 0, true, 0, false,
+     1e-30, 1, 3e38f, kFiniteGradients},
+    /* NaN propagation through every path. */
+    {"NaN key", MFA_DTYPE_F32, 2, 4, 2, 40, 70, 16, 16, -1, -1, true, 0, false, 1, 1, 0,
+     kCheckGradients, true},
+    {"bf16 NaN key", MFA_DTYPE_BF16, 1, 4, 2, 40, 70, 16, 16, -1, -1, true, 1, false, 1, 1, 0,
+     kCheckGradients, true},
+    {"decode NaN key, split keys", MFA_DTYPE_F32, 1, 4, 2, 1, 2000, 16, 16, -1, -1, true, 0, false,
+     1, 1, 0, kCheckGradients, true},
 };
 
 /* Relative error bound of a result element, scaled by (1 + |reference|). f32: accumulation over
@@ -237,9 +288,19 @@ static double tolerance(mfa_dtype dtype) {
 
 static void expect_close(const char* what, double got, double want, double bound, int64_t b,
                          int64_t h, int64_t n, int64_t d) {
-    if (!(fabs(got - want) <= bound * (1.0 + fabs(want))))
+    if (isnan(want) ? !isnan(got) : !(fabs(got - want) <= bound * (1.0 + fabs(want))))
         fail("%s[%lld,%lld,%lld,%lld] = %.9g, want %.9g", what, (long long)b, (long long)h,
              (long long)n, (long long)d, got, want);
+}
+
+static void check_gradient(const Case& c, const char* what, double got, double want, double bound,
+                           int64_t b, int64_t h, int64_t n, int64_t d) {
+    if (c.gradients == kCheckGradients) {
+        expect_close(what, got, want, bound, b, h, n, d);
+    } else if (c.gradients == kFiniteGradients && !isfinite(got)) {
+        fail("%s[%lld,%lld,%lld,%lld] = %g, want a finite value", what, (long long)b, (long long)h,
+             (long long)n, (long long)d, got);
+    }
 }
 
 static void run_case(const mfa_backend_ops* ops, void* state, const Case& c, std::mt19937& rng) {
@@ -254,17 +315,18 @@ static void run_case(const mfa_backend_ops* ops, void* state, const Case& c, std
     Tensor dq(c.dtype, B, Hq, Nq, D, c.layout, c.reverse);
     Tensor dk(c.dtype, B, Hkv, Nk, D, c.layout, false);
     Tensor dv(c.dtype, B, Hkv, Nk, Dv, (c.layout + 2) % 3, c.reverse);
-    q.fill_normal(rng);
-    k.fill_normal(rng);
+    q.fill_normal(rng, c.q_magnitude);
+    k.fill_normal(rng, c.k_magnitude);
     v.fill_normal(rng);
     dout.fill_normal(rng);
+    if (c.nan_key) k.set(0, 0, Nk / 2, 0, NAN);
 
     mfa_problem p;
     memset(&p, 0, sizeof p);
     p.dtype = c.dtype;
     p.batch = B, p.heads_q = Hq, p.heads_kv = Hkv, p.group = group;
     p.seq_q = Nq, p.seq_k = Nk, p.head_dim = D, p.head_dim_v = Dv;
-    p.scale = 1.3f / sqrtf((float)D);
+    p.scale = c.scale != 0 ? c.scale : 1.3f / sqrtf((float)D);
     p.diag_offset = c.bottom_right ? Nk - Nq : 0;
     p.window_left = c.window_left, p.window_right = c.window_right;
     p.q = q.view, p.k = k.view, p.v = v.view, p.out = out.view, p.lse = lse.view;
@@ -308,7 +370,7 @@ static void run_case(const mfa_backend_ops* ops, void* state, const Case& c, std
                 for (int64_t x = 0; x < Dv; ++x) {
                     double o = 0;
                     for (int64_t j = 0; j < Nk; ++j) o += weight[j] * v.get(b, hk, j, x);
-                    o = total > 0 ? o / total : 0;
+                    o = total == 0 ? 0 : o / total;
                     expect_close("out", out.get(b, h, i, x), o, bound, b, h, i, x);
                     row_dot += dout.get(b, h, i, x) * o;
                 }
@@ -330,21 +392,21 @@ static void run_case(const mfa_backend_ops* ops, void* state, const Case& c, std
                     }
                 }
                 for (int64_t x = 0; x < D; ++x)
-                    expect_close("dq", dq.get(b, h, i, x), dq_want[(size_t)x], 2 * bound, b, h, i,
-                                 x);
+                    check_gradient(c, "dq", dq.get(b, h, i, x), dq_want[(size_t)x], 2 * bound, b, h,
+                                   i, x);
             }
         }
     for (int64_t b = 0; b < B; ++b)
         for (int64_t h = 0; h < Hkv; ++h)
             for (int64_t j = 0; j < Nk; ++j) {
                 for (int64_t x = 0; x < D; ++x)
-                    expect_close("dk", dk.get(b, h, j, x),
-                                 dk_want[(size_t)(((b * Hkv + h) * Nk + j) * D + x)], 2 * bound, b,
-                                 h, j, x);
+                    check_gradient(c, "dk", dk.get(b, h, j, x),
+                                   dk_want[(size_t)(((b * Hkv + h) * Nk + j) * D + x)], 2 * bound,
+                                   b, h, j, x);
                 for (int64_t x = 0; x < Dv; ++x)
-                    expect_close("dv", dv.get(b, h, j, x),
-                                 dv_want[(size_t)(((b * Hkv + h) * Nk + j) * Dv + x)], 2 * bound, b,
-                                 h, j, x);
+                    check_gradient(c, "dv", dv.get(b, h, j, x),
+                                   dv_want[(size_t)(((b * Hkv + h) * Nk + j) * Dv + x)], 2 * bound,
+                                   b, h, j, x);
             }
 }
 
@@ -397,6 +459,65 @@ static void test_concurrent_callers(const mfa_backend_ops* ops, void* state) {
                  mismatches[(size_t)t]);
 }
 
+/* Peak virtual memory of the process (VmPeak), in bytes; -1 where /proc is not there. */
+static long long peak_virtual_bytes() {
+    FILE* status = fopen("/proc/self/status", "r");
+    if (!status) return -1;
+    char line[256];
+    long long kib = -1;
+    while (fgets(line, sizeof line, status))
+        if (sscanf(line, "VmPeak: %lld kB", &kib) == 1) break;
+    fclose(status);
+    return kib < 0 ? -1 : kib * 1024;
+}
+
+/* Scratch follows the work, not the context: a one-query, one-key call on a context of many
+ * threads reserves what its two tasks need, not a tile set per thread (which was 2 MiB per
+ * thread for the backward at D = 1024). */
+static void test_scratch_follows_work(const mfa_backend_ops* ops) {
+    if (peak_virtual_bytes() < 0) {
+        printf("scratch bound: skipped (no /proc/self/status)\n");
+        return;
+    }
+    const int threads = 512;
+    const int64_t D = 1024;
+    mfa_context_options options;
+    memset(&options, 0, sizeof options);
+    options.num_threads = threads;
+    void* state = nullptr;
+    if (ops->create(&options, &state) != MFA_OK) {
+        fail("create with %d threads: %s", threads, last_error);
+        return;
+    }
+    std::vector<float> data((size_t)(9 * D), 0.5f), lse(1, 0.0f);
+    mfa_problem p;
+    memset(&p, 0, sizeof p);
+    p.dtype = MFA_DTYPE_F32, p.batch = 1, p.heads_q = 1, p.heads_kv = 1, p.group = 1;
+    p.seq_q = 1, p.seq_k = 1, p.head_dim = D, p.head_dim_v = D, p.scale = 0.03f;
+    p.window_left = -1, p.window_right = -1;
+    mfa_view* views[] = {&p.q, &p.k, &p.v, &p.out, &p.dout, &p.dq, &p.dk, &p.dv};
+    for (int i = 0; i < 8; ++i) *views[i] = mfa_view{(char*)(data.data() + i * D), {D, D, D, 1}};
+    p.lse = mfa_view{(char*)lse.data(), {1, 1, 1, 1}};
+    const long long before = peak_virtual_bytes();
+    if (ops->forward(state, &p) != MFA_OK || ops->backward(state, &p) != MFA_OK)
+        fail("scratch bound: call failed: %s", last_error);
+    const long long rise = peak_virtual_bytes() - before;
+    /* The inputs' own size is 36 KiB; 16 MiB leaves room for the allocator's arenas. */
+    if (rise > (16ll << 20))
+        fail("a 1 x 1 call at D = %lld on %d threads raised peak virtual memory by %lld MiB",
+             (long long)D, threads, rise >> 20);
+    printf("scratch bound: %d threads, 1 x 1 at D = %lld: peak virtual memory +%lld KiB\n", threads,
+           (long long)D, rise >> 10);
+    ops->destroy(state);
+}
+
+/* --quick (for emulated runs) leaves out the cases whose float64 reference costs the most. */
+static bool quick = false;
+
+static bool is_large(const Case& c) {
+    return c.batch * c.heads_q * c.seq_q * c.seq_k * (c.dim + c.dim_v) > 20000000;
+}
+
 static void test_kernel_build(const mfa_backend_ops* ops, const char* isa) {
     setenv("MFA_CPU_ISA", isa, 1);
     mfa_context_options options;
@@ -415,6 +536,7 @@ static void test_kernel_build(const mfa_backend_ops* ops, const char* isa) {
     printf("kernel build %s: %s\n", isa, ops->device_name(state));
     std::mt19937 rng(7);
     for (const Case& c : cases) {
+        if (quick && is_large(c)) continue;
         const int before = failures;
         run_case(ops, state, c, rng);
         if (failures != before) printf("  in case \"%s\"\n", c.name);
@@ -423,7 +545,8 @@ static void test_kernel_build(const mfa_backend_ops* ops, const char* isa) {
     ops->destroy(state);
 }
 
-int main() {
+int main(int argc, char** argv) {
+    quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
     test_conversions();
     printf("conversions: %s\n", failures ? "FAILED" : "ok");
 
@@ -431,11 +554,14 @@ int main() {
     if (ops->backend != MFA_BACKEND_CPU || !ops->available())
         fail("the ops table is not an available cpu backend");
 #if defined(__x86_64__)
-    const char* builds[] = {"avx512", "avx2", "portable"};
+    const char* builds[] = {"avx512bf16", "avx512", "avx2", "portable"};
 #else
     const char* builds[] = {"portable"};
 #endif
     for (const char* isa : builds) test_kernel_build(ops, isa);
+
+    unsetenv("MFA_CPU_ISA");
+    test_scratch_follows_work(ops);
 
     setenv("MFA_CPU_ISA", "no-such-isa", 1);
     void* state = nullptr;

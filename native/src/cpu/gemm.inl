@@ -1,6 +1,6 @@
 /*
  * The one place where inner products happen: C (+)= A * B for small tiles, with A row-major and
- * B packed as panels of NR floats (NR = NV vectors) per reduction step. Every product of the
+ * B packed as panels of NR units (NR = NV vectors) per reduction step. Every product of the
  * forward and backward passes (S = Q K^T, O += P V, dP = dO V^T, dQ += dS K, and their key-side
  * mirrors) is this shape once its B operand is packed.
  *
@@ -8,10 +8,25 @@
  * runs; per step it loads NV vectors of B and broadcasts MR scalars of A. MR * NV accumulators
  * hide the FMA latency (4 cycles x 2 pipes needs >= 8 independent chains) and, with the NV + 1
  * operands, must fit the register file: MR comes from the ISA build (MFA_CPU_ROWS).
+ *
+ * Operands come in one of two forms, each a policy the passes are written against: f32_operands
+ * (one f32 per 32-bit unit, FMAs) here, and, in builds with a bf16 dot-product instruction,
+ * bf16_pair_operands (gemm_bf16.inl).
  */
+#ifndef MFA_CPU_GEMM_INL
+#define MFA_CPU_GEMM_INL
 
-static const int NV = 2;
-static const int64_t NR = NV * W;
+#ifndef MFA_CPU_ROWS
+#error "gemm.inl is compiled through a kernels_<isa>.cpp that defines MFA_CPU_ROWS"
+#endif
+
+#include "cpu/pack.inl"
+#include "cpu/simd.inl"
+
+#include <stdint.h>
+
+namespace {
+
 static const int MR = MFA_CPU_ROWS;
 
 template <int ROWS>
@@ -68,3 +83,37 @@ static void gemm_packed(int64_t m, int64_t cols, int64_t depth, const float* a, 
                                 accumulate);
     }
 }
+
+/* f32 operands: every value its own unit, converted once when packed. */
+struct f32_operands {
+    static int64_t units(int64_t depth) { return depth; }
+
+    template <class Storage>
+    static void pack_rows(const strided_rows& src, int64_t count, int64_t width, float* dst,
+                          int64_t ld) {
+        pack_f32_rows<Storage>(src, count, width, dst, ld);
+    }
+    template <class Storage>
+    static void pack_panels(const strided_rows& src, int64_t count, int64_t width, float* dst,
+                            int64_t panel_stride) {
+        pack_f32_panels<Storage>(src, count, width, dst, panel_stride);
+    }
+    template <class Storage>
+    static void pack_panels_transposed(const strided_rows& src, int64_t count, int64_t depth,
+                                       float* dst) {
+        pack_f32_panels_transposed<Storage>(src, count, depth, dst);
+    }
+
+    /* The A operand of a product from f32 rows (P, dS): those rows themselves. */
+    static const float* operand(const float* rows, int64_t, int64_t, float*) { return rows; }
+
+    /* depth and lda in units, as everywhere in the policies. */
+    static void gemm(int64_t m, int64_t cols, int64_t depth, const float* a, int64_t lda,
+                     const float* b, int64_t panel_stride, float* c, int64_t ldc, bool accumulate) {
+        gemm_packed(m, cols, depth, a, lda, b, panel_stride, c, ldc, accumulate);
+    }
+};
+
+} // namespace
+
+#endif /* MFA_CPU_GEMM_INL */

@@ -18,8 +18,8 @@
  * Selection happens once per context, here, with cpuid (__builtin_cpu_supports, which also checks
  * that the OS saves the wide registers). No code compiled with AVX flags runs unless this says so,
  * so the library loads and runs on any x86-64. MFA_CPU_ISA in the environment pins one build
- * ("avx512", "avx2" or "portable") so tests can cover every compiled path; asking for one the CPU
- * lacks is an error, never a silent substitution.
+ * ("avx512bf16", "avx512", "avx2" or "portable") so tests can cover every compiled path; asking
+ * for one the CPU lacks is an error, never a silent substitution.
  */
 #include "cpu/isa_select.h"
 
@@ -44,6 +44,11 @@ bool has_avx512(void) {
            __builtin_cpu_supports("fma");
 }
 
+bool has_avx512_bf16(void) {
+    __builtin_cpu_init();
+    return has_avx512() && __builtin_cpu_supports("avx512bf16");
+}
+
 bool has_avx2(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -53,6 +58,7 @@ bool has_avx2(void) {
 /* Fastest first. */
 const isa_choice choices[] = {
 #if defined(__x86_64__)
+    {"avx512bf16", mfa_cpu_kernels_avx512_bf16, has_avx512_bf16},
     {"avx512", mfa_cpu_kernels_avx512, has_avx512},
     {"avx2", mfa_cpu_kernels_avx2, has_avx2},
 #endif
@@ -78,7 +84,7 @@ mfa_status mfa_cpu_select_kernels(const mfa_cpu_kernels** kernels) {
                              "(%s%s)",
                              pinned,
 #if defined(__x86_64__)
-                             "avx512, avx2, ",
+                             "avx512bf16, avx512, avx2, ",
 #else
                              "",
 #endif

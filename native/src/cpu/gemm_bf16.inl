@@ -1,0 +1,209 @@
+/*
+ * Products on bf16 operands with f32 accumulation, for builds whose CPU has a bf16 dot-product
+ * instruction (AVX512_BF16's vdpbf16ps: each f32 lane adds the products of one pair of bf16
+ * values). Operands are packed in pairs of consecutive reduction indices (plan.h), so the
+ * micro-kernel is gemm.inl's with a pair in place of a float: per step it loads NV vectors of B
+ * pairs and broadcasts one A pair per row. A bf16 row in memory is already its own pair layout.
+ *
+ * What is rounded: Q, K, V and dO are bf16 inputs, so their products are exact in f32. P and dS
+ * are rounded to bf16 (round to nearest even) before they multiply V, dO, K and Q, as GPU
+ * FlashAttention does; sums and the softmax statistics stay f32.
+ */
+#ifndef MFA_CPU_GEMM_BF16_INL
+#define MFA_CPU_GEMM_BF16_INL
+
+#include "cpu/gemm.inl"
+#include "cpu/pack.inl"
+#include "cpu/simd.inl"
+
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+namespace {
+
+/* ---- bf16 pairs (bf16 inputs only: the values are copied, never rounded) ------------------ */
+
+static inline uint32_t bf16_bits(const char* p) {
+    uint16_t h;
+    memcpy(&h, p, sizeof h);
+    return h;
+}
+
+/* Values d and d + 1 of a row as one unit; past width, zeros. */
+static inline uint32_t bf16_pair(const char* row, int64_t elem_step, int64_t d, int64_t width) {
+    const uint32_t lo = d < width ? bf16_bits(row + d * elem_step) : 0u;
+    const uint32_t hi = d + 1 < width ? bf16_bits(row + (d + 1) * elem_step) : 0u;
+    return lo | hi << 16;
+}
+
+/* A operand: row r as ld pairs at dst + r * ld, zero past width. */
+static void pack_pair_rows(const strided_rows& src, int64_t count, int64_t width, float* dst,
+                           int64_t ld) {
+    for (int64_t r = 0; r < count; ++r) {
+        uint16_t* out = (uint16_t*)(dst + r * ld);
+        const char* row = src.row(r);
+        if (src.elem_step == 2) {
+            memcpy(out, row, (size_t)width * 2);
+        } else {
+            for (int64_t d = 0; d < width; ++d)
+                out[d] = (uint16_t)bf16_bits(row + d * src.elem_step);
+        }
+        for (int64_t d = width; d < 2 * ld; ++d) out[d] = 0;
+    }
+}
+
+/* Row panels of pairs of rows: unit (r / 2, x) of panel p holds column p * NR + x of rows r and
+ * r + 1; zero past width and past count up to the next multiple of NR. */
+static void pack_pair_panels(const strided_rows& src, int64_t count, int64_t width, float* dst,
+                             int64_t panel_stride) {
+    const int64_t panels = (width + NR - 1) / NR;
+    const int64_t padded = (count + NR - 1) / NR * NR;
+    for (int64_t p = 0; p < panels; ++p) {
+        const int64_t d0 = p * NR;
+        const int64_t n = width - d0 < NR ? width - d0 : NR;
+        uint32_t* panel = (uint32_t*)(dst + p * panel_stride);
+        for (int64_t r = 0; r < padded; r += 2) {
+            uint32_t* out = panel + r / 2 * NR;
+            const char* lo = r < count ? src.row(r) + d0 * src.elem_step : (const char*)0;
+            const char* hi = r + 1 < count ? src.row(r + 1) + d0 * src.elem_step : (const char*)0;
+            for (int64_t x = 0; x < NR; ++x) {
+                const uint32_t a = lo && x < n ? bf16_bits(lo + x * src.elem_step) : 0u;
+                const uint32_t b = hi && x < n ? bf16_bits(hi + x * src.elem_step) : 0u;
+                out[x] = a | b << 16;
+            }
+        }
+    }
+}
+
+/* Transposed panels of pairs: unit (u, r % NR) of panel r / NR holds values 2u and 2u + 1 of row
+ * r; zero past depth and past count up to the next multiple of NR. */
+static void pack_pair_panels_transposed(const strided_rows& src, int64_t count, int64_t depth,
+                                        float* dst) {
+    const int64_t padded = (count + NR - 1) / NR * NR;
+    const int64_t units = (depth + 1) / 2;
+    for (int64_t r = 0; r < padded; ++r) {
+        uint32_t* column = (uint32_t*)dst + (r / NR) * units * NR + r % NR;
+        if (r >= count) {
+            for (int64_t u = 0; u < units; ++u) column[u * NR] = 0u;
+            continue;
+        }
+        const char* row = src.row(r);
+        if (src.elem_step == 2 && depth % 2 == 0) {
+            for (int64_t u = 0; u < units; ++u) {
+                uint32_t pair;
+                memcpy(&pair, row + 4 * u, sizeof pair);
+                column[u * NR] = pair;
+            }
+        } else {
+            for (int64_t u = 0; u < units; ++u)
+                column[u * NR] = bf16_pair(row, src.elem_step, 2 * u, depth);
+        }
+    }
+}
+
+/* ---- Products ------------------------------------------------------------------------------ */
+
+/* acc += the pairwise products of b's bf16 pairs with the pair at a, broadcast to every lane.
+ * Inline assembly, because clang 16 crashes selecting vdpbf16ps with a folded broadcast from
+ * the intrinsic (and the memory-broadcast form is the one wanted: it costs no register). */
+static inline __m512 dot_pairs(__m512 acc, __m512 b, const uint32_t* a) {
+    __asm__("vdpbf16ps %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(b), "m"(*a));
+    return acc;
+}
+
+template <int ROWS>
+static inline void micro_tile_bf16(int64_t depth, const uint32_t* a, int64_t lda, const float* b,
+                                   float* c, int64_t ldc, bool accumulate) {
+    __m512 acc[ROWS][NV];
+#pragma GCC unroll 16
+    for (int r = 0; r < ROWS; ++r)
+        for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < depth; ++k) {
+        __m512 bk[NV];
+        for (int v = 0; v < NV; ++v) bk[v] = _mm512_loadu_ps(b + k * NR + v * W);
+#pragma GCC unroll 16
+        for (int r = 0; r < ROWS; ++r)
+            for (int v = 0; v < NV; ++v) acc[r][v] = dot_pairs(acc[r][v], bk[v], a + r * lda + k);
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < ROWS; ++r)
+        for (int v = 0; v < NV; ++v) {
+            float* cv = c + r * ldc + v * W;
+            _mm512_storeu_ps(cv, accumulate ? _mm512_add_ps(acc[r][v], _mm512_loadu_ps(cv))
+                                            : acc[r][v]);
+        }
+}
+
+template <int ROWS>
+static inline void micro_tile_bf16_rows(int rows, int64_t depth, const uint32_t* a, int64_t lda,
+                                        const float* b, float* c, int64_t ldc, bool accumulate) {
+    if (rows == ROWS)
+        micro_tile_bf16<ROWS>(depth, a, lda, b, c, ldc, accumulate);
+    else
+        micro_tile_bf16_rows<ROWS - 1>(rows, depth, a, lda, b, c, ldc, accumulate);
+}
+
+template <>
+inline void micro_tile_bf16_rows<0>(int, int64_t, const uint32_t*, int64_t, const float*, float*,
+                                    int64_t, bool) {}
+
+/* gemm_packed with A and B in bf16 pairs: depth, lda and panel_stride count pairs. */
+static void gemm_packed_bf16(int64_t m, int64_t cols, int64_t depth, const float* a_units,
+                             int64_t lda, const float* b, int64_t panel_stride, float* c,
+                             int64_t ldc, bool accumulate) {
+    const uint32_t* a = (const uint32_t*)a_units;
+    const int64_t panels = (cols + NR - 1) / NR;
+    for (int64_t p = 0; p < panels; ++p) {
+        const float* bp = b + p * panel_stride;
+        float* cp = c + p * NR;
+        int64_t r = 0;
+        for (; r + MR <= m; r += MR)
+            micro_tile_bf16<MR>(depth, a + r * lda, lda, bp, cp + r * ldc, ldc, accumulate);
+        micro_tile_bf16_rows<MR - 1>((int)(m - r), depth, a + r * lda, lda, bp, cp + r * ldc, ldc,
+                                     accumulate);
+    }
+}
+
+/* f32 rows (ld floats, a multiple of 32) rounded to bf16 rows of ld / 2 pairs. */
+static inline void round_rows_to_bf16(const float* src, int64_t rows, int64_t ld, float* dst) {
+    for (int64_t i = 0; i < rows * ld; i += 32) {
+        const __m512bh pairs =
+            _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + i + 16), _mm512_loadu_ps(src + i));
+        _mm512_storeu_ps(dst + i / 2, __builtin_bit_cast(__m512, pairs));
+    }
+}
+
+struct bf16_pair_operands {
+    static int64_t units(int64_t depth) { return (depth + 1) / 2; }
+
+    template <class Storage>
+    static void pack_rows(const strided_rows& src, int64_t count, int64_t width, float* dst,
+                          int64_t ld) {
+        pack_pair_rows(src, count, width, dst, ld);
+    }
+    template <class Storage>
+    static void pack_panels(const strided_rows& src, int64_t count, int64_t width, float* dst,
+                            int64_t panel_stride) {
+        pack_pair_panels(src, count, width, dst, panel_stride);
+    }
+    template <class Storage>
+    static void pack_panels_transposed(const strided_rows& src, int64_t count, int64_t depth,
+                                       float* dst) {
+        pack_pair_panels_transposed(src, count, depth, dst);
+    }
+
+    static const float* operand(const float* rows, int64_t count, int64_t ld, float* scratch) {
+        round_rows_to_bf16(rows, count, ld, scratch);
+        return scratch;
+    }
+
+    static void gemm(int64_t m, int64_t cols, int64_t depth, const float* a, int64_t lda,
+                     const float* b, int64_t panel_stride, float* c, int64_t ldc, bool accumulate) {
+        gemm_packed_bf16(m, cols, depth, a, lda, b, panel_stride, c, ldc, accumulate);
+    }
+};
+
+} // namespace
+
+#endif /* MFA_CPU_GEMM_BF16_INL */
