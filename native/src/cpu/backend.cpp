@@ -37,6 +37,8 @@ const int64_t kMaxHeadDim = 1024;
 const int64_t kDecodeRows = 16;
 const int64_t kDecodeTasksPerThread = 4;
 const int64_t kDecodeMinSplit = 512;
+/* Backward: tasks per thread that a chunk's key stripes should make. */
+const int64_t kBackwardTasksPerThread = 2;
 
 struct cpu_state {
     const mfa_cpu_kernels* kernels;
@@ -340,23 +342,31 @@ mfa_status cpu_backward(void* opaque, const mfa_problem* problem) {
     const int64_t slot_floats = std::max(mfa_cpu_backward_tiles_carve(&plan, nullptr, &tile_layout),
                                          2 * mfa_cpu_round_up(problem->head_dim_v, 16));
 
+    /* Stripes: enough tasks per chunk to keep every thread busy (kBackwardTasksPerThread), as
+     * many as the key blocks allow; their dQ sums count against the pack budget. */
     const int64_t group = problem->group;
+    const int64_t wanted = kBackwardTasksPerThread * state->threads;
+    const int64_t most_stripes = std::min(plan.k_blocks, wanted);
+    plan.dq_stripe_floats = mfa_cpu_dq_stripe_floats(&plan);
+    const int64_t per_query_head = plan.q_pack_floats + most_stripes * plan.dq_stripe_floats;
     int64_t chunk = 1, members = group;
-    if (plan.kv_pack_floats + group * plan.q_pack_floats <= kPackBudgetFloats) {
-        chunk = chunk_kv_heads(problem, state->threads, group * plan.q_blocks + plan.k_blocks,
-                               plan.kv_pack_floats + group * plan.q_pack_floats);
+    if (plan.kv_pack_floats + group * per_query_head <= kPackBudgetFloats) {
+        chunk = chunk_kv_heads(problem, state->threads, most_stripes,
+                               plan.kv_pack_floats + group * per_query_head);
     } else {
         /* One key/value head at a time, its query heads in as many passes as the budget needs
          * (large groups, MQA above all, would otherwise pack every query head at once). */
-        members = (kPackBudgetFloats - plan.kv_pack_floats) / plan.q_pack_floats;
+        members = (kPackBudgetFloats - plan.kv_pack_floats) / per_query_head;
         members = std::min(std::max(members, int64_t(1)), group);
     }
+    plan.stripes = std::min(most_stripes, std::max<int64_t>((wanted + chunk - 1) / chunk, 1));
     plan.chunk_kv_heads = chunk;
     plan.members = members;
     plan.first_member = 0;
     const int64_t most_tasks =
-        std::max(mfa_cpu_backward_pack_tasks(&plan), mfa_cpu_backward_tasks(&plan));
-    float_buffer kv_packs, q_packs, kv_grads;
+        std::max({mfa_cpu_backward_pack_tasks(&plan), mfa_cpu_backward_tasks(&plan),
+                  mfa_cpu_backward_dq_tasks(&plan)});
+    float_buffer kv_packs, q_packs, kv_grads, dq_stripes;
     workspace_slots workspace;
     status = kv_packs.allocate(plan.kv_pack_floats, chunk, "packed K and V");
     if (status == MFA_OK)
@@ -364,11 +374,15 @@ mfa_status cpu_backward(void* opaque, const mfa_problem* problem) {
     if (status == MFA_OK && members < group)
         status = kv_grads.allocate(plan.kv_grads_floats, chunk, "dK and dV between passes");
     if (status == MFA_OK)
+        status = dq_stripes.allocate(plan.dq_stripe_floats, chunk * plan.stripes * members,
+                                     "dQ sums of the key stripes");
+    if (status == MFA_OK)
         status = workspace.allocate(state, slot_floats, most_tasks, "backward tiles");
     if (status != MFA_OK) return status;
     plan.kv_packs = kv_packs.data();
     plan.q_packs = q_packs.data();
     plan.kv_grads = kv_grads.data();
+    plan.dq_stripes = dq_stripes.data();
 
     const int64_t kv_heads = problem->batch * problem->heads_kv;
     for (plan.first_kv_head = 0; plan.first_kv_head < kv_heads; plan.first_kv_head += chunk) {
@@ -379,6 +393,8 @@ mfa_status cpu_backward(void* opaque, const mfa_problem* problem) {
                      mfa_cpu_backward_pack_tasks(&plan));
             run_pass(state, &plan, &workspace, state->kernels->backward,
                      mfa_cpu_backward_tasks(&plan));
+            run_pass(state, &plan, &workspace, state->kernels->backward_dq,
+                     mfa_cpu_backward_dq_tasks(&plan));
         }
     }
     return MFA_OK;

@@ -1,9 +1,12 @@
 /*
- * Backward pass (MFA's scheme). The pack pass converts the chunk's K and V, and Q and dO of their
- * query heads, into panels, along with lse and delta = rowsum(dO * O) per query row. Then blocks
- * of query rows accumulate dQ and, independently, blocks of key rows accumulate dK and dV over
- * every query head of their group (over several passes, carrying f32 sums, when the group's packs
- * exceed the budget). Each output element has one owner: no atomics, no N x N buffer.
+ * Backward pass. The pack pass converts the chunk's K and V, and Q and dO of their query heads,
+ * into panels, along with lse and delta = rowsum(dO * O) per query row. Then blocks of key rows
+ * accumulate dK and dV over every query head of their group (over several passes, carrying f32
+ * sums, when the group's packs exceed the budget) and, from the same dS, each block's share of
+ * dQ, which goes to f32 sums owned by the block's stripe; a last step adds the stripes' sums in
+ * order. Five products per pair of blocks rather than the seven of a separate dQ pass (the split
+ * the GPU kernels use to avoid float atomics), no atomics, and no N x N buffer: the stripes'
+ * sums are O(stripes x Nq) per head.
  *
  * With unscaled dot products s = q.k: P = e^(s * scale - lse), dS = P * (dO.v - delta),
  * dQ = scale * dS K, dK = scale * dS^T Q, dV = P^T dO.
@@ -101,17 +104,7 @@ static void backward_pack_task(const mfa_cpu_plan* plan, int64_t task, float* sl
         pack_query_side<Storage, Ops>(plan, task - key_tasks, slot);
 }
 
-/* dS = P * (dP - delta) in place of P, where delta varies along rows (dQ) ... */
-static void softmax_grad_rows(float* s, const float* dp, int64_t rows, int64_t ld,
-                              const float* delta) {
-    for (int64_t r = 0; r < rows; ++r) {
-        const vf dot = vsplat(delta[r]);
-        for (int64_t c = 0; c < ld; c += W)
-            vstore(s + r * ld + c, vload(s + r * ld + c) * (vload(dp + r * ld + c) - dot));
-    }
-}
-
-/* ... or along columns (dK/dV, where the tile is transposed). */
+/* dS^T = P^T * (dP^T - delta) in place of P^T; delta varies along the columns (queries). */
 static void softmax_grad_cols(float* s, const float* dp, int64_t rows, int64_t ld,
                               const float* delta) {
     for (int64_t r = 0; r < rows; ++r)
@@ -120,67 +113,26 @@ static void softmax_grad_cols(float* s, const float* dp, int64_t rows, int64_t l
                    vload(s + r * ld + c) * (vload(dp + r * ld + c) - vload(delta + c)));
 }
 
+/* One block of key rows [j0, j0 + rows): dK and dV over every query head of the pass and every
+ * visible query block, and each block's dQ contribution (dS K) added into the stripe's sums. Five
+ * products per pair of blocks: S^T, dV += P^T dO, dP^T, dK += dS^T Q, dQ += dS K. */
 template <class Storage, class Ops>
-static void query_grad_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
+static void key_block_grads(const mfa_cpu_plan* plan, int64_t g_local, int64_t stripe, int64_t j0,
+                            const mfa_cpu_backward_tiles& t) {
     const mfa_problem* p = plan->problem;
     const int64_t es = plan->elem_size;
-    const int64_t q_local = task / plan->q_blocks;
-    const int64_t g_local = q_local / plan->members;
     const kv_head_ref kv = chunk_kv_head(plan, g_local);
     const int64_t b = kv.batch;
-    const int64_t h = kv.head * p->group + plan->first_member + q_local % plan->members;
-    const int64_t qb = plan->q_blocks - 1 - task % plan->q_blocks; /* longest first (causal) */
-    const int64_t i0 = qb * plan->block_q;
-    const int64_t rows = min64(plan->block_q, p->seq_q - i0);
-    const int64_t d = p->head_dim, dv = p->head_dim_v;
-    const int64_t d_pad = mfa_cpu_round_up(d, NR);
-    const int64_t du = Ops::units(d), dvu = Ops::units(dv);
-
-    mfa_cpu_kv_pack kv_pack;
-    mfa_cpu_kv_pack_carve(plan, 1, chunk_kv_pack(plan, g_local), &kv_pack);
-    mfa_cpu_q_pack q_pack;
-    mfa_cpu_q_pack_carve(plan, chunk_q_pack(plan, q_local), &q_pack);
-    mfa_cpu_backward_tiles t;
-    mfa_cpu_backward_tiles_carve(plan, slot, &t);
-    Ops::template pack_rows<Storage>(rows_of(p->q, es, b, h, i0), rows, d, t.rows, du);
-    Ops::template pack_rows<Storage>(rows_of(p->dout, es, b, h, i0), rows, dv, t.rows_out_grad,
-                                     dvu);
-    for (int64_t i = 0; i < rows * d_pad; ++i) t.acc[i] = 0.0f;
-
-    const int64_t key_hi = mfa_cpu_key_end(plan, i0 + rows - 1);
-    for (int64_t j0 = panel_floor(mfa_cpu_key_begin(plan, i0)); j0 < key_hi; j0 += plan->block_k) {
-        const int64_t n = min64(plan->block_k, key_hi - j0);
-        const int64_t n_pad = mfa_cpu_round_up(n, NR);
-        Ops::gemm(rows, n, du, t.rows, du, kv_pack.kt + j0 * du, du * NR, t.s, n_pad, false);
-        for (int64_t r = 0; r < rows; ++r)
-            probabilities_row(t.s + r * n_pad, n_pad, p->scale, q_pack.lse[i0 + r],
-                              keys_of_query(plan, i0 + r, j0, n));
-        Ops::gemm(rows, n, dvu, t.rows_out_grad, dvu, kv_pack.vt + j0 * dvu, dvu * NR, t.dp, n_pad,
-                  false);
-        softmax_grad_rows(t.s, t.dp, rows, n_pad, q_pack.delta + i0);
-        const float* ds = Ops::operand(t.s, rows, n_pad, t.operand);
-        Ops::gemm(rows, d, Ops::units(n), ds, Ops::units(n_pad), kv_pack.k + Ops::units(j0) * NR,
-                  Ops::units(plan->seq_k_padded) * NR, t.acc, d_pad, true);
-    }
-    store_rows<Storage>(rows_of(p->dq, es, b, h, i0), rows, d, t.acc, d_pad, p->scale);
-}
-
-template <class Storage, class Ops>
-static void key_value_grad_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
-    const mfa_problem* p = plan->problem;
-    const int64_t es = plan->elem_size;
-    const int64_t g_local = task / plan->k_blocks;
-    const kv_head_ref kv = chunk_kv_head(plan, g_local);
-    const int64_t b = kv.batch;
-    const int64_t j0 = task % plan->k_blocks * plan->block_k;
     const int64_t rows = min64(plan->block_k, p->seq_k - j0);
     const int64_t d = p->head_dim, dv = p->head_dim_v;
     const int64_t d_pad = mfa_cpu_round_up(d, NR), dv_pad = mfa_cpu_round_up(dv, NR);
     const int64_t du = Ops::units(d), dvu = Ops::units(dv);
     const int64_t row_panels = Ops::units(plan->seq_q_padded) * NR;
 
-    mfa_cpu_backward_tiles t;
-    mfa_cpu_backward_tiles_carve(plan, slot, &t);
+    mfa_cpu_kv_pack kv_pack;
+    mfa_cpu_kv_pack_carve(plan, 1, chunk_kv_pack(plan, g_local), &kv_pack);
+    const float* keys = kv_pack.k + Ops::units(j0) * NR;
+    const int64_t key_panels = Ops::units(plan->seq_k_padded) * NR;
     Ops::template pack_rows<Storage>(rows_of(p->k, es, b, kv.head, j0), rows, d, t.rows, du);
     Ops::template pack_rows<Storage>(rows_of(p->v, es, b, kv.head, j0), rows, dv, t.rows_out_grad,
                                      dvu);
@@ -198,6 +150,7 @@ static void key_value_grad_task(const mfa_cpu_plan* plan, int64_t task, float* s
     for (int64_t member = 0; member < plan->members; ++member) {
         mfa_cpu_q_pack q_pack;
         mfa_cpu_q_pack_carve(plan, chunk_q_pack(plan, g_local * plan->members + member), &q_pack);
+        float* dq = mfa_cpu_dq_stripe(plan, g_local, stripe, member);
         for (int64_t i0 = panel_floor(mfa_cpu_query_begin(plan, j0)); i0 < query_hi;
              i0 += plan->block_q) {
             const int64_t n = min64(plan->block_q, query_hi - i0);
@@ -215,6 +168,9 @@ static void key_value_grad_task(const mfa_cpu_plan* plan, int64_t task, float* s
             const float* ds = Ops::operand(t.s, rows, n_pad, t.operand);
             Ops::gemm(rows, d, Ops::units(n), ds, Ops::units(n_pad), q_pack.q + Ops::units(i0) * NR,
                       row_panels, t.acc, d_pad, true);
+            const float* ds_t = Ops::operand_at(t.s, rows, n_pad, t.operand);
+            Ops::gemm_at(n, d, Ops::units(rows), ds_t, n_pad, keys, key_panels, dq + i0 * d_pad,
+                         d_pad);
         }
     }
     if (plan->first_member + plan->members < p->group) {
@@ -226,13 +182,41 @@ static void key_value_grad_task(const mfa_cpu_plan* plan, int64_t task, float* s
     store_rows<Storage>(rows_of(p->dv, es, b, kv.head, j0), rows, dv, t.acc_v, dv_pad, 1.0f);
 }
 
+/* Stripe s of a key/value head: key blocks s, s + stripes, ... (round-robin, so that under a
+ * causal mask every stripe gets long and short blocks alike), into its own dQ sums. */
 template <class Storage, class Ops>
 static void backward_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
-    const int64_t query_tasks = mfa_cpu_backward_query_tasks(plan);
-    if (task < query_tasks)
-        query_grad_task<Storage, Ops>(plan, task, slot);
-    else
-        key_value_grad_task<Storage, Ops>(plan, task - query_tasks, slot);
+    const int64_t g_local = task / plan->stripes, stripe = task % plan->stripes;
+    mfa_cpu_backward_tiles t;
+    mfa_cpu_backward_tiles_carve(plan, slot, &t);
+    for (int64_t member = 0; member < plan->members; ++member) {
+        float* dq = mfa_cpu_dq_stripe(plan, g_local, stripe, member);
+        for (int64_t i = 0; i < plan->dq_stripe_floats; ++i) dq[i] = 0.0f;
+    }
+    for (int64_t kb = stripe; kb < plan->k_blocks; kb += plan->stripes)
+        key_block_grads<Storage, Ops>(plan, g_local, stripe, kb * plan->block_k, t);
+}
+
+/* dQ of one block of query rows: scale times the stripes' sums, added in stripe order. */
+template <class Storage>
+static void backward_dq_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
+    const mfa_problem* p = plan->problem;
+    const int64_t q_local = task / plan->q_blocks;
+    const int64_t g_local = q_local / plan->members, member = q_local % plan->members;
+    const kv_head_ref kv = chunk_kv_head(plan, g_local);
+    const int64_t h = kv.head * p->group + plan->first_member + member;
+    const int64_t i0 = task % plan->q_blocks * plan->block_q;
+    const int64_t rows = min64(plan->block_q, p->seq_q - i0);
+    const int64_t d_pad = mfa_cpu_round_up(p->head_dim, NR);
+    float* sum = slot;
+    for (int64_t i = 0; i < rows * d_pad; ++i) sum[i] = 0.0f;
+    for (int64_t stripe = 0; stripe < plan->stripes; ++stripe) {
+        const float* part = mfa_cpu_dq_stripe(plan, g_local, stripe, member) + i0 * d_pad;
+        for (int64_t i = 0; i < rows * d_pad; i += W)
+            vstore(sum + i, vload(sum + i) + vload(part + i));
+    }
+    store_rows<Storage>(rows_of(p->dq, plan->elem_size, kv.batch, h, i0), rows, p->head_dim, sum,
+                        d_pad, p->scale);
 }
 
 } // namespace

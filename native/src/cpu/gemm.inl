@@ -84,6 +84,60 @@ static void gemm_packed(int64_t m, int64_t cols, int64_t depth, const float* a, 
     }
 }
 
+/* The same product with A stored transposed: A(r, k) at a[k * a_stride + r] (the backward's
+ * dQ += dS K reads the key-major dS^T tile this way, so it needs no transposition). */
+template <int ROWS>
+static inline void micro_tile_at(int64_t depth, const float* a, int64_t a_stride, const float* b,
+                                 float* c, int64_t ldc) {
+    vf acc[ROWS][NV];
+#pragma GCC unroll 16
+    for (int r = 0; r < ROWS; ++r)
+        for (int v = 0; v < NV; ++v) acc[r][v] = vsplat(0.0f);
+    for (int64_t k = 0; k < depth; ++k) {
+        vf bk[NV];
+        for (int v = 0; v < NV; ++v) bk[v] = vload(b + k * NR + v * W);
+        const float* ak = a + k * a_stride;
+#pragma GCC unroll 16
+        for (int r = 0; r < ROWS; ++r) {
+            const vf ar = vsplat(ak[r]);
+            for (int v = 0; v < NV; ++v) acc[r][v] += ar * bk[v];
+        }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < ROWS; ++r)
+        for (int v = 0; v < NV; ++v) {
+            float* cv = c + r * ldc + v * W;
+            vstore(cv, acc[r][v] + vload(cv));
+        }
+}
+
+template <int ROWS>
+static inline void micro_tile_at_rows(int rows, int64_t depth, const float* a, int64_t a_stride,
+                                      const float* b, float* c, int64_t ldc) {
+    if (rows == ROWS)
+        micro_tile_at<ROWS>(depth, a, a_stride, b, c, ldc);
+    else
+        micro_tile_at_rows<ROWS - 1>(rows, depth, a, a_stride, b, c, ldc);
+}
+
+template <>
+inline void micro_tile_at_rows<0>(int, int64_t, const float*, int64_t, const float*, float*,
+                                  int64_t) {}
+
+/* C[m x cols] += A B with A(r, k) = a[k * a_stride + r]; otherwise as gemm_packed. */
+static void gemm_packed_at(int64_t m, int64_t cols, int64_t depth, const float* a, int64_t a_stride,
+                           const float* b, int64_t panel_stride, float* c, int64_t ldc) {
+    const int64_t panels = (cols + NR - 1) / NR;
+    for (int64_t p = 0; p < panels; ++p) {
+        const float* bp = b + p * panel_stride;
+        float* cp = c + p * NR;
+        int64_t r = 0;
+        for (; r + MR <= m; r += MR)
+            micro_tile_at<MR>(depth, a + r, a_stride, bp, cp + r * ldc, ldc);
+        micro_tile_at_rows<MR - 1>((int)(m - r), depth, a + r, a_stride, bp, cp + r * ldc, ldc);
+    }
+}
+
 /* f32 operands: every value its own unit, converted once when packed. */
 struct f32_operands {
     static int64_t units(int64_t depth) { return depth; }
@@ -107,10 +161,19 @@ struct f32_operands {
     /* The A operand of a product from f32 rows (P, dS): those rows themselves. */
     static const float* operand(const float* rows, int64_t, int64_t, float*) { return rows; }
 
+    /* The transposed A operand of gemm_at from `count` f32 rows of ld values (dS^T): A(r, k)
+     * is row k's value r, at k * ld + r in units. */
+    static const float* operand_at(const float* rows, int64_t, int64_t, float*) { return rows; }
+
     /* depth and lda in units, as everywhere in the policies. */
     static void gemm(int64_t m, int64_t cols, int64_t depth, const float* a, int64_t lda,
                      const float* b, int64_t panel_stride, float* c, int64_t ldc, bool accumulate) {
         gemm_packed(m, cols, depth, a, lda, b, panel_stride, c, ldc, accumulate);
+    }
+
+    static void gemm_at(int64_t m, int64_t cols, int64_t depth, const float* a, int64_t a_stride,
+                        const float* b, int64_t panel_stride, float* c, int64_t ldc) {
+        gemm_packed_at(m, cols, depth, a, a_stride, b, panel_stride, c, ldc);
     }
 };
 

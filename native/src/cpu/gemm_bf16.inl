@@ -165,12 +165,84 @@ static void gemm_packed_bf16(int64_t m, int64_t cols, int64_t depth, const float
     }
 }
 
+template <int ROWS>
+static inline void micro_tile_bf16_at(int64_t depth, const uint32_t* a, int64_t a_stride,
+                                      const float* b, float* c, int64_t ldc) {
+    __m512 acc[ROWS][NV];
+#pragma GCC unroll 16
+    for (int r = 0; r < ROWS; ++r)
+        for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < depth; ++k) {
+        __m512 bk[NV];
+        for (int v = 0; v < NV; ++v) bk[v] = _mm512_loadu_ps(b + k * NR + v * W);
+        const uint32_t* ak = a + k * a_stride;
+#pragma GCC unroll 16
+        for (int r = 0; r < ROWS; ++r)
+            for (int v = 0; v < NV; ++v) acc[r][v] = dot_pairs(acc[r][v], bk[v], ak + r);
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < ROWS; ++r)
+        for (int v = 0; v < NV; ++v) {
+            float* cv = c + r * ldc + v * W;
+            _mm512_storeu_ps(cv, _mm512_add_ps(acc[r][v], _mm512_loadu_ps(cv)));
+        }
+}
+
+template <int ROWS>
+static inline void micro_tile_bf16_at_rows(int rows, int64_t depth, const uint32_t* a,
+                                           int64_t a_stride, const float* b, float* c,
+                                           int64_t ldc) {
+    if (rows == ROWS)
+        micro_tile_bf16_at<ROWS>(depth, a, a_stride, b, c, ldc);
+    else
+        micro_tile_bf16_at_rows<ROWS - 1>(rows, depth, a, a_stride, b, c, ldc);
+}
+
+template <>
+inline void micro_tile_bf16_at_rows<0>(int, int64_t, const uint32_t*, int64_t, const float*, float*,
+                                       int64_t) {}
+
+static void gemm_packed_bf16_at(int64_t m, int64_t cols, int64_t depth, const float* a_units,
+                                int64_t a_stride, const float* b, int64_t panel_stride, float* c,
+                                int64_t ldc) {
+    const uint32_t* a = (const uint32_t*)a_units;
+    const int64_t panels = (cols + NR - 1) / NR;
+    for (int64_t p = 0; p < panels; ++p) {
+        const float* bp = b + p * panel_stride;
+        float* cp = c + p * NR;
+        int64_t r = 0;
+        for (; r + MR <= m; r += MR)
+            micro_tile_bf16_at<MR>(depth, a + r, a_stride, bp, cp + r * ldc, ldc);
+        micro_tile_bf16_at_rows<MR - 1>((int)(m - r), depth, a + r, a_stride, bp, cp + r * ldc,
+                                        ldc);
+    }
+}
+
 /* f32 rows (ld floats, a multiple of 32) rounded to bf16 rows of ld / 2 pairs. */
 static inline void round_rows_to_bf16(const float* src, int64_t rows, int64_t ld, float* dst) {
     for (int64_t i = 0; i < rows * ld; i += 32) {
         const __m512bh pairs =
             _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + i + 16), _mm512_loadu_ps(src + i));
         _mm512_storeu_ps(dst + i / 2, __builtin_bit_cast(__m512, pairs));
+    }
+}
+
+/* count f32 rows of ld values (ld a multiple of 16) rounded to bf16 and paired across rows:
+ * unit k * ld + r holds value r of rows 2k and 2k + 1 (zero past count). */
+static inline void round_pairs_across_rows(const float* src, int64_t count, int64_t ld,
+                                           float* dst) {
+    const __m512i interleave =
+        _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    for (int64_t k = 0; 2 * k < count; ++k) {
+        const float* lo = src + 2 * k * ld;
+        const bool odd = 2 * k + 1 < count;
+        for (int64_t r = 0; r < ld; r += 16) {
+            const __m512 a = _mm512_loadu_ps(lo + r);
+            const __m512 b = odd ? _mm512_loadu_ps(lo + ld + r) : _mm512_setzero_ps();
+            const __m512i halves = __builtin_bit_cast(__m512i, _mm512_cvtne2ps_pbh(b, a));
+            _mm512_storeu_si512(dst + k * ld + r, _mm512_permutexvar_epi16(interleave, halves));
+        }
     }
 }
 
@@ -198,9 +270,19 @@ struct bf16_pair_operands {
         return scratch;
     }
 
+    static const float* operand_at(const float* rows, int64_t count, int64_t ld, float* scratch) {
+        round_pairs_across_rows(rows, count, ld, scratch);
+        return scratch;
+    }
+
     static void gemm(int64_t m, int64_t cols, int64_t depth, const float* a, int64_t lda,
                      const float* b, int64_t panel_stride, float* c, int64_t ldc, bool accumulate) {
         gemm_packed_bf16(m, cols, depth, a, lda, b, panel_stride, c, ldc, accumulate);
+    }
+
+    static void gemm_at(int64_t m, int64_t cols, int64_t depth, const float* a, int64_t a_stride,
+                        const float* b, int64_t panel_stride, float* c, int64_t ldc) {
+        gemm_packed_bf16_at(m, cols, depth, a, a_stride, b, panel_stride, c, ldc);
     }
 };
 

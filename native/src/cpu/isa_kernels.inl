@@ -50,6 +50,8 @@ const mfa_cpu_kernels kernels = {
               backward_pack_task<bf16_storage, bf16_operands>>,
     for_dtype<backward_task<f32_storage, f32_operands>, backward_task<f16_storage, f32_operands>,
               backward_task<bf16_storage, bf16_operands>>,
+    for_dtype<backward_dq_task<f32_storage>, backward_dq_task<f16_storage>,
+              backward_dq_task<bf16_storage>>,
     for_dtype<decode_task<f32_storage>, decode_task<f16_storage>, decode_task<bf16_storage>>,
     for_dtype<decode_merge_task<f32_storage>, decode_merge_task<f16_storage>,
               decode_merge_task<bf16_storage>>,

@@ -22,7 +22,8 @@ typedef struct mfa_cpu_kernels {
     mfa_cpu_task forward;      /* blocks of query rows: O and, if requested, lse */
     mfa_cpu_task backward_pack; /* K, V of the key/value heads; Q, dO, lse, delta =
                                    rowsum(dO * O) of the pass's query heads */
-    mfa_cpu_task backward;      /* blocks of query rows (dQ), then blocks of key rows (dK, dV) */
+    mfa_cpu_task backward;      /* stripes of key blocks: dK, dV, and dQ into the stripe's sums */
+    mfa_cpu_task backward_dq;   /* blocks of query rows: the stripes' dQ sums, scaled, stored */
     mfa_cpu_task decode;        /* one key range of one key/value head, all its query rows */
     mfa_cpu_task decode_merge;  /* one key/value head's key ranges merged into out and lse */
 } mfa_cpu_kernels;
@@ -51,12 +52,12 @@ static inline int64_t mfa_cpu_backward_pack_tasks(const mfa_cpu_plan* plan) {
            plan->chunk_kv_heads * plan->members * mfa_cpu_pack_blocks(plan, plan->problem->seq_q);
 }
 
-static inline int64_t mfa_cpu_backward_query_tasks(const mfa_cpu_plan* plan) {
-    return plan->chunk_kv_heads * plan->members * plan->q_blocks;
+static inline int64_t mfa_cpu_backward_tasks(const mfa_cpu_plan* plan) {
+    return plan->chunk_kv_heads * plan->stripes;
 }
 
-static inline int64_t mfa_cpu_backward_tasks(const mfa_cpu_plan* plan) {
-    return mfa_cpu_backward_query_tasks(plan) + plan->chunk_kv_heads * plan->k_blocks;
+static inline int64_t mfa_cpu_backward_dq_tasks(const mfa_cpu_plan* plan) {
+    return plan->chunk_kv_heads * plan->members * plan->q_blocks;
 }
 
 /* Decoding runs every key/value head in one chunk. */

@@ -63,6 +63,13 @@ typedef struct mfa_cpu_plan {
     int64_t q_pack_floats;
     float* kv_grads;
     int64_t kv_grads_floats;
+    /* Backward: the key blocks of each key/value head are dealt round-robin to `stripes` tasks;
+     * each stripe adds its dQ contributions into f32 accumulators of its own (dq_stripe_floats
+     * per query head of the pass), which a last step sums in stripe order: race-free and the
+     * same sum every run. */
+    int64_t stripes;
+    float* dq_stripes;
+    int64_t dq_stripe_floats;
     /* Decoding (mfa_cpu_decode_*): the keys that some query row of a head sees, split into
      * key_splits ranges of key_split_size keys, each one task; with more than one, every task
      * leaves its rows' out and lse in partials (mfa_cpu_decode_partial_row_floats per row) for
@@ -172,6 +179,19 @@ static inline int64_t mfa_cpu_q_pack_carve(const mfa_cpu_plan* plan, float* base
     pack->lse = mfa_cpu_carve(&c, n);
     pack->delta = mfa_cpu_carve(&c, n);
     return c.used;
+}
+
+/* One stripe's dQ accumulator for one query head: seq_q_padded rows of padded D. */
+static inline int64_t mfa_cpu_dq_stripe_floats(const mfa_cpu_plan* plan) {
+    return plan->seq_q_padded * mfa_cpu_round_up(plan->problem->head_dim, plan->panel_width);
+}
+
+/* The accumulator of stripe `stripe` for query head `member` (of the pass) of the chunk's key/value
+ * head g_local. */
+static inline float* mfa_cpu_dq_stripe(const mfa_cpu_plan* plan, int64_t g_local, int64_t stripe,
+                                       int64_t member) {
+    return plan->dq_stripes +
+           ((g_local * plan->stripes + stripe) * plan->members + member) * plan->dq_stripe_floats;
 }
 
 /* The dK and dV accumulators of one key/value head between passes: seq_k_padded rows of padded
