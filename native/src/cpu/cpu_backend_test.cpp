@@ -555,6 +555,8 @@ int main(int argc, char** argv) {
         fail("the ops table is not an available cpu backend");
 #if defined(__x86_64__)
     const char* builds[] = {"avx512bf16", "avx512", "avx2", "portable"};
+#elif defined(__aarch64__)
+    const char* builds[] = {"neonbf16", "portable"};
 #else
     const char* builds[] = {"portable"};
 #endif

@@ -1,9 +1,11 @@
 /*
  * Products on bf16 operands with f32 accumulation, for builds whose CPU has a bf16 dot-product
- * instruction (AVX512_BF16's vdpbf16ps: each f32 lane adds the products of one pair of bf16
- * values). Operands are packed in pairs of consecutive reduction indices (plan.h), so the
- * micro-kernel is gemm.inl's with a pair in place of a float: per step it loads NV vectors of B
- * pairs and broadcasts one A pair per row. A bf16 row in memory is already its own pair layout.
+ * instruction: each f32 lane adds the products of one pair of bf16 values (AVX512_BF16's
+ * vdpbf16ps, ARMv8.6 BF16's bfdot). Operands are packed in pairs of consecutive reduction
+ * indices (plan.h), so the micro-kernel is gemm.inl's with a pair in place of a float: per step
+ * it loads NV vectors of B pairs and broadcasts one A pair per row. A bf16 row in memory is
+ * already its own pair layout. Three primitives differ per architecture (below): the dot
+ * product with a broadcast pair, and the two roundings of f32 tiles to pairs.
  *
  * What is rounded: Q, K, V and dO are bf16 inputs, so their products are exact in f32. P and dS
  * are rounded to bf16 (round to nearest even) before they multiply V, dO, K and Q, as GPU
@@ -16,9 +18,13 @@
 #include "cpu/pack.inl"
 #include "cpu/simd.inl"
 
-#include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+#endif
 
 namespace {
 
@@ -104,24 +110,90 @@ static void pack_pair_panels_transposed(const strided_rows& src, int64_t count, 
 
 /* ---- Products ------------------------------------------------------------------------------ */
 
+/* ---- Per architecture ---------------------------------------------------------------------- */
+
+#if defined(__x86_64__)
 /* acc += the pairwise products of b's bf16 pairs with the pair at a, broadcast to every lane.
  * Inline assembly, because clang 16 crashes selecting vdpbf16ps with a folded broadcast from
  * the intrinsic (and the memory-broadcast form is the one wanted: it costs no register). */
-static inline __m512 dot_pairs(__m512 acc, __m512 b, const uint32_t* a) {
-    __asm__("vdpbf16ps %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(b), "m"(*a));
-    return acc;
+static inline vf dot_pairs(vf acc, vf b, const uint32_t* a) {
+    __m512 sum = (__m512)acc;
+    __asm__("vdpbf16ps %2%{1to16%}, %1, %0" : "+v"(sum) : "v"((__m512)b), "m"(*a));
+    return (vf)sum;
 }
+
+/* f32 rows (ld floats, a multiple of 32) rounded to bf16 (nearest even) rows of ld / 2 pairs. */
+static inline void round_rows_to_bf16(const float* src, int64_t rows, int64_t ld, float* dst) {
+    for (int64_t i = 0; i < rows * ld; i += 32) {
+        const __m512bh pairs =
+            _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + i + 16), _mm512_loadu_ps(src + i));
+        _mm512_storeu_ps(dst + i / 2, __builtin_bit_cast(__m512, pairs));
+    }
+}
+
+/* count f32 rows of ld values (ld a multiple of 16) rounded to bf16 and paired across rows:
+ * unit k * ld + r holds value r of rows 2k and 2k + 1 (zero past count). */
+static inline void round_pairs_across_rows(const float* src, int64_t count, int64_t ld,
+                                           float* dst) {
+    const __m512i interleave =
+        _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    for (int64_t k = 0; 2 * k < count; ++k) {
+        const float* lo = src + 2 * k * ld;
+        const bool odd = 2 * k + 1 < count;
+        for (int64_t r = 0; r < ld; r += 16) {
+            const __m512 a = _mm512_loadu_ps(lo + r);
+            const __m512 b = odd ? _mm512_loadu_ps(lo + ld + r) : _mm512_setzero_ps();
+            const __m512i halves = __builtin_bit_cast(__m512i, _mm512_cvtne2ps_pbh(b, a));
+            _mm512_storeu_si512(dst + k * ld + r, _mm512_permutexvar_epi16(interleave, halves));
+        }
+    }
+}
+#elif defined(__aarch64__)
+static inline vf dot_pairs(vf acc, vf b, const uint32_t* a) {
+    const bfloat16x8_t pair = vreinterpretq_bf16_u32(vld1q_dup_u32(a));
+    return (vf)vbfdotq_f32((float32x4_t)acc, vreinterpretq_bf16_f32((float32x4_t)b), pair);
+}
+
+/* BFCVTN rounds to nearest even under the default FPCR. ld is a multiple of 8. */
+static inline void round_rows_to_bf16(const float* src, int64_t rows, int64_t ld, float* dst) {
+    for (int64_t i = 0; i < rows * ld; i += 8) {
+        const bfloat16x8_t pairs =
+            vcvtq_high_bf16_f32(vcvtq_low_bf16_f32(vld1q_f32(src + i)), vld1q_f32(src + i + 4));
+        vst1q_f32(dst + i / 2, vreinterpretq_f32_bf16(pairs));
+    }
+}
+
+static inline void round_pairs_across_rows(const float* src, int64_t count, int64_t ld,
+                                           float* dst) {
+    for (int64_t k = 0; 2 * k < count; ++k) {
+        const float* lo = src + 2 * k * ld;
+        const bool odd = 2 * k + 1 < count;
+        for (int64_t r = 0; r < ld; r += 4) {
+            const uint16x4_t a = vreinterpret_u16_bf16(vcvt_bf16_f32(vld1q_f32(lo + r)));
+            const uint16x4_t b =
+                odd ? vreinterpret_u16_bf16(vcvt_bf16_f32(vld1q_f32(lo + ld + r))) : vdup_n_u16(0);
+            vst1q_u16((uint16_t*)(dst + k * ld + r),
+                      vcombine_u16(vzip1_u16(a, b), vzip2_u16(a, b)));
+        }
+    }
+}
+#else
+#error "gemm_bf16.inl: no bf16 dot product for this architecture"
+#endif
+
+/* ---- Products ------------------------------------------------------------------------------ */
 
 template <int ROWS>
 static inline void micro_tile_bf16(int64_t depth, const uint32_t* a, int64_t lda, const float* b,
                                    float* c, int64_t ldc, bool accumulate) {
-    __m512 acc[ROWS][NV];
+    vf acc[ROWS][NV];
 #pragma GCC unroll 16
     for (int r = 0; r < ROWS; ++r)
-        for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+        for (int v = 0; v < NV; ++v) acc[r][v] = vsplat(0.0f);
     for (int64_t k = 0; k < depth; ++k) {
-        __m512 bk[NV];
-        for (int v = 0; v < NV; ++v) bk[v] = _mm512_loadu_ps(b + k * NR + v * W);
+        vf bk[NV];
+        for (int v = 0; v < NV; ++v) bk[v] = vload(b + k * NR + v * W);
 #pragma GCC unroll 16
         for (int r = 0; r < ROWS; ++r)
             for (int v = 0; v < NV; ++v) acc[r][v] = dot_pairs(acc[r][v], bk[v], a + r * lda + k);
@@ -130,8 +202,7 @@ static inline void micro_tile_bf16(int64_t depth, const uint32_t* a, int64_t lda
     for (int r = 0; r < ROWS; ++r)
         for (int v = 0; v < NV; ++v) {
             float* cv = c + r * ldc + v * W;
-            _mm512_storeu_ps(cv, accumulate ? _mm512_add_ps(acc[r][v], _mm512_loadu_ps(cv))
-                                            : acc[r][v]);
+            vstore(cv, accumulate ? acc[r][v] + vload(cv) : acc[r][v]);
         }
 }
 
@@ -168,13 +239,13 @@ static void gemm_packed_bf16(int64_t m, int64_t cols, int64_t depth, const float
 template <int ROWS>
 static inline void micro_tile_bf16_at(int64_t depth, const uint32_t* a, int64_t a_stride,
                                       const float* b, float* c, int64_t ldc) {
-    __m512 acc[ROWS][NV];
+    vf acc[ROWS][NV];
 #pragma GCC unroll 16
     for (int r = 0; r < ROWS; ++r)
-        for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+        for (int v = 0; v < NV; ++v) acc[r][v] = vsplat(0.0f);
     for (int64_t k = 0; k < depth; ++k) {
-        __m512 bk[NV];
-        for (int v = 0; v < NV; ++v) bk[v] = _mm512_loadu_ps(b + k * NR + v * W);
+        vf bk[NV];
+        for (int v = 0; v < NV; ++v) bk[v] = vload(b + k * NR + v * W);
         const uint32_t* ak = a + k * a_stride;
 #pragma GCC unroll 16
         for (int r = 0; r < ROWS; ++r)
@@ -184,7 +255,7 @@ static inline void micro_tile_bf16_at(int64_t depth, const uint32_t* a, int64_t 
     for (int r = 0; r < ROWS; ++r)
         for (int v = 0; v < NV; ++v) {
             float* cv = c + r * ldc + v * W;
-            _mm512_storeu_ps(cv, _mm512_add_ps(acc[r][v], _mm512_loadu_ps(cv)));
+            vstore(cv, acc[r][v] + vload(cv));
         }
 }
 
@@ -215,34 +286,6 @@ static void gemm_packed_bf16_at(int64_t m, int64_t cols, int64_t depth, const fl
             micro_tile_bf16_at<MR>(depth, a + r, a_stride, bp, cp + r * ldc, ldc);
         micro_tile_bf16_at_rows<MR - 1>((int)(m - r), depth, a + r, a_stride, bp, cp + r * ldc,
                                         ldc);
-    }
-}
-
-/* f32 rows (ld floats, a multiple of 32) rounded to bf16 rows of ld / 2 pairs. */
-static inline void round_rows_to_bf16(const float* src, int64_t rows, int64_t ld, float* dst) {
-    for (int64_t i = 0; i < rows * ld; i += 32) {
-        const __m512bh pairs =
-            _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + i + 16), _mm512_loadu_ps(src + i));
-        _mm512_storeu_ps(dst + i / 2, __builtin_bit_cast(__m512, pairs));
-    }
-}
-
-/* count f32 rows of ld values (ld a multiple of 16) rounded to bf16 and paired across rows:
- * unit k * ld + r holds value r of rows 2k and 2k + 1 (zero past count). */
-static inline void round_pairs_across_rows(const float* src, int64_t count, int64_t ld,
-                                           float* dst) {
-    const __m512i interleave =
-        _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
-                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-    for (int64_t k = 0; 2 * k < count; ++k) {
-        const float* lo = src + 2 * k * ld;
-        const bool odd = 2 * k + 1 < count;
-        for (int64_t r = 0; r < ld; r += 16) {
-            const __m512 a = _mm512_loadu_ps(lo + r);
-            const __m512 b = odd ? _mm512_loadu_ps(lo + ld + r) : _mm512_setzero_ps();
-            const __m512i halves = __builtin_bit_cast(__m512i, _mm512_cvtne2ps_pbh(b, a));
-            _mm512_storeu_si512(dst + k * ld + r, _mm512_permutexvar_epi16(interleave, halves));
-        }
     }
 }
 

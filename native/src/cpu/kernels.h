@@ -74,6 +74,8 @@ const mfa_cpu_kernels* mfa_cpu_kernels_portable(void);
 const mfa_cpu_kernels* mfa_cpu_kernels_avx2(void);
 const mfa_cpu_kernels* mfa_cpu_kernels_avx512(void);
 const mfa_cpu_kernels* mfa_cpu_kernels_avx512_bf16(void);
+#elif defined(__aarch64__)
+const mfa_cpu_kernels* mfa_cpu_kernels_neon_bf16(void);
 #endif
 
 #ifdef __cplusplus
