@@ -14,6 +14,9 @@
 
 #include <stdint.h>
 #include <string.h>
+#if MFA_CPU_VECTOR_BYTES == 64 && defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 namespace {
 
@@ -87,15 +90,8 @@ static inline vf vload_bf16(const char* p) {
 /* 2^x for x <= 127, relative error below 2e-7; exactly 0 below -126 (so -inf gives 0); NaN
  * stays NaN, so a non-finite input is never turned into a finite probability.
  * x = n + f with n = round(x), |f| <= 1/2: 2^f from its degree-7 Taylor series in f*ln2
- * (truncation error (ln2/2)^8/8! < 1e-8), 2^n assembled in the exponent field. */
-static inline vf vexp2(vf x) {
-    const vi nan = x != x;
-    const vf input = x;
-    const vi underflow = x < vsplat(-126.0f);
-    x = vmin(vmax(x, vsplat(-126.0f)), vsplat(127.0f));
-    const vf round_shift = vsplat(12582912.0f); /* 1.5 * 2^23: adding it rounds to integer */
-    const vf n = (x + round_shift) - round_shift;
-    const vf f = x - n;
+ * (truncation error (ln2/2)^8/8! < 1e-8), times 2^n. */
+static inline vf exp2_fraction(vf f) {
     vf p = vsplat(1.5252734e-5f);
     p = p * f + 1.5403530e-4f;
     p = p * f + 1.3333558e-3f;
@@ -104,10 +100,35 @@ static inline vf vexp2(vf x) {
     p = p * f + 2.4022651e-1f;
     p = p * f + 6.9314718e-1f;
     p = p * f + 1.0f;
+    return p;
+}
+
+#if MFA_CPU_VECTOR_BYTES == 64 && defined(__AVX512F__)
+/* AVX-512: vrndscaleps rounds, vscalefps multiplies by 2^n (and gives inf past the range), and a
+ * mask zeroes what lies below -126: about 12 instructions where the generic version below takes
+ * 20, which is a tenth of a forward pass at D = 64. max(-127, x) keeps NaN (the second operand
+ * of maxps is returned for NaN), and the "not less than, unordered" compare keeps it too. */
+static inline vf vexp2(vf x) {
+    const __m512 clamped = _mm512_max_ps(_mm512_set1_ps(-127.0f), (__m512)x);
+    const __mmask16 kept = _mm512_cmp_ps_mask((__m512)x, _mm512_set1_ps(-126.0f), _CMP_NLT_UQ);
+    const __m512 n = _mm512_roundscale_ps(clamped, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const vf p = exp2_fraction((vf)_mm512_sub_ps(clamped, n));
+    return (vf)_mm512_maskz_scalef_ps(kept, (__m512)p, n);
+}
+#else
+static inline vf vexp2(vf x) {
+    const vi nan = x != x;
+    const vf input = x;
+    const vi underflow = x < vsplat(-126.0f);
+    x = vmin(vmax(x, vsplat(-126.0f)), vsplat(127.0f));
+    const vf round_shift = vsplat(12582912.0f); /* 1.5 * 2^23: adding it rounds to integer */
+    const vf n = (x + round_shift) - round_shift;
+    const vf p = exp2_fraction(x - n);
     const vi exponent = (__builtin_convertvector(n, vi) + 127) << 23;
     const vf result = p * (vf)exponent;
     return vselect(nan, input, (vf)((vi)result & ~underflow));
 }
+#endif
 
 /* Lanes c0 .. c0 + W - 1 that lie in [begin, end). */
 static inline vi lanes_within(int64_t c0, int64_t begin, int64_t end) {
