@@ -38,7 +38,7 @@ const int64_t kDecodeRows = 16;
 const int64_t kDecodeTasksPerThread = 4;
 const int64_t kDecodeMinSplit = 512;
 /* Backward: tasks per thread that a chunk's key stripes should make. */
-const int64_t kBackwardTasksPerThread = 2;
+const int64_t kBackwardTasksPerThread = 4;
 
 struct cpu_state {
     const mfa_cpu_kernels* kernels;
