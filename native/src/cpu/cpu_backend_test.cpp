@@ -7,6 +7,7 @@
  */
 #include "core/backend.h"
 #include "cpu/convert.h"
+#include "cpu/merge.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -118,6 +119,59 @@ static void test_conversions() {
                 fail("f32 %a -> bf16 %a, want %a", (double)x, (double)brain, want_brain);
         }
     }
+}
+
+/* ---- Merging partial states ----------------------------------------------------------------- */
+
+/* Attention over 12 keys of one row, split into parts at the given boundaries (empty parts
+ * included), merged, against the unsplit float64 result; then the edge cases. */
+static void test_merge() {
+    const int keys = 12, width = 3;
+    double score[keys], value[keys][width];
+    for (int j = 0; j < keys; ++j) {
+        score[j] = 0.7 * j - 3.1 * (j % 3) + (j == 5 ? 40 : 0); /* one dominant key */
+        for (int x = 0; x < width; ++x) value[j][x] = sin(1.0 + j + 0.3 * x);
+    }
+    const int bounds[][6] = {{0, 12, 12, 12, 12, 12}, {0, 0, 5, 6, 6, 12}, {0, 3, 6, 9, 11, 12}};
+    for (const auto& b : bounds) {
+        const int parts = 5;
+        float part_out[parts][width], part_lse[parts], weights[parts], out[width];
+        for (int k = 0; k < parts; ++k) {
+            double peak = -INFINITY, total = 0, o[width] = {0, 0, 0};
+            for (int j = b[k]; j < b[k + 1]; ++j) peak = std::max(peak, score[j]);
+            for (int j = b[k]; j < b[k + 1]; ++j) {
+                total += exp(score[j] - peak);
+                for (int x = 0; x < width; ++x) o[x] += exp(score[j] - peak) * value[j][x];
+            }
+            part_lse[k] = total == 0 ? -INFINITY : (float)(peak + log(total));
+            for (int x = 0; x < width; ++x)
+                part_out[k][x] = total == 0 ? NAN : (float)(o[x] / total);
+        }
+        const float lse = mfa_cpu_merge_weights(part_lse, 1, parts, weights);
+        mfa_cpu_merge_rows(&part_out[0][0], width, parts, weights, width, out);
+        double peak = -INFINITY, total = 0;
+        for (int j = 0; j < keys; ++j) peak = std::max(peak, score[j]);
+        for (int j = 0; j < keys; ++j) total += exp(score[j] - peak);
+        if (!(fabs(lse - (peak + log(total))) <= 2e-6 * (1 + fabs(peak))))
+            fail("merge: lse %g, want %g", lse, peak + log(total));
+        for (int x = 0; x < width; ++x) {
+            double want = 0;
+            for (int j = 0; j < keys; ++j) want += exp(score[j] - peak) / total * value[j][x];
+            /* An empty part's out is NaN here: weight 0 must keep it out of the sum. */
+            if (!(fabs(out[x] - want) <= 1e-6))
+                fail("merge: out[%d] = %g, want %g", x, out[x], want);
+        }
+    }
+    float lse[3] = {-INFINITY, -INFINITY, -INFINITY}, weights[3], rows[3] = {7, 8, 9}, out[1];
+    if (mfa_cpu_merge_weights(lse, 1, 3, weights) != -INFINITY)
+        fail("merge: parts that saw no key do not give lse -inf");
+    mfa_cpu_merge_rows(rows, 1, 3, weights, 1, out);
+    if (out[0] != 0) fail("merge: parts that saw no key give out %g, not 0", out[0]);
+    lse[1] = NAN;
+    lse[2] = 1;
+    if (!isnan(mfa_cpu_merge_weights(lse, 1, 3, weights))) fail("merge: a NaN lse was dropped");
+    mfa_cpu_merge_rows(rows, 1, 3, weights, 1, out);
+    if (!isnan(out[0])) fail("merge: a NaN lse did not reach out");
 }
 
 /* ---- Attention against float64 ------------------------------------------------------------- */
@@ -233,9 +287,9 @@ static const Case cases[] = {
     {"bf16 top-left causal, MQA", MFA_DTYPE_BF16, 1, 4, 1, 270, 140, 64, 64, -1, 0, false, 0,
      false},
     {"bf16 D = 512", MFA_DTYPE_BF16, 1, 1, 1, 65, 65, 512, 512, -1, -1, true, 0, false},
-    /* 8 query heads' packs of 260 x 1024 rows exceed the 32 MiB pack budget: the backward
-     * takes the group in two passes and carries dK and dV between them. */
-    {"MQA group over several backward passes", MFA_DTYPE_F32, 1, 8, 1, 260, 8, 1024, 1024, 100, -1,
+    /* 16 query heads' packs and dQ sums of 260 x 1024 rows (94 MB) exceed the 64 MiB pack
+     * budget: the backward takes the group in two passes and carries dK and dV between them. */
+    {"MQA group over several backward passes", MFA_DTYPE_F32, 1, 16, 1, 260, 8, 1024, 1024, 100, -1,
      false, 0, false},
     /* Tails of the bf16 pair packing: odd D and Dv, odd sequence lengths, a reversed layout. */
     {"bf16 odd D, odd lengths, window", MFA_DTYPE_BF16, 2, 3, 1, 99, 141, 37, 19, 40, 7, true, 2,
@@ -549,6 +603,8 @@ int main(int argc, char** argv) {
     quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
     test_conversions();
     printf("conversions: %s\n", failures ? "FAILED" : "ok");
+    test_merge();
+    printf("merge: %s\n", failures ? "FAILED" : "ok");
 
     const mfa_backend_ops* ops = mfa_cpu_backend_ops();
     if (ops->backend != MFA_BACKEND_CPU || !ops->available())
