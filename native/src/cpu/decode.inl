@@ -47,28 +47,36 @@ struct vector_rows<bf16_storage> {
     static vf load(const char* p) { return vload_bf16(p); }
 };
 
+/* Accumulator registers the products below keep in flight: half the register file. */
+#if MFA_CPU_VECTOR_BYTES == 64 || defined(__aarch64__)
+static const int kDecodeAccumulators = 16;
+#else
+static const int kDecodeAccumulators = 8;
+#endif
+
 /* s[r * lds + j] = q_r . key_j for ROWS query rows (ldq apart) and `keys` key rows (key_step
- * bytes apart), depth a multiple of W. Four keys at a time share each load of the queries. */
-template <int ROWS, class Rows>
+ * bytes apart), depth a multiple of W. KEYS keys at a time share each load of the queries, and
+ * ROWS x KEYS independent sums hide the FMA latency. */
+template <int ROWS, int KEYS, class Rows>
 static inline void dot_rows(const float* q, int64_t ldq, const char* k, int64_t key_step,
                             int64_t keys, int64_t depth, float* s, int64_t lds) {
     const int64_t size = Rows::size;
     int64_t j = 0;
-    for (; j + 4 <= keys; j += 4) {
-        vf acc[ROWS][4];
+    for (; j + KEYS <= keys; j += KEYS) {
+        vf acc[ROWS][KEYS];
         for (int r = 0; r < ROWS; ++r)
-            for (int c = 0; c < 4; ++c) acc[r][c] = vsplat(0.0f);
+            for (int c = 0; c < KEYS; ++c) acc[r][c] = vsplat(0.0f);
         for (int64_t x = 0; x < depth; x += W) {
-            vf key[4];
-            for (int c = 0; c < 4; ++c)
+            vf key[KEYS];
+            for (int c = 0; c < KEYS; ++c)
                 key[c] = vector_rows<Rows>::load(k + (j + c) * key_step + x * size);
             for (int r = 0; r < ROWS; ++r) {
                 const vf query = vload(q + r * ldq + x);
-                for (int c = 0; c < 4; ++c) acc[r][c] += query * key[c];
+                for (int c = 0; c < KEYS; ++c) acc[r][c] += query * key[c];
             }
         }
         for (int r = 0; r < ROWS; ++r)
-            for (int c = 0; c < 4; ++c) s[r * lds + j + c] = hsum(acc[r][c]);
+            for (int c = 0; c < KEYS; ++c) s[r * lds + j + c] = hsum(acc[r][c]);
     }
     for (; j < keys; ++j) {
         vf acc[ROWS];
@@ -81,38 +89,40 @@ static inline void dot_rows(const float* q, int64_t ldq, const char* k, int64_t 
     }
 }
 
-/* o[r * ldo + x] += sum_j p[r * ldp + j] * value_j[x] for ROWS rows, width a multiple of W. */
+/* o[r * ldo + x0 .. + VECS * W) += sum_j p[r * ldp + j] * value_j[same columns] for ROWS rows:
+ * each key's slice of V is read once, contiguously, into ROWS x VECS independent sums. */
+template <int ROWS, int VECS, class Rows>
+static inline void accumulate_columns(const float* p, int64_t ldp, const char* v,
+                                      int64_t value_step, int64_t keys, int64_t x0, float* o,
+                                      int64_t ldo) {
+    const int64_t size = Rows::size;
+    vf acc[ROWS][VECS];
+    for (int r = 0; r < ROWS; ++r)
+        for (int c = 0; c < VECS; ++c) acc[r][c] = vload(o + r * ldo + x0 + c * W);
+    for (int64_t j = 0; j < keys; ++j) {
+        const char* row = v + j * value_step + x0 * size;
+        vf value[VECS];
+        for (int c = 0; c < VECS; ++c) value[c] = vector_rows<Rows>::load(row + c * W * size);
+        for (int r = 0; r < ROWS; ++r) {
+            const vf weight = vsplat(p[r * ldp + j]);
+            for (int c = 0; c < VECS; ++c) acc[r][c] += weight * value[c];
+        }
+    }
+    for (int r = 0; r < ROWS; ++r)
+        for (int c = 0; c < VECS; ++c) vstore(o + r * ldo + x0 + c * W, acc[r][c]);
+}
+
+/* ... over all columns [0, width), width a multiple of W. */
 template <int ROWS, class Rows>
 static inline void accumulate_rows(const float* p, int64_t ldp, const char* v, int64_t value_step,
                                    int64_t keys, int64_t width, float* o, int64_t ldo) {
-    const int64_t size = Rows::size;
+    const int vecs = kDecodeAccumulators / ROWS > 8 ? 8 : kDecodeAccumulators / ROWS;
     int64_t x = 0;
-    for (; x + 2 * W <= width; x += 2 * W) {
-        vf acc[ROWS][2];
-        for (int r = 0; r < ROWS; ++r)
-            for (int c = 0; c < 2; ++c) acc[r][c] = vload(o + r * ldo + x + c * W);
-        for (int64_t j = 0; j < keys; ++j) {
-            const char* row = v + j * value_step + x * size;
-            const vf v0 = vector_rows<Rows>::load(row),
-                     v1 = vector_rows<Rows>::load(row + W * size);
-            for (int r = 0; r < ROWS; ++r) {
-                const vf weight = vsplat(p[r * ldp + j]);
-                acc[r][0] += weight * v0;
-                acc[r][1] += weight * v1;
-            }
-        }
-        for (int r = 0; r < ROWS; ++r)
-            for (int c = 0; c < 2; ++c) vstore(o + r * ldo + x + c * W, acc[r][c]);
-    }
-    if (x < width) {
-        vf acc[ROWS];
-        for (int r = 0; r < ROWS; ++r) acc[r] = vload(o + r * ldo + x);
-        for (int64_t j = 0; j < keys; ++j) {
-            const vf v0 = vector_rows<Rows>::load(v + j * value_step + x * size);
-            for (int r = 0; r < ROWS; ++r) acc[r] += vsplat(p[r * ldp + j]) * v0;
-        }
-        for (int r = 0; r < ROWS; ++r) vstore(o + r * ldo + x, acc[r]);
-    }
+    for (; x + vecs * W <= width; x += vecs * W)
+        accumulate_columns<ROWS, (kDecodeAccumulators / ROWS > 8 ? 8 : kDecodeAccumulators / ROWS),
+                           Rows>(p, ldp, v, value_step, keys, x, o, ldo);
+    for (; x < width; x += W)
+        accumulate_columns<ROWS, 1, Rows>(p, ldp, v, value_step, keys, x, o, ldo);
 }
 
 /* One block of keys for every row of the task: scores, then O += P V. */
@@ -121,8 +131,9 @@ static void decode_products(const float* q, int64_t rows, int64_t ldq, const cha
                             int64_t key_step, int64_t depth, int64_t keys, float* s, int64_t lds) {
     int64_t r = 0;
     for (; r + 2 <= rows; r += 2)
-        dot_rows<2, Rows>(q + r * ldq, ldq, k, key_step, keys, depth, s + r * lds, lds);
-    if (r < rows) dot_rows<1, Rows>(q + r * ldq, ldq, k, key_step, keys, depth, s + r * lds, lds);
+        dot_rows<2, 4, Rows>(q + r * ldq, ldq, k, key_step, keys, depth, s + r * lds, lds);
+    if (r < rows)
+        dot_rows<1, 8, Rows>(q + r * ldq, ldq, k, key_step, keys, depth, s + r * lds, lds);
 }
 
 template <class Rows>
@@ -132,6 +143,8 @@ static void decode_accumulate(const float* p, int64_t rows, int64_t ldp, const c
     int64_t r = 0;
     for (; r + 4 <= rows; r += 4)
         accumulate_rows<4, Rows>(p + r * ldp, ldp, v, value_step, keys, width, o + r * ldo, ldo);
+    for (; r + 2 <= rows; r += 2)
+        accumulate_rows<2, Rows>(p + r * ldp, ldp, v, value_step, keys, width, o + r * ldo, ldo);
     for (; r < rows; ++r)
         accumulate_rows<1, Rows>(p + r * ldp, ldp, v, value_step, keys, width, o + r * ldo, ldo);
 }
