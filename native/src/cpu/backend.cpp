@@ -344,20 +344,25 @@ mfa_status cpu_backward(void* opaque, const mfa_problem* problem) {
                                          2 * mfa_cpu_round_up(problem->head_dim_v, 16));
 
     /* Stripes: enough tasks per chunk to keep every thread busy (kBackwardTasksPerThread), as
-     * many as the key blocks allow; their dQ sums count against the pack budget. */
+     * many as the key blocks allow, and their dQ sums within half the pack budget (so that they
+     * follow the work, not the thread count); the sums count against the budget like the packs.
+     * Budget checks divide instead of multiplying, so no product below can overflow. */
     const int64_t group = problem->group;
     const int64_t wanted = kBackwardTasksPerThread * state->threads;
-    const int64_t most_stripes = std::min(plan.k_blocks, wanted);
     plan.dq_stripe_floats = mfa_cpu_dq_stripe_floats(&plan);
+    const int64_t affordable_stripes = kPackBudgetFloats / 2 / group / plan.dq_stripe_floats;
+    const int64_t most_stripes =
+        std::max<int64_t>(std::min({plan.k_blocks, wanted, affordable_stripes}), 1);
     const int64_t per_query_head = plan.q_pack_floats + most_stripes * plan.dq_stripe_floats;
+    const int64_t left = kPackBudgetFloats - plan.kv_pack_floats;
     int64_t chunk = 1, members = group;
-    if (plan.kv_pack_floats + group * per_query_head <= kPackBudgetFloats) {
+    if (left > 0 && per_query_head <= left / group) {
         chunk = chunk_kv_heads(problem, state->threads, most_stripes,
                                plan.kv_pack_floats + group * per_query_head);
     } else {
         /* One key/value head at a time, its query heads in as many passes as the budget needs
          * (large groups, MQA above all, would otherwise pack every query head at once). */
-        members = (kPackBudgetFloats - plan.kv_pack_floats) / per_query_head;
+        members = left > 0 ? left / per_query_head : 1;
         members = std::min(std::max(members, int64_t(1)), group);
     }
     plan.stripes = std::min(most_stripes, std::max<int64_t>((wanted + chunk - 1) / chunk, 1));
