@@ -9,6 +9,7 @@
 #include "cpu/thread_pool.h"
 
 #include <algorithm>
+#include <atomic>
 #include <new>
 #include <stdio.h>
 #include <string>
@@ -26,10 +27,19 @@ const int64_t kBlockQ = 128;
 const int64_t kBlockK = 128;
 /* Rows a pack task converts: a multiple of every ISA's panel width. */
 const int64_t kPackRows = 256;
-/* Compute tasks per thread a head chunk should offer, and the packs' memory budget (32 MiB). */
+/* Compute tasks per thread a head chunk should offer, and the packs' memory budget (64 MiB: a
+ * group of 4 query heads at N 2048, D 128 with its dQ sums, 37 MB, runs in one pass). */
 const int64_t kTasksPerThread = 8;
-const int64_t kPackBudgetFloats = int64_t(8) << 20;
+const int64_t kPackBudgetFloats = int64_t(16) << 20;
 const int64_t kMaxHeadDim = 1024;
+/* Decoding: up to this many query rows per key/value head (group x seq_q) read K and V in place
+ * instead of packing them; the keys are split so that every thread gets a few tasks, but no
+ * range is shorter than kDecodeMinSplit keys (below that the merge costs more than it spreads). */
+const int64_t kDecodeRows = 16;
+const int64_t kDecodeTasksPerThread = 4;
+const int64_t kDecodeMinSplit = 512;
+/* Backward: tasks per thread that a chunk's key stripes should make. */
+const int64_t kBackwardTasksPerThread = 4;
 
 struct cpu_state {
     const mfa_cpu_kernels* kernels;
@@ -124,14 +134,15 @@ mfa_status make_plan(const cpu_state* state, const mfa_problem* p, mfa_cpu_plan*
     plan.problem = p;
     plan.elem_size = static_cast<int64_t>(mfa_dtype_size(p->dtype));
     plan.panel_width = nr;
+    plan.operand_pairs = state->kernels->bf16_pairs && p->dtype == MFA_DTYPE_BF16;
     plan.seq_q_padded = mfa_cpu_round_up(p->seq_q, nr);
     plan.seq_k_padded = mfa_cpu_round_up(p->seq_k, nr);
-    plan.block_q = kBlockQ;
-    plan.block_k = kBlockK;
-    plan.q_blocks = (p->seq_q + kBlockQ - 1) / kBlockQ;
-    plan.k_blocks = (p->seq_k + kBlockK - 1) / kBlockK;
+    plan.block_q = std::min(kBlockQ, plan.seq_q_padded);
+    plan.block_k = std::min(kBlockK, plan.seq_k_padded);
+    plan.q_blocks = (p->seq_q + plan.block_q - 1) / plan.block_q;
+    plan.k_blocks = (p->seq_k + plan.block_k - 1) / plan.block_k;
     plan.pack_rows = kPackRows;
-    plan.score_scale = p->scale * mfa_cpu_log2e;
+    plan.key_splits = 1;
     *out = plan;
     return MFA_OK;
 }
@@ -174,19 +185,106 @@ class float_buffer {
     float* data_ = nullptr;
 };
 
+/* The workspace of a call: one slot per task that can run at once, which is the pool's thread
+ * count or, when a call has fewer tasks than threads, its largest pass's task count (so that
+ * scratch follows the work, not the context). Slots are then handed out per task. */
+class workspace_slots {
+  public:
+    ~workspace_slots() { delete[] busy_; }
+
+    mfa_status allocate(const cpu_state* state, int64_t slot_floats, int64_t most_tasks,
+                        const char* what) {
+        slot_floats_ = slot_floats;
+        slots_ =
+            static_cast<int>(std::min<int64_t>(state->threads, std::max<int64_t>(most_tasks, 1)));
+        if (slots_ < state->threads) {
+            busy_ = new (std::nothrow) std::atomic<bool>[slots_]();
+            if (!busy_)
+                return mfa_set_error(MFA_ERROR_OUT_OF_MEMORY,
+                                     "cpu backend: could not allocate %d slot flags", slots_);
+        }
+        return memory_.allocate(slot_floats, slots_, what);
+    }
+
+    /* The slot of a task that the pool runs on worker `worker`; release it with release(). */
+    int acquire(int worker) {
+        if (!busy_) return worker;
+        int slot = worker % slots_;
+        while (busy_[slot].exchange(true, std::memory_order_acquire)) slot = (slot + 1) % slots_;
+        return slot;
+    }
+    void release(int slot) {
+        if (busy_) busy_[slot].store(false, std::memory_order_release);
+    }
+    float* slot(int index) const { return memory_.data() + index * slot_floats_; }
+
+  private:
+    float_buffer memory_;
+    int64_t slot_floats_ = 0;
+    int slots_ = 0;
+    std::atomic<bool>* busy_ = nullptr;
+};
+
 struct pass {
     const mfa_cpu_plan* plan;
     mfa_cpu_task task;
+    workspace_slots* slots;
 };
 
-void run_pass_task(void* context, int64_t index, int slot) {
+void run_pass_task(void* context, int64_t index, int worker) {
     const pass* p = static_cast<const pass*>(context);
-    p->task(p->plan, index, p->plan->workspace + slot * p->plan->workspace_slot_floats);
+    const int slot = p->slots->acquire(worker);
+    p->task(p->plan, index, p->slots->slot(slot));
+    p->slots->release(slot);
 }
 
-void run_pass(cpu_state* state, const mfa_cpu_plan* plan, mfa_cpu_task task, int64_t count) {
-    pass p = {plan, task};
+void run_pass(cpu_state* state, const mfa_cpu_plan* plan, workspace_slots* slots, mfa_cpu_task task,
+              int64_t count) {
+    pass p = {plan, task, slots};
     state->pool.run(count, run_pass_task, &p);
+}
+
+/* Decoding: split the keys some row sees so that every thread has a few tasks. */
+void plan_key_splits(const cpu_state* state, mfa_cpu_plan* plan) {
+    const mfa_problem* p = plan->problem;
+    const int64_t heads = p->batch * p->heads_kv;
+    const int64_t first = mfa_cpu_key_begin(plan, 0);
+    const int64_t span = std::max<int64_t>(mfa_cpu_key_end(plan, p->seq_q - 1) - first, 0);
+    const int64_t wanted = kDecodeTasksPerThread * state->threads;
+    int64_t splits = heads < wanted ? (wanted + heads - 1) / heads : 1;
+    splits = std::min(splits, std::max<int64_t>((span + kDecodeMinSplit - 1) / kDecodeMinSplit, 1));
+    const int64_t size =
+        mfa_cpu_round_up(std::max<int64_t>((span + splits - 1) / splits, 1), mfa_cpu_decode_block);
+    plan->key_split_size = size;
+    plan->key_splits = std::max<int64_t>((span + size - 1) / size, 1);
+}
+
+mfa_status cpu_decode(cpu_state* state, mfa_cpu_plan* plan) {
+    const mfa_problem* problem = plan->problem;
+    mfa_cpu_decode_tiles tile_layout;
+    plan->first_kv_head = 0;
+    plan->chunk_kv_heads = problem->batch * problem->heads_kv;
+    plan_key_splits(state, plan);
+    const int64_t rows = mfa_cpu_decode_rows(plan);
+    /* The merge task borrows its slot for the split weights and one merged row. */
+    const int64_t slot_floats = std::max(mfa_cpu_decode_tiles_carve(plan, nullptr, &tile_layout),
+                                         mfa_cpu_round_up(plan->key_splits, 16) +
+                                             mfa_cpu_round_up(problem->head_dim_v, 16));
+    float_buffer partials;
+    workspace_slots workspace;
+    mfa_status status = MFA_OK;
+    if (plan->key_splits > 1)
+        status = partials.allocate(rows * mfa_cpu_decode_partial_row_floats(plan),
+                                   mfa_cpu_decode_tasks(plan), "partial decoding states");
+    if (status == MFA_OK)
+        status =
+            workspace.allocate(state, slot_floats, mfa_cpu_decode_tasks(plan), "decoding tiles");
+    if (status != MFA_OK) return status;
+    plan->partials = partials.data();
+    run_pass(state, plan, &workspace, state->kernels->decode, mfa_cpu_decode_tasks(plan));
+    run_pass(state, plan, &workspace, state->kernels->decode_merge,
+             mfa_cpu_decode_merge_tasks(plan));
+    return MFA_OK;
 }
 
 mfa_status cpu_forward(void* opaque, const mfa_problem* problem) {
@@ -194,26 +292,30 @@ mfa_status cpu_forward(void* opaque, const mfa_problem* problem) {
     mfa_cpu_plan plan;
     mfa_status status = make_plan(state, problem, &plan);
     if (status != MFA_OK) return status;
+    if (problem->group * problem->seq_q <= kDecodeRows) return cpu_decode(state, &plan);
     mfa_cpu_kv_pack kv_layout;
     mfa_cpu_forward_tiles tile_layout;
     plan.kv_pack_floats = mfa_cpu_kv_pack_carve(&plan, 0, nullptr, &kv_layout);
-    plan.workspace_slot_floats = mfa_cpu_forward_tiles_carve(&plan, nullptr, &tile_layout);
+    const int64_t slot_floats = mfa_cpu_forward_tiles_carve(&plan, nullptr, &tile_layout);
     const int64_t chunk = chunk_kv_heads(problem, state->threads, problem->group * plan.q_blocks,
                                          plan.kv_pack_floats);
-    float_buffer packs, workspace;
+    plan.chunk_kv_heads = chunk;
+    const int64_t most_tasks =
+        std::max(mfa_cpu_forward_pack_tasks(&plan), mfa_cpu_forward_tasks(&plan));
+    float_buffer packs;
+    workspace_slots workspace;
     status = packs.allocate(plan.kv_pack_floats, chunk, "packed K and V");
     if (status == MFA_OK)
-        status =
-            workspace.allocate(plan.workspace_slot_floats, state->pool.threads(), "forward tiles");
+        status = workspace.allocate(state, slot_floats, most_tasks, "forward tiles");
     if (status != MFA_OK) return status;
     plan.kv_packs = packs.data();
-    plan.workspace = workspace.data();
 
     const int64_t kv_heads = problem->batch * problem->heads_kv;
     for (plan.first_kv_head = 0; plan.first_kv_head < kv_heads; plan.first_kv_head += chunk) {
         plan.chunk_kv_heads = std::min(chunk, kv_heads - plan.first_kv_head);
-        run_pass(state, &plan, state->kernels->forward_pack, mfa_cpu_forward_pack_tasks(&plan));
-        run_pass(state, &plan, state->kernels->forward, mfa_cpu_forward_tasks(&plan));
+        run_pass(state, &plan, &workspace, state->kernels->forward_pack,
+                 mfa_cpu_forward_pack_tasks(&plan));
+        run_pass(state, &plan, &workspace, state->kernels->forward, mfa_cpu_forward_tasks(&plan));
     }
     return MFA_OK;
 }
@@ -231,44 +333,67 @@ mfa_status cpu_backward(void* opaque, const mfa_problem* problem) {
     plan.q_pack_floats = mfa_cpu_q_pack_carve(&plan, nullptr, &q_layout);
     plan.kv_grads_floats = mfa_cpu_kv_grads_carve(&plan, nullptr, &grads_layout);
     /* The query-side pack task borrows its slot for one row of O and one of dO. */
-    plan.workspace_slot_floats =
-        std::max(mfa_cpu_backward_tiles_carve(&plan, nullptr, &tile_layout),
-                 2 * mfa_cpu_round_up(problem->head_dim_v, 16));
+    const int64_t slot_floats = std::max(mfa_cpu_backward_tiles_carve(&plan, nullptr, &tile_layout),
+                                         2 * mfa_cpu_round_up(problem->head_dim_v, 16));
 
+    /* Stripes: enough tasks per chunk to keep every thread busy (kBackwardTasksPerThread), as
+     * many as the key blocks allow, and their dQ sums within half the pack budget (so that they
+     * follow the work, not the thread count); the sums count against the budget like the packs.
+     * Budget checks divide instead of multiplying, so no product below can overflow. */
     const int64_t group = problem->group;
+    const int64_t wanted = kBackwardTasksPerThread * state->threads;
+    plan.dq_stripe_floats = mfa_cpu_dq_stripe_floats(&plan);
+    const int64_t affordable_stripes = kPackBudgetFloats / 2 / group / plan.dq_stripe_floats;
+    const int64_t most_stripes =
+        std::max<int64_t>(std::min({plan.k_blocks, wanted, affordable_stripes}), 1);
+    const int64_t per_query_head = plan.q_pack_floats + most_stripes * plan.dq_stripe_floats;
+    const int64_t left = kPackBudgetFloats - plan.kv_pack_floats;
     int64_t chunk = 1, members = group;
-    if (plan.kv_pack_floats + group * plan.q_pack_floats <= kPackBudgetFloats) {
-        chunk = chunk_kv_heads(problem, state->threads, group * plan.q_blocks + plan.k_blocks,
-                               plan.kv_pack_floats + group * plan.q_pack_floats);
+    if (left > 0 && per_query_head <= left / group) {
+        chunk = chunk_kv_heads(problem, state->threads, most_stripes,
+                               plan.kv_pack_floats + group * per_query_head);
     } else {
         /* One key/value head at a time, its query heads in as many passes as the budget needs
          * (large groups, MQA above all, would otherwise pack every query head at once). */
-        members = (kPackBudgetFloats - plan.kv_pack_floats) / plan.q_pack_floats;
+        members = left > 0 ? left / per_query_head : 1;
         members = std::min(std::max(members, int64_t(1)), group);
     }
-    float_buffer kv_packs, q_packs, kv_grads, workspace;
+    plan.stripes = std::min(most_stripes, std::max<int64_t>((wanted + chunk - 1) / chunk, 1));
+    plan.chunk_kv_heads = chunk;
+    plan.members = members;
+    plan.first_member = 0;
+    const int64_t most_tasks =
+        std::max({mfa_cpu_backward_pack_tasks(&plan), mfa_cpu_backward_tasks(&plan),
+                  mfa_cpu_backward_dq_tasks(&plan)});
+    float_buffer kv_packs, q_packs, kv_grads, dq_stripes;
+    workspace_slots workspace;
     status = kv_packs.allocate(plan.kv_pack_floats, chunk, "packed K and V");
     if (status == MFA_OK)
         status = q_packs.allocate(plan.q_pack_floats, chunk * members, "packed Q and dO");
     if (status == MFA_OK && members < group)
         status = kv_grads.allocate(plan.kv_grads_floats, chunk, "dK and dV between passes");
     if (status == MFA_OK)
-        status =
-            workspace.allocate(plan.workspace_slot_floats, state->pool.threads(), "backward tiles");
+        status = dq_stripes.allocate(plan.dq_stripe_floats, chunk * plan.stripes * members,
+                                     "dQ sums of the key stripes");
+    if (status == MFA_OK)
+        status = workspace.allocate(state, slot_floats, most_tasks, "backward tiles");
     if (status != MFA_OK) return status;
     plan.kv_packs = kv_packs.data();
     plan.q_packs = q_packs.data();
     plan.kv_grads = kv_grads.data();
-    plan.workspace = workspace.data();
+    plan.dq_stripes = dq_stripes.data();
 
     const int64_t kv_heads = problem->batch * problem->heads_kv;
     for (plan.first_kv_head = 0; plan.first_kv_head < kv_heads; plan.first_kv_head += chunk) {
         plan.chunk_kv_heads = std::min(chunk, kv_heads - plan.first_kv_head);
         for (plan.first_member = 0; plan.first_member < group; plan.first_member += members) {
             plan.members = std::min(members, group - plan.first_member);
-            run_pass(state, &plan, state->kernels->backward_pack,
+            run_pass(state, &plan, &workspace, state->kernels->backward_pack,
                      mfa_cpu_backward_pack_tasks(&plan));
-            run_pass(state, &plan, state->kernels->backward, mfa_cpu_backward_tasks(&plan));
+            run_pass(state, &plan, &workspace, state->kernels->backward,
+                     mfa_cpu_backward_tasks(&plan));
+            run_pass(state, &plan, &workspace, state->kernels->backward_dq,
+                     mfa_cpu_backward_dq_tasks(&plan));
         }
     }
     return MFA_OK;

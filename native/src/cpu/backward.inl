@@ -1,38 +1,59 @@
 /*
- * Backward pass (MFA's scheme). The pack pass converts the chunk's K and V, and Q and dO of their
- * query heads, into panels, along with lse in base 2 and row_dot = rowsum(dO * O) per query row.
- * Then blocks of query rows accumulate dQ and, independently, blocks of key rows accumulate dK
- * and dV over every query head of their group (over several passes, carrying f32 sums, when the
- * group's packs exceed the budget). Each output element has one owner: no atomics, no N x N
- * buffer.
+ * Backward pass. The pack pass converts the chunk's K and V, and Q and dO of their query heads,
+ * into panels, along with lse and delta = rowsum(dO * O) per query row. Then blocks of key rows
+ * accumulate dK and dV over every query head of their group (over several passes, carrying f32
+ * sums, when the group's packs exceed the budget) and, from the same dS, each block's share of
+ * dQ, which goes to f32 sums owned by the block's stripe; a last step adds the stripes' sums in
+ * order. Five products per pair of blocks rather than the seven of a separate dQ pass (the split
+ * the GPU kernels use to avoid float atomics), no atomics, and no N x N buffer: the stripes'
+ * sums are O(stripes x Nq) per head.
  *
- * With scores in base 2 (s = q.k * scale * log2 e): P = 2^(s - lse * log2 e),
- * dS = P * (dO.v - row_dot), dQ = scale * dS K, dK = scale * dS^T Q, dV = P^T dO.
+ * With unscaled dot products s = q.k: P = e^(s * scale - lse), dS = P * (dO.v - delta),
+ * dQ = scale * dS K, dK = scale * dS^T Q, dV = P^T dO.
  */
+#ifndef MFA_CPU_BACKWARD_INL
+#define MFA_CPU_BACKWARD_INL
+
+#include "cpu/forward.inl"
+#include "cpu/gemm.inl"
+#include "cpu/kernels.h"
+#include "cpu/mask.inl"
+#include "cpu/pack.inl"
+#include "cpu/plan.h"
+#include "cpu/simd.inl"
+
+#include <stdint.h>
+#include <string.h>
+
+namespace {
 
 static inline float* chunk_q_pack(const mfa_cpu_plan* plan, int64_t q_local) {
     return plan->q_packs + q_local * plan->q_pack_floats;
 }
 
-template <class Storage>
+template <class Storage, class Ops>
 static void pack_key_side(const mfa_cpu_plan* plan, int64_t task) {
     const mfa_problem* p = plan->problem;
     const int64_t blocks = mfa_cpu_pack_blocks(plan, p->seq_k);
     const kv_head_ref head = chunk_kv_head(plan, task / blocks);
     const int64_t j0 = task % blocks * plan->pack_rows;
     const int64_t count = min64(plan->pack_rows, p->seq_k - j0);
+    const int64_t row_panels = Ops::units(plan->seq_k_padded) * NR;
     mfa_cpu_kv_pack pack;
     mfa_cpu_kv_pack_carve(plan, 1, chunk_kv_pack(plan, task / blocks), &pack);
     const strided_rows k = rows_of(p->k, plan->elem_size, head.batch, head.head, j0);
-    pack_panels_transposed<Storage>(k, count, p->head_dim, 1.0f, pack.kt + j0 * p->head_dim);
-    pack_panels<Storage>(k, count, p->head_dim, 1.0f, pack.k + j0 * NR, plan->seq_k_padded * NR);
-    pack_panels_transposed<Storage>(rows_of(p->v, plan->elem_size, head.batch, head.head, j0),
-                                    count, p->head_dim_v, 1.0f, pack.vt + j0 * p->head_dim_v);
+    Ops::template pack_panels_transposed<Storage>(k, count, p->head_dim,
+                                                  pack.kt + j0 * Ops::units(p->head_dim));
+    Ops::template pack_panels<Storage>(k, count, p->head_dim, pack.k + Ops::units(j0) * NR,
+                                       row_panels);
+    Ops::template pack_panels_transposed<Storage>(
+        rows_of(p->v, plan->elem_size, head.batch, head.head, j0), count, p->head_dim_v,
+        pack.vt + j0 * Ops::units(p->head_dim_v));
 }
 
-/* A row that sees no key has lse -inf; +inf in its place makes its P = 2^(s - inf) = 0 whether
+/* A row that sees no key has lse -inf; +inf in its place makes its P = e^(s - inf) = 0 whether
  * its (masked) s is finite or -inf, so no special case reaches the products. */
-template <class Storage>
+template <class Storage, class Ops>
 static void pack_query_side(const mfa_cpu_plan* plan, int64_t task, float* slot) {
     const mfa_problem* p = plan->problem;
     const int64_t es = plan->elem_size;
@@ -44,14 +65,17 @@ static void pack_query_side(const mfa_cpu_plan* plan, int64_t task, float* slot)
     const int64_t i0 = task % blocks * plan->pack_rows;
     const int64_t count = min64(plan->pack_rows, p->seq_q - i0);
     const int64_t d = p->head_dim, dv = p->head_dim_v;
+    const int64_t row_panels = Ops::units(plan->seq_q_padded) * NR;
     mfa_cpu_q_pack pack;
     mfa_cpu_q_pack_carve(plan, chunk_q_pack(plan, q_local), &pack);
     const strided_rows q = rows_of(p->q, es, b, h, i0);
     const strided_rows dout = rows_of(p->dout, es, b, h, i0);
-    pack_panels_transposed<Storage>(q, count, d, plan->score_scale, pack.qt + i0 * d);
-    pack_panels<Storage>(q, count, d, 1.0f, pack.q + i0 * NR, plan->seq_q_padded * NR);
-    pack_panels_transposed<Storage>(dout, count, dv, 1.0f, pack.doutt + i0 * dv);
-    pack_panels<Storage>(dout, count, dv, 1.0f, pack.dout + i0 * NR, plan->seq_q_padded * NR);
+    Ops::template pack_panels_transposed<Storage>(q, count, d, pack.qt + i0 * Ops::units(d));
+    Ops::template pack_panels<Storage>(q, count, d, pack.q + Ops::units(i0) * NR, row_panels);
+    Ops::template pack_panels_transposed<Storage>(dout, count, dv,
+                                                  pack.doutt + i0 * Ops::units(dv));
+    Ops::template pack_panels<Storage>(dout, count, dv, pack.dout + Ops::units(i0) * NR,
+                                       row_panels);
 
     const strided_rows out = rows_of(p->out, es, b, h, i0);
     const strided_rows lse = rows_of(p->lse, sizeof(float), b, h, i0);
@@ -61,102 +85,57 @@ static void pack_query_side(const mfa_cpu_plan* plan, int64_t task, float* slot)
     for (int64_t r = 0; r < padded; ++r) {
         float dot = 0.0f, l = -__builtin_inff();
         if (r < count) {
-            load_row<Storage>(out.row(r), out.elem_step, dv, 1.0f, o, 1);
-            load_row<Storage>(dout.row(r), dout.elem_step, dv, 1.0f, dO, 1);
+            load_row<Storage>(out.row(r), out.elem_step, dv, o, 1);
+            load_row<Storage>(dout.row(r), dout.elem_step, dv, dO, 1);
             for (int64_t x = 0; x < dv; ++x) dot += o[x] * dO[x];
             l = f32_storage::load(lse.row(r));
         }
-        pack.row_dot[i0 + r] = dot;
-        pack.lse2[i0 + r] = l == -__builtin_inff() ? __builtin_inff() : l * mfa_cpu_log2e;
+        pack.delta[i0 + r] = dot;
+        pack.lse[i0 + r] = l == -__builtin_inff() ? __builtin_inff() : l;
     }
 }
 
-template <class Storage>
+template <class Storage, class Ops>
 static void backward_pack_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
     const int64_t key_tasks = mfa_cpu_backward_key_pack_tasks(plan);
     if (task < key_tasks)
-        pack_key_side<Storage>(plan, task);
+        pack_key_side<Storage, Ops>(plan, task);
     else
-        pack_query_side<Storage>(plan, task - key_tasks, slot);
+        pack_query_side<Storage, Ops>(plan, task - key_tasks, slot);
 }
 
-/* dS = P * (dP - row_dot) in place of P, where row_dot varies along rows (dQ) ... */
-static void softmax_grad_rows(float* s, const float* dp, int64_t rows, int64_t ld,
-                              const float* row_dot) {
-    for (int64_t r = 0; r < rows; ++r) {
-        const vf dot = vsplat(row_dot[r]);
-        for (int64_t c = 0; c < ld; c += W)
-            vstore(s + r * ld + c, vload(s + r * ld + c) * (vload(dp + r * ld + c) - dot));
-    }
-}
-
-/* ... or along columns (dK/dV, where the tile is transposed). */
+/* dS^T = P^T * (dP^T - delta) in place of P^T; delta varies along the columns (queries). */
 static void softmax_grad_cols(float* s, const float* dp, int64_t rows, int64_t ld,
-                              const float* col_dot) {
+                              const float* delta) {
     for (int64_t r = 0; r < rows; ++r)
         for (int64_t c = 0; c < ld; c += W)
             vstore(s + r * ld + c,
-                   vload(s + r * ld + c) * (vload(dp + r * ld + c) - vload(col_dot + c)));
+                   vload(s + r * ld + c) * (vload(dp + r * ld + c) - vload(delta + c)));
 }
 
-template <class Storage>
-static void query_grad_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
+/* One block of key rows [j0, j0 + rows): dK and dV over every query head of the pass and every
+ * visible query block, and each block's dQ contribution (dS K) added into the stripe's sums. Five
+ * products per pair of blocks: S^T, dV += P^T dO, dP^T, dK += dS^T Q, dQ += dS K. */
+template <class Storage, class Ops>
+static void key_block_grads(const mfa_cpu_plan* plan, int64_t g_local, int64_t stripe, int64_t j0,
+                            const mfa_cpu_backward_tiles& t) {
     const mfa_problem* p = plan->problem;
     const int64_t es = plan->elem_size;
-    const int64_t q_local = task / plan->q_blocks;
-    const int64_t g_local = q_local / plan->members;
     const kv_head_ref kv = chunk_kv_head(plan, g_local);
     const int64_t b = kv.batch;
-    const int64_t h = kv.head * p->group + plan->first_member + q_local % plan->members;
-    const int64_t qb = plan->q_blocks - 1 - task % plan->q_blocks; /* longest first (causal) */
-    const int64_t i0 = qb * plan->block_q;
-    const int64_t rows = min64(plan->block_q, p->seq_q - i0);
-    const int64_t d = p->head_dim, dv = p->head_dim_v;
-    const int64_t d_pad = mfa_cpu_round_up(d, NR);
-
-    mfa_cpu_kv_pack kv_pack;
-    mfa_cpu_kv_pack_carve(plan, 1, chunk_kv_pack(plan, g_local), &kv_pack);
-    mfa_cpu_q_pack q_pack;
-    mfa_cpu_q_pack_carve(plan, chunk_q_pack(plan, q_local), &q_pack);
-    const float* lse2 = q_pack.lse2 + i0;
-    mfa_cpu_backward_tiles t;
-    mfa_cpu_backward_tiles_carve(plan, slot, &t);
-    pack_rows<Storage>(rows_of(p->q, es, b, h, i0), rows, d, plan->score_scale, t.rows, d);
-    pack_rows<Storage>(rows_of(p->dout, es, b, h, i0), rows, dv, 1.0f, t.rows_out_grad, dv);
-    for (int64_t i = 0; i < rows * d_pad; ++i) t.acc[i] = 0.0f;
-
-    const int64_t key_hi = mfa_cpu_key_end(plan, i0 + rows - 1);
-    for (int64_t j0 = panel_floor(mfa_cpu_key_begin(plan, i0)); j0 < key_hi; j0 += plan->block_k) {
-        const int64_t n = min64(plan->block_k, key_hi - j0);
-        const int64_t n_pad = mfa_cpu_round_up(n, NR);
-        gemm_packed(rows, n, d, t.rows, d, kv_pack.kt + j0 * d, d * NR, t.s, n_pad, false);
-        mask_query_rows(plan, i0, rows, j0, n, t.s, n_pad);
-        for (int64_t r = 0; r < rows; ++r) exp2_shifted_sum(t.s + r * n_pad, n_pad, lse2[r]);
-        gemm_packed(rows, n, dv, t.rows_out_grad, dv, kv_pack.vt + j0 * dv, dv * NR, t.dp, n_pad,
-                    false);
-        softmax_grad_rows(t.s, t.dp, rows, n_pad, q_pack.row_dot + i0);
-        gemm_packed(rows, d, n, t.s, n_pad, kv_pack.k + j0 * NR, plan->seq_k_padded * NR, t.acc,
-                    d_pad, true);
-    }
-    store_rows<Storage>(rows_of(p->dq, es, b, h, i0), rows, d, t.acc, d_pad, p->scale);
-}
-
-template <class Storage>
-static void key_value_grad_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
-    const mfa_problem* p = plan->problem;
-    const int64_t es = plan->elem_size;
-    const int64_t g_local = task / plan->k_blocks;
-    const kv_head_ref kv = chunk_kv_head(plan, g_local);
-    const int64_t b = kv.batch;
-    const int64_t j0 = task % plan->k_blocks * plan->block_k;
     const int64_t rows = min64(plan->block_k, p->seq_k - j0);
     const int64_t d = p->head_dim, dv = p->head_dim_v;
     const int64_t d_pad = mfa_cpu_round_up(d, NR), dv_pad = mfa_cpu_round_up(dv, NR);
+    const int64_t du = Ops::units(d), dvu = Ops::units(dv);
+    const int64_t row_panels = Ops::units(plan->seq_q_padded) * NR;
 
-    mfa_cpu_backward_tiles t;
-    mfa_cpu_backward_tiles_carve(plan, slot, &t);
-    pack_rows<Storage>(rows_of(p->k, es, b, kv.head, j0), rows, d, 1.0f, t.rows, d);
-    pack_rows<Storage>(rows_of(p->v, es, b, kv.head, j0), rows, dv, 1.0f, t.rows_out_grad, dv);
+    mfa_cpu_kv_pack kv_pack;
+    mfa_cpu_kv_pack_carve(plan, 1, chunk_kv_pack(plan, g_local), &kv_pack);
+    const float* keys = kv_pack.k + Ops::units(j0) * NR;
+    const int64_t key_panels = Ops::units(plan->seq_k_padded) * NR;
+    Ops::template pack_rows<Storage>(rows_of(p->k, es, b, kv.head, j0), rows, d, t.rows, du);
+    Ops::template pack_rows<Storage>(rows_of(p->v, es, b, kv.head, j0), rows, dv, t.rows_out_grad,
+                                     dvu);
     mfa_cpu_kv_grads carried = {0, 0};
     if (plan->kv_grads) {
         mfa_cpu_kv_grads_carve(plan, plan->kv_grads + g_local * plan->kv_grads_floats, &carried);
@@ -171,23 +150,27 @@ static void key_value_grad_task(const mfa_cpu_plan* plan, int64_t task, float* s
     for (int64_t member = 0; member < plan->members; ++member) {
         mfa_cpu_q_pack q_pack;
         mfa_cpu_q_pack_carve(plan, chunk_q_pack(plan, g_local * plan->members + member), &q_pack);
+        float* dq = mfa_cpu_dq_stripe(plan, g_local, stripe, member);
         for (int64_t i0 = panel_floor(mfa_cpu_query_begin(plan, j0)); i0 < query_hi;
              i0 += plan->block_q) {
             const int64_t n = min64(plan->block_q, query_hi - i0);
             const int64_t n_pad = mfa_cpu_round_up(n, NR);
-            gemm_packed(rows, n, d, t.rows, d, q_pack.qt + i0 * d, d * NR, t.s, n_pad, false);
-            mask_key_rows(plan, j0, rows, i0, n, t.s, n_pad);
+            Ops::gemm(rows, n, du, t.rows, du, q_pack.qt + i0 * du, du * NR, t.s, n_pad, false);
             for (int64_t r = 0; r < rows; ++r)
-                for (int64_t c = 0; c < n_pad; c += W)
-                    vstore(t.s + r * n_pad + c,
-                           vexp2(vload(t.s + r * n_pad + c) - vload(q_pack.lse2 + i0 + c)));
-            gemm_packed(rows, dv, n, t.s, n_pad, q_pack.dout + i0 * NR, plan->seq_q_padded * NR,
-                        t.acc_v, dv_pad, true);
-            gemm_packed(rows, n, dv, t.rows_out_grad, dv, q_pack.doutt + i0 * dv, dv * NR, t.dp,
-                        n_pad, false);
-            softmax_grad_cols(t.s, t.dp, rows, n_pad, q_pack.row_dot + i0);
-            gemm_packed(rows, d, n, t.s, n_pad, q_pack.q + i0 * NR, plan->seq_q_padded * NR, t.acc,
-                        d_pad, true);
+                probabilities_cols(t.s + r * n_pad, n_pad, p->scale, q_pack.lse + i0,
+                                   queries_of_key(plan, j0 + r, i0, n));
+            const float* probabilities = Ops::operand(t.s, rows, n_pad, t.operand);
+            Ops::gemm(rows, dv, Ops::units(n), probabilities, Ops::units(n_pad),
+                      q_pack.dout + Ops::units(i0) * NR, row_panels, t.acc_v, dv_pad, true);
+            Ops::gemm(rows, n, dvu, t.rows_out_grad, dvu, q_pack.doutt + i0 * dvu, dvu * NR, t.dp,
+                      n_pad, false);
+            softmax_grad_cols(t.s, t.dp, rows, n_pad, q_pack.delta + i0);
+            const float* ds = Ops::operand(t.s, rows, n_pad, t.operand);
+            Ops::gemm(rows, d, Ops::units(n), ds, Ops::units(n_pad), q_pack.q + Ops::units(i0) * NR,
+                      row_panels, t.acc, d_pad, true);
+            const float* ds_t = Ops::operand_at(t.s, rows, n_pad, t.operand);
+            Ops::gemm_at(n, d, Ops::units(rows), ds_t, n_pad, keys, key_panels, dq + i0 * d_pad,
+                         d_pad);
         }
     }
     if (plan->first_member + plan->members < p->group) {
@@ -199,11 +182,43 @@ static void key_value_grad_task(const mfa_cpu_plan* plan, int64_t task, float* s
     store_rows<Storage>(rows_of(p->dv, es, b, kv.head, j0), rows, dv, t.acc_v, dv_pad, 1.0f);
 }
 
-template <class Storage>
+/* Stripe s of a key/value head: key blocks s, s + stripes, ... (round-robin, so that under a
+ * causal mask every stripe gets long and short blocks alike), into its own dQ sums. */
+template <class Storage, class Ops>
 static void backward_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
-    const int64_t query_tasks = mfa_cpu_backward_query_tasks(plan);
-    if (task < query_tasks)
-        query_grad_task<Storage>(plan, task, slot);
-    else
-        key_value_grad_task<Storage>(plan, task - query_tasks, slot);
+    const int64_t g_local = task / plan->stripes, stripe = task % plan->stripes;
+    mfa_cpu_backward_tiles t;
+    mfa_cpu_backward_tiles_carve(plan, slot, &t);
+    for (int64_t member = 0; member < plan->members; ++member) {
+        float* dq = mfa_cpu_dq_stripe(plan, g_local, stripe, member);
+        for (int64_t i = 0; i < plan->dq_stripe_floats; ++i) dq[i] = 0.0f;
+    }
+    for (int64_t kb = stripe; kb < plan->k_blocks; kb += plan->stripes)
+        key_block_grads<Storage, Ops>(plan, g_local, stripe, kb * plan->block_k, t);
 }
+
+/* dQ of one block of query rows: scale times the stripes' sums, added in stripe order. */
+template <class Storage>
+static void backward_dq_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
+    const mfa_problem* p = plan->problem;
+    const int64_t q_local = task / plan->q_blocks;
+    const int64_t g_local = q_local / plan->members, member = q_local % plan->members;
+    const kv_head_ref kv = chunk_kv_head(plan, g_local);
+    const int64_t h = kv.head * p->group + plan->first_member + member;
+    const int64_t i0 = task % plan->q_blocks * plan->block_q;
+    const int64_t rows = min64(plan->block_q, p->seq_q - i0);
+    const int64_t d_pad = mfa_cpu_round_up(p->head_dim, NR);
+    float* sum = slot;
+    for (int64_t i = 0; i < rows * d_pad; ++i) sum[i] = 0.0f;
+    for (int64_t stripe = 0; stripe < plan->stripes; ++stripe) {
+        const float* part = mfa_cpu_dq_stripe(plan, g_local, stripe, member) + i0 * d_pad;
+        for (int64_t i = 0; i < rows * d_pad; i += W)
+            vstore(sum + i, vload(sum + i) + vload(part + i));
+    }
+    store_rows<Storage>(rows_of(p->dq, plan->elem_size, kv.batch, h, i0), rows, p->head_dim, sum,
+                        d_pad, p->scale);
+}
+
+} // namespace
+
+#endif /* MFA_CPU_BACKWARD_INL */

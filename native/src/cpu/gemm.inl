@@ -1,6 +1,6 @@
 /*
  * The one place where inner products happen: C (+)= A * B for small tiles, with A row-major and
- * B packed as panels of NR floats (NR = NV vectors) per reduction step. Every product of the
+ * B packed as panels of NR units (NR = NV vectors) per reduction step. Every product of the
  * forward and backward passes (S = Q K^T, O += P V, dP = dO V^T, dQ += dS K, and their key-side
  * mirrors) is this shape once its B operand is packed.
  *
@@ -8,10 +8,25 @@
  * runs; per step it loads NV vectors of B and broadcasts MR scalars of A. MR * NV accumulators
  * hide the FMA latency (4 cycles x 2 pipes needs >= 8 independent chains) and, with the NV + 1
  * operands, must fit the register file: MR comes from the ISA build (MFA_CPU_ROWS).
+ *
+ * Operands come in one of two forms, each a policy the passes are written against: f32_operands
+ * (one f32 per 32-bit unit, FMAs) here, and, in builds with a bf16 dot-product instruction,
+ * bf16_pair_operands (gemm_bf16.inl).
  */
+#ifndef MFA_CPU_GEMM_INL
+#define MFA_CPU_GEMM_INL
 
-static const int NV = 2;
-static const int64_t NR = NV * W;
+#ifndef MFA_CPU_ROWS
+#error "gemm.inl is compiled through a kernels_<isa>.cpp that defines MFA_CPU_ROWS"
+#endif
+
+#include "cpu/pack.inl"
+#include "cpu/simd.inl"
+
+#include <stdint.h>
+
+namespace {
+
 static const int MR = MFA_CPU_ROWS;
 
 template <int ROWS>
@@ -68,3 +83,100 @@ static void gemm_packed(int64_t m, int64_t cols, int64_t depth, const float* a, 
                                 accumulate);
     }
 }
+
+/* The same product with A stored transposed: A(r, k) at a[k * a_stride + r] (the backward's
+ * dQ += dS K reads the key-major dS^T tile this way, so it needs no transposition). */
+template <int ROWS>
+static inline void micro_tile_at(int64_t depth, const float* a, int64_t a_stride, const float* b,
+                                 float* c, int64_t ldc) {
+    vf acc[ROWS][NV];
+#pragma GCC unroll 16
+    for (int r = 0; r < ROWS; ++r)
+        for (int v = 0; v < NV; ++v) acc[r][v] = vsplat(0.0f);
+    for (int64_t k = 0; k < depth; ++k) {
+        vf bk[NV];
+        for (int v = 0; v < NV; ++v) bk[v] = vload(b + k * NR + v * W);
+        const float* ak = a + k * a_stride;
+#pragma GCC unroll 16
+        for (int r = 0; r < ROWS; ++r) {
+            const vf ar = vsplat(ak[r]);
+            for (int v = 0; v < NV; ++v) acc[r][v] += ar * bk[v];
+        }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < ROWS; ++r)
+        for (int v = 0; v < NV; ++v) {
+            float* cv = c + r * ldc + v * W;
+            vstore(cv, acc[r][v] + vload(cv));
+        }
+}
+
+template <int ROWS>
+static inline void micro_tile_at_rows(int rows, int64_t depth, const float* a, int64_t a_stride,
+                                      const float* b, float* c, int64_t ldc) {
+    if (rows == ROWS)
+        micro_tile_at<ROWS>(depth, a, a_stride, b, c, ldc);
+    else
+        micro_tile_at_rows<ROWS - 1>(rows, depth, a, a_stride, b, c, ldc);
+}
+
+template <>
+inline void micro_tile_at_rows<0>(int, int64_t, const float*, int64_t, const float*, float*,
+                                  int64_t) {}
+
+/* C[m x cols] += A B with A(r, k) = a[k * a_stride + r]; otherwise as gemm_packed. */
+static void gemm_packed_at(int64_t m, int64_t cols, int64_t depth, const float* a, int64_t a_stride,
+                           const float* b, int64_t panel_stride, float* c, int64_t ldc) {
+    const int64_t panels = (cols + NR - 1) / NR;
+    for (int64_t p = 0; p < panels; ++p) {
+        const float* bp = b + p * panel_stride;
+        float* cp = c + p * NR;
+        int64_t r = 0;
+        for (; r + MR <= m; r += MR)
+            micro_tile_at<MR>(depth, a + r, a_stride, bp, cp + r * ldc, ldc);
+        micro_tile_at_rows<MR - 1>((int)(m - r), depth, a + r, a_stride, bp, cp + r * ldc, ldc);
+    }
+}
+
+/* f32 operands: every value its own unit, converted once when packed. */
+struct f32_operands {
+    static int64_t units(int64_t depth) { return depth; }
+
+    template <class Storage>
+    static void pack_rows(const strided_rows& src, int64_t count, int64_t width, float* dst,
+                          int64_t ld) {
+        pack_f32_rows<Storage>(src, count, width, dst, ld);
+    }
+    template <class Storage>
+    static void pack_panels(const strided_rows& src, int64_t count, int64_t width, float* dst,
+                            int64_t panel_stride) {
+        pack_f32_panels<Storage>(src, count, width, dst, panel_stride);
+    }
+    template <class Storage>
+    static void pack_panels_transposed(const strided_rows& src, int64_t count, int64_t depth,
+                                       float* dst) {
+        pack_f32_panels_transposed<Storage>(src, count, depth, dst);
+    }
+
+    /* The A operand of a product from f32 rows (P, dS): those rows themselves. */
+    static const float* operand(const float* rows, int64_t, int64_t, float*) { return rows; }
+
+    /* The transposed A operand of gemm_at from `count` f32 rows of ld values (dS^T): A(r, k)
+     * is row k's value r, at k * ld + r in units. */
+    static const float* operand_at(const float* rows, int64_t, int64_t, float*) { return rows; }
+
+    /* depth and lda in units, as everywhere in the policies. */
+    static void gemm(int64_t m, int64_t cols, int64_t depth, const float* a, int64_t lda,
+                     const float* b, int64_t panel_stride, float* c, int64_t ldc, bool accumulate) {
+        gemm_packed(m, cols, depth, a, lda, b, panel_stride, c, ldc, accumulate);
+    }
+
+    static void gemm_at(int64_t m, int64_t cols, int64_t depth, const float* a, int64_t a_stride,
+                        const float* b, int64_t panel_stride, float* c, int64_t ldc) {
+        gemm_packed_at(m, cols, depth, a, a_stride, b, panel_stride, c, ldc);
+    }
+};
+
+} // namespace
+
+#endif /* MFA_CPU_GEMM_INL */

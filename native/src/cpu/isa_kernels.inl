@@ -2,27 +2,29 @@
  * One instruction-set build of every CPU attention kernel. A kernels_<isa>.cpp file defines
  *   MFA_CPU_VECTOR_BYTES   vector register width in bytes,
  *   MFA_CPU_ROWS           micro-kernel rows (MR), sized to the register file,
+ *   MFA_CPU_BF16_DOT       1 where bf16 products run on a dot-product instruction (optional),
  *   MFA_CPU_ISA_NAME       the name device_name reports,
  *   MFA_CPU_KERNELS_GETTER the extern "C" function returning the table,
- * and includes this file. Everything else is in an anonymous namespace: the same templates are
- * compiled once per ISA, and internal linkage guarantees no AVX-512 instance is shared with a
- * build meant for older CPUs. For the same reason nothing here instantiates std:: templates.
+ * and includes this file. Each kernel .inl includes what it uses and keeps its code in the
+ * anonymous namespace: the same templates are compiled once per ISA, and internal linkage
+ * guarantees no AVX-512 instance is shared with a build meant for older CPUs. For the same
+ * reason nothing here instantiates std:: templates.
  */
-#include "cpu/convert.h"
+#include "cpu/backward.inl"
+#include "cpu/decode.inl"
+#include "cpu/forward.inl"
 #include "cpu/kernels.h"
-
-#include <math.h>
-#include <stdint.h>
-#include <string.h>
+#if MFA_CPU_BF16_DOT
+#include "cpu/gemm_bf16.inl"
+#endif
 
 namespace {
 
-#include "cpu/simd.inl"
-#include "cpu/gemm.inl"
-#include "cpu/pack.inl"
-#include "cpu/mask.inl"
-#include "cpu/forward.inl"
-#include "cpu/backward.inl"
+#if MFA_CPU_BF16_DOT
+typedef bf16_pair_operands bf16_operands;
+#else
+typedef f32_operands bf16_operands;
+#endif
 
 /* One entry point per pass for all dtypes: the dtype is resolved per task, not per element. */
 template <mfa_cpu_task F32, mfa_cpu_task F16, mfa_cpu_task BF16>
@@ -37,12 +39,22 @@ static void for_dtype(const mfa_cpu_plan* plan, int64_t task, float* slot) {
 const mfa_cpu_kernels kernels = {
     MFA_CPU_ISA_NAME,
     NR,
-    for_dtype<forward_pack_task<f32_storage>, forward_pack_task<f16_storage>,
-              forward_pack_task<bf16_storage>>,
-    for_dtype<forward_task<f32_storage>, forward_task<f16_storage>, forward_task<bf16_storage>>,
-    for_dtype<backward_pack_task<f32_storage>, backward_pack_task<f16_storage>,
-              backward_pack_task<bf16_storage>>,
-    for_dtype<backward_task<f32_storage>, backward_task<f16_storage>, backward_task<bf16_storage>>,
+    MFA_CPU_BF16_DOT,
+    for_dtype<forward_pack_task<f32_storage, f32_operands>,
+              forward_pack_task<f16_storage, f32_operands>,
+              forward_pack_task<bf16_storage, bf16_operands>>,
+    for_dtype<forward_task<f32_storage, f32_operands>, forward_task<f16_storage, f32_operands>,
+              forward_task<bf16_storage, bf16_operands>>,
+    for_dtype<backward_pack_task<f32_storage, f32_operands>,
+              backward_pack_task<f16_storage, f32_operands>,
+              backward_pack_task<bf16_storage, bf16_operands>>,
+    for_dtype<backward_task<f32_storage, f32_operands>, backward_task<f16_storage, f32_operands>,
+              backward_task<bf16_storage, bf16_operands>>,
+    for_dtype<backward_dq_task<f32_storage>, backward_dq_task<f16_storage>,
+              backward_dq_task<bf16_storage>>,
+    for_dtype<decode_task<f32_storage>, decode_task<f16_storage>, decode_task<bf16_storage>>,
+    for_dtype<decode_merge_task<f32_storage>, decode_merge_task<f16_storage>,
+              decode_merge_task<bf16_storage>>,
 };
 
 } // namespace

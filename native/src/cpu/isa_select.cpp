@@ -17,14 +17,20 @@
  *
  * Selection happens once per context, here, with cpuid (__builtin_cpu_supports, which also checks
  * that the OS saves the wide registers). No code compiled with AVX flags runs unless this says so,
- * so the library loads and runs on any x86-64. MFA_CPU_ISA in the environment pins one build
- * ("avx512", "avx2" or "portable") so tests can cover every compiled path; asking for one the CPU
- * lacks is an error, never a silent substitution.
+ * so the library loads and runs on any x86-64; on arm64 the kernel's hardware capabilities
+ * (HWCAP2, or sysctl on macOS) say whether BF16 is there. MFA_CPU_ISA in the environment pins one
+ * build ("avx512bf16", "avx512", "avx2", "neonbf16" or "portable") so tests can cover every
+ * compiled path; asking for one the CPU lacks is an error, never a silent substitution.
  */
 #include "cpu/isa_select.h"
 
 #include <stdlib.h>
 #include <string.h>
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#elif defined(__aarch64__) && defined(__APPLE__)
+#include <sys/sysctl.h>
+#endif
 
 namespace {
 
@@ -44,17 +50,40 @@ bool has_avx512(void) {
            __builtin_cpu_supports("fma");
 }
 
+bool has_avx512_bf16(void) {
+    __builtin_cpu_init();
+    return has_avx512() && __builtin_cpu_supports("avx512bf16");
+}
+
 bool has_avx2(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 #endif
 
+#if defined(__aarch64__)
+/* ARMv8.6 BF16 (bfdot), as the kernel reports it. */
+bool has_neon_bf16(void) {
+#if defined(__linux__)
+    return (getauxval(AT_HWCAP2) & (1ul << 14)) != 0; /* HWCAP2_BF16 */
+#elif defined(__APPLE__)
+    int present = 0;
+    size_t size = sizeof present;
+    return sysctlbyname("hw.optional.arm.FEAT_BF16", &present, &size, NULL, 0) == 0 && present;
+#else
+    return false;
+#endif
+}
+#endif
+
 /* Fastest first. */
 const isa_choice choices[] = {
 #if defined(__x86_64__)
+    {"avx512bf16", mfa_cpu_kernels_avx512_bf16, has_avx512_bf16},
     {"avx512", mfa_cpu_kernels_avx512, has_avx512},
     {"avx2", mfa_cpu_kernels_avx2, has_avx2},
+#elif defined(__aarch64__)
+    {"neonbf16", mfa_cpu_kernels_neon_bf16, has_neon_bf16},
 #endif
     {"portable", mfa_cpu_kernels_portable, always},
 };
@@ -78,7 +107,9 @@ mfa_status mfa_cpu_select_kernels(const mfa_cpu_kernels** kernels) {
                              "(%s%s)",
                              pinned,
 #if defined(__x86_64__)
-                             "avx512, avx2, ",
+                             "avx512bf16, avx512, avx2, ",
+#elif defined(__aarch64__)
+                             "neonbf16, ",
 #else
                              "",
 #endif

@@ -15,13 +15,17 @@ extern "C" {
 typedef void (*mfa_cpu_task)(const mfa_cpu_plan* plan, int64_t task, float* slot);
 
 typedef struct mfa_cpu_kernels {
-    const char* isa_name;       /* "AVX-512", "AVX2", "NEON", "SSE2", "portable" */
-    int64_t panel_width;        /* floats per packed panel: the micro-kernel's register width */
-    mfa_cpu_task forward_pack;  /* K and V of the chunk's key/value heads */
-    mfa_cpu_task forward;       /* blocks of query rows: O and, if requested, lse */
-    mfa_cpu_task backward_pack; /* K, V of the key/value heads; Q, dO, lse, rowsum(dO * O)
-                                      of the pass's query heads */
-    mfa_cpu_task backward;      /* blocks of query rows (dQ), then blocks of key rows (dK, dV) */
+    const char* isa_name;      /* "AVX-512 + BF16", "AVX-512", "AVX2", "NEON", "SSE2", "portable" */
+    int64_t panel_width;       /* units per packed panel: the micro-kernel's register width */
+    int bf16_pairs;            /* bf16 problems run on bf16 operand pairs (plan.h operand_pairs) */
+    mfa_cpu_task forward_pack; /* K and V of the chunk's key/value heads */
+    mfa_cpu_task forward;      /* blocks of query rows: O and, if requested, lse */
+    mfa_cpu_task backward_pack; /* K, V of the key/value heads; Q, dO, lse, delta =
+                                   rowsum(dO * O) of the pass's query heads */
+    mfa_cpu_task backward;      /* stripes of key blocks: dK, dV, and dQ into the stripe's sums */
+    mfa_cpu_task backward_dq;   /* blocks of query rows: the stripes' dQ sums, scaled, stored */
+    mfa_cpu_task decode;        /* one key range of one key/value head, all its query rows */
+    mfa_cpu_task decode_merge;  /* one key/value head's key ranges merged into out and lse */
 } mfa_cpu_kernels;
 
 static inline int64_t mfa_cpu_pack_blocks(const mfa_cpu_plan* plan, int64_t seq) {
@@ -48,18 +52,30 @@ static inline int64_t mfa_cpu_backward_pack_tasks(const mfa_cpu_plan* plan) {
            plan->chunk_kv_heads * plan->members * mfa_cpu_pack_blocks(plan, plan->problem->seq_q);
 }
 
-static inline int64_t mfa_cpu_backward_query_tasks(const mfa_cpu_plan* plan) {
+static inline int64_t mfa_cpu_backward_tasks(const mfa_cpu_plan* plan) {
+    return plan->chunk_kv_heads * plan->stripes;
+}
+
+static inline int64_t mfa_cpu_backward_dq_tasks(const mfa_cpu_plan* plan) {
     return plan->chunk_kv_heads * plan->members * plan->q_blocks;
 }
 
-static inline int64_t mfa_cpu_backward_tasks(const mfa_cpu_plan* plan) {
-    return mfa_cpu_backward_query_tasks(plan) + plan->chunk_kv_heads * plan->k_blocks;
+/* Decoding runs every key/value head in one chunk. */
+static inline int64_t mfa_cpu_decode_tasks(const mfa_cpu_plan* plan) {
+    return plan->chunk_kv_heads * plan->key_splits;
+}
+
+static inline int64_t mfa_cpu_decode_merge_tasks(const mfa_cpu_plan* plan) {
+    return plan->key_splits > 1 ? plan->chunk_kv_heads : 0;
 }
 
 const mfa_cpu_kernels* mfa_cpu_kernels_portable(void);
 #if defined(__x86_64__)
 const mfa_cpu_kernels* mfa_cpu_kernels_avx2(void);
 const mfa_cpu_kernels* mfa_cpu_kernels_avx512(void);
+const mfa_cpu_kernels* mfa_cpu_kernels_avx512_bf16(void);
+#elif defined(__aarch64__)
+const mfa_cpu_kernels* mfa_cpu_kernels_neon_bf16(void);
 #endif
 
 #ifdef __cplusplus

@@ -11,6 +11,7 @@
 #define MFA_CPU_ROWS     6
 #define MFA_CPU_ISA_NAME "portable"
 #endif
+#define MFA_CPU_BF16_DOT       0
 #define MFA_CPU_VECTOR_BYTES   16
 #define MFA_CPU_KERNELS_GETTER mfa_cpu_kernels_portable
 #include "cpu/isa_kernels.inl"

@@ -1,8 +1,24 @@
 /*
  * Moving tiles between the caller's strided tensors (any dtype, any signed strides) and the
- * contiguous f32 tiles the micro-kernel reads. Conversion to f32 happens here, once per tile.
- * Each loop has a unit-stride twin so the compiler vectorizes the common dense layout.
+ * contiguous f32 tiles the micro-kernels read. Conversion to f32 happens here, once per tile
+ * (gemm_bf16.inl packs bf16 pairs instead). Each loop has a unit-stride twin so the compiler
+ * vectorizes the common dense layout.
  */
+#ifndef MFA_CPU_PACK_INL
+#define MFA_CPU_PACK_INL
+
+#include "core/backend.h"
+#include "cpu/convert.h"
+#include "cpu/simd.inl"
+
+#include <stdint.h>
+#include <string.h>
+
+namespace {
+
+/* A packed panel is NV vectors wide: the micro-kernel's B operand (gemm.inl). */
+static const int NV = 2;
+static const int64_t NR = NV * W;
 
 struct f32_storage {
     enum { size = 4 };
@@ -58,24 +74,23 @@ static inline strided_rows rows_of(const mfa_view& view, int64_t elem_size, int6
     return rows;
 }
 
-/* dst[d * dst_step] = row[d] * mul for d < count. */
+/* dst[d * dst_step] = row[d] for d < count. */
 template <class Storage>
-static inline void load_row(const char* row, int64_t elem_step, int64_t count, float mul,
-                            float* dst, int64_t dst_step) {
+static inline void load_row(const char* row, int64_t elem_step, int64_t count, float* dst,
+                            int64_t dst_step) {
     if (elem_step == Storage::size && dst_step == 1) {
-        for (int64_t d = 0; d < count; ++d) dst[d] = Storage::load(row + Storage::size * d) * mul;
+        for (int64_t d = 0; d < count; ++d) dst[d] = Storage::load(row + Storage::size * d);
     } else {
-        for (int64_t d = 0; d < count; ++d)
-            dst[d * dst_step] = Storage::load(row + elem_step * d) * mul;
+        for (int64_t d = 0; d < count; ++d) dst[d * dst_step] = Storage::load(row + elem_step * d);
     }
 }
 
 /* A operand: dst[r * ld + d] for r < count, d < width, zero-padded to ld. */
 template <class Storage>
-static void pack_rows(const strided_rows& src, int64_t count, int64_t width, float mul, float* dst,
-                      int64_t ld) {
+static void pack_f32_rows(const strided_rows& src, int64_t count, int64_t width, float* dst,
+                          int64_t ld) {
     for (int64_t r = 0; r < count; ++r) {
-        load_row<Storage>(src.row(r), src.elem_step, width, mul, dst + r * ld, 1);
+        load_row<Storage>(src.row(r), src.elem_step, width, dst + r * ld, 1);
         for (int64_t d = width; d < ld; ++d) dst[r * ld + d] = 0.0f;
     }
 }
@@ -83,8 +98,8 @@ static void pack_rows(const strided_rows& src, int64_t count, int64_t width, flo
 /* Rows [0, count) of src as row panels (plan.h): panel p of row r at dst + p * panel_stride +
  * r * NR, zero past width and, up to the next multiple of NR, past count. */
 template <class Storage>
-static void pack_panels(const strided_rows& src, int64_t count, int64_t width, float mul,
-                        float* dst, int64_t panel_stride) {
+static void pack_f32_panels(const strided_rows& src, int64_t count, int64_t width, float* dst,
+                            int64_t panel_stride) {
     const int64_t panels = (width + NR - 1) / NR;
     const int64_t padded = (count + NR - 1) / NR * NR;
     for (int64_t p = 0; p < panels; ++p) {
@@ -94,7 +109,7 @@ static void pack_panels(const strided_rows& src, int64_t count, int64_t width, f
         for (int64_t r = 0; r < padded; ++r) {
             const int64_t filled = r < count ? n : 0;
             if (filled)
-                load_row<Storage>(src.row(r) + d0 * src.elem_step, src.elem_step, filled, mul,
+                load_row<Storage>(src.row(r) + d0 * src.elem_step, src.elem_step, filled,
                                   panel + r * NR, 1);
             for (int64_t x = filled; x < NR; ++x) panel[r * NR + x] = 0.0f;
         }
@@ -104,13 +119,13 @@ static void pack_panels(const strided_rows& src, int64_t count, int64_t width, f
 /* Rows [0, count) of src as transposed panels (plan.h) of the given depth starting at dst, zero
  * past count up to the next multiple of NR. */
 template <class Storage>
-static void pack_panels_transposed(const strided_rows& src, int64_t count, int64_t depth, float mul,
-                                   float* dst) {
+static void pack_f32_panels_transposed(const strided_rows& src, int64_t count, int64_t depth,
+                                       float* dst) {
     const int64_t padded = (count + NR - 1) / NR * NR;
     for (int64_t r = 0; r < padded; ++r) {
         float* column = dst + (r / NR) * depth * NR + r % NR;
         if (r < count) {
-            load_row<Storage>(src.row(r), src.elem_step, depth, mul, column, NR);
+            load_row<Storage>(src.row(r), src.elem_step, depth, column, NR);
         } else {
             for (int64_t d = 0; d < depth; ++d) column[d * NR] = 0.0f;
         }
@@ -131,3 +146,7 @@ static void store_rows(const strided_rows& dst, int64_t count, int64_t width, co
         }
     }
 }
+
+} // namespace
+
+#endif /* MFA_CPU_PACK_INL */

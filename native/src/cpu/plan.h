@@ -1,12 +1,13 @@
 /*
  * What the portable driver hands the per-ISA kernels for one call: the validated problem, block
- * sizes, the visibility window, the packed operands of the heads being worked on, and one
- * workspace slot per participating thread.
+ * sizes, the visibility window and the packed operands of the heads being worked on. Each task
+ * also gets a workspace slot of its own (the tiles below) as an argument.
  *
  * A call runs head chunk by head chunk. For each chunk a pack pass converts that chunk's operands
- * to f32 once, in the panel layouts the micro-kernel reads (below); then a compute pass runs the
- * tiles, every task reading the shared packs. Packing per tile instead would redo the conversion
- * and transposition once per row block, which costs as much as the products themselves.
+ * once into the panel layouts the micro-kernel reads (below: f32, or bf16 pairs); then a compute
+ * pass runs the tiles, every task reading the shared packs. Packing per tile instead would redo
+ * the conversion and transposition once per row block, which costs as much as the products
+ * themselves. Decoding (few query rows per head) packs nothing: see the end of this file.
  *
  * Layouts live here, not in the kernels, because the driver sizes every allocation before any
  * kernel runs (an allocation failure is reported before any output is written). Everything is
@@ -27,18 +28,21 @@ typedef struct mfa_cpu_plan {
     /* Floats per packed panel (the micro-kernel's register width); every packed width is a
      * multiple, and the padded sequence lengths below are too. */
     int64_t panel_width;
+    /* 1 when the products take bf16 operands in pairs (a 32-bit unit holds the values at two
+     * consecutive reduction indices, as dot-product instructions read them); 0 for f32
+     * operands, one value per unit. Every packed size below is counted in 32-bit units. */
+    int operand_pairs;
     int64_t seq_q_padded;
     int64_t seq_k_padded;
     /* Rows of one compute task: query rows (forward, dQ) or key rows (dK/dV); the reduction
-     * side is walked in blocks of the other size. Multiples of panel_width. */
+     * side is walked in blocks of the other size. Multiples of panel_width, and no larger than
+     * the padded sequence they walk, so that tiles are sized by the work. */
     int64_t block_q;
     int64_t block_k;
     int64_t q_blocks; /* per query head */
     int64_t k_blocks; /* per key/value head */
     /* Rows converted by one pack task. */
     int64_t pack_rows;
-    /* Scores are kept in base 2: scale * log2(e) is folded into the packed Q. */
-    float score_scale;
     /* The chunk: key/value heads [first_kv_head, first_kv_head + chunk_kv_heads) counted over
      * batch x heads_kv, with all their query heads. */
     int64_t first_kv_head;
@@ -55,8 +59,20 @@ typedef struct mfa_cpu_plan {
     int64_t q_pack_floats;
     float* kv_grads;
     int64_t kv_grads_floats;
-    float* workspace;
-    int64_t workspace_slot_floats;
+    /* Backward: the key blocks of each key/value head are dealt round-robin to `stripes` tasks;
+     * each stripe adds its dQ contributions into f32 accumulators of its own (dq_stripe_floats
+     * per query head of the pass), which a last step sums in stripe order: race-free and the
+     * same sum every run. */
+    int64_t stripes;
+    float* dq_stripes;
+    int64_t dq_stripe_floats;
+    /* Decoding (mfa_cpu_decode_*): the keys that some query row of a head sees, split into
+     * key_splits ranges of key_split_size keys, each one task; with more than one, every task
+     * leaves its rows' out and lse in partials (mfa_cpu_decode_partial_row_floats per row) for
+     * the merge. */
+    int64_t key_splits;
+    int64_t key_split_size;
+    float* partials;
 } mfa_cpu_plan;
 
 /* Keys [key_begin, key_end) are visible from query row i (possibly empty). */
@@ -87,6 +103,11 @@ static inline int64_t mfa_cpu_round_up(int64_t n, int64_t multiple) {
     return (n + multiple - 1) / multiple * multiple;
 }
 
+/* Units holding `depth` consecutive reduction values: one per value, or one per pair. */
+static inline int64_t mfa_cpu_units(const mfa_cpu_plan* plan, int64_t depth) {
+    return plan->operand_pairs ? (depth + 1) / 2 : depth;
+}
+
 /* Carves consecutive 64-byte-aligned float arrays out of one region. With base NULL it only
  * counts, which is how the driver sizes the region. */
 typedef struct mfa_cpu_carver {
@@ -100,11 +121,13 @@ static inline float* mfa_cpu_carve(mfa_cpu_carver* carver, int64_t floats) {
     return region;
 }
 
-/* ---- Packs: one head's operands as f32 panels ---------------------------------------------
+/* ---- Packs: one head's operands as panels of 32-bit units ---------------------------------
  * "Transposed" panels (for Q K^T-type products, reduction over the head dimension): panel p holds
- * sequence rows [p*NR, p*NR + NR) as depth x NR, at p * depth * NR.
+ * sequence rows [p*NR, p*NR + NR) as units(depth) x NR, at p * units(depth) * NR.
  * "Row" panels (for P V-type products, reduction over the sequence): panel p holds columns
- * [p*NR, p*NR + NR) of every sequence row as seq_padded x NR, at p * seq_padded * NR. */
+ * [p*NR, p*NR + NR) of every sequence row as units(seq_padded) x NR, at
+ * p * units(seq_padded) * NR. With operand pairs, unit (u, c) of a panel holds reduction
+ * indices 2u (low half) and 2u + 1 (high half) of column c. */
 
 typedef struct mfa_cpu_kv_pack {
     float* kt; /* K, transposed panels (S = Q K^T) */
@@ -117,35 +140,50 @@ static inline int64_t mfa_cpu_kv_pack_carve(const mfa_cpu_plan* plan, int backwa
                                             mfa_cpu_kv_pack* pack) {
     const mfa_problem* p = plan->problem;
     const int64_t nr = plan->panel_width, n = plan->seq_k_padded;
+    const int64_t rows = mfa_cpu_units(plan, n);
     mfa_cpu_carver c = {base, 0};
-    pack->kt = mfa_cpu_carve(&c, p->head_dim * n);
-    pack->v = backward ? (float*)0 : mfa_cpu_carve(&c, mfa_cpu_round_up(p->head_dim_v, nr) * n);
-    pack->k = backward ? mfa_cpu_carve(&c, mfa_cpu_round_up(p->head_dim, nr) * n) : (float*)0;
-    pack->vt = backward ? mfa_cpu_carve(&c, p->head_dim_v * n) : (float*)0;
+    pack->kt = mfa_cpu_carve(&c, mfa_cpu_units(plan, p->head_dim) * n);
+    pack->v = backward ? (float*)0 : mfa_cpu_carve(&c, mfa_cpu_round_up(p->head_dim_v, nr) * rows);
+    pack->k = backward ? mfa_cpu_carve(&c, mfa_cpu_round_up(p->head_dim, nr) * rows) : (float*)0;
+    pack->vt = backward ? mfa_cpu_carve(&c, mfa_cpu_units(plan, p->head_dim_v) * n) : (float*)0;
     return c.used;
 }
 
 typedef struct mfa_cpu_q_pack {
-    float* qt;      /* Q * scale * log2(e), transposed panels (S^T = K Q^T) */
-    float* q;       /* Q, row panels (dK += dS^T Q) */
-    float* doutt;   /* dO, transposed panels (dP^T = V dO^T) */
-    float* dout;    /* dO, row panels (dV += P^T dO) */
-    float* lse2;    /* lse * log2(e); +inf for rows that see no key and for padding */
-    float* row_dot; /* rowsum(dO * O); 0 for padding */
+    float* qt;    /* Q, transposed panels (S^T = K Q^T) */
+    float* q;     /* Q, row panels (dK += dS^T Q) */
+    float* doutt; /* dO, transposed panels (dP^T = V dO^T) */
+    float* dout;  /* dO, row panels (dV += P^T dO) */
+    float* lse;   /* f32 lse; +inf for rows that see no key and for padding */
+    float* delta; /* rowsum(dO * O); 0 for padding */
 } mfa_cpu_q_pack;
 
 static inline int64_t mfa_cpu_q_pack_carve(const mfa_cpu_plan* plan, float* base,
                                            mfa_cpu_q_pack* pack) {
     const mfa_problem* p = plan->problem;
     const int64_t nr = plan->panel_width, n = plan->seq_q_padded;
+    const int64_t rows = mfa_cpu_units(plan, n);
     mfa_cpu_carver c = {base, 0};
-    pack->qt = mfa_cpu_carve(&c, p->head_dim * n);
-    pack->q = mfa_cpu_carve(&c, mfa_cpu_round_up(p->head_dim, nr) * n);
-    pack->doutt = mfa_cpu_carve(&c, p->head_dim_v * n);
-    pack->dout = mfa_cpu_carve(&c, mfa_cpu_round_up(p->head_dim_v, nr) * n);
-    pack->lse2 = mfa_cpu_carve(&c, n);
-    pack->row_dot = mfa_cpu_carve(&c, n);
+    pack->qt = mfa_cpu_carve(&c, mfa_cpu_units(plan, p->head_dim) * n);
+    pack->q = mfa_cpu_carve(&c, mfa_cpu_round_up(p->head_dim, nr) * rows);
+    pack->doutt = mfa_cpu_carve(&c, mfa_cpu_units(plan, p->head_dim_v) * n);
+    pack->dout = mfa_cpu_carve(&c, mfa_cpu_round_up(p->head_dim_v, nr) * rows);
+    pack->lse = mfa_cpu_carve(&c, n);
+    pack->delta = mfa_cpu_carve(&c, n);
     return c.used;
+}
+
+/* One stripe's dQ accumulator for one query head: seq_q_padded rows of padded D. */
+static inline int64_t mfa_cpu_dq_stripe_floats(const mfa_cpu_plan* plan) {
+    return plan->seq_q_padded * mfa_cpu_round_up(plan->problem->head_dim, plan->panel_width);
+}
+
+/* The accumulator of stripe `stripe` for query head `member` (of the pass) of the chunk's key/value
+ * head g_local. */
+static inline float* mfa_cpu_dq_stripe(const mfa_cpu_plan* plan, int64_t g_local, int64_t stripe,
+                                       int64_t member) {
+    return plan->dq_stripes +
+           ((g_local * plan->stripes + stripe) * plan->members + member) * plan->dq_stripe_floats;
 }
 
 /* The dK and dV accumulators of one key/value head between passes: seq_k_padded rows of padded
@@ -167,9 +205,10 @@ static inline int64_t mfa_cpu_kv_grads_carve(const mfa_cpu_plan* plan, float* ba
 
 /* ---- Per-thread tiles ---------------------------------------------------------------------- */
 
-/* Forward task: its Q rows (lda D), S/P, the O accumulator, the running max and sum per row. */
+/* Forward task: its Q rows (units(D) per row), S, P as operand units when they are pairs (else
+ * P is S itself), the O accumulator, the running max and sum per row. */
 typedef struct mfa_cpu_forward_tiles {
-    float *q, *s, *o, *row_max, *row_sum;
+    float *q, *s, *p, *o, *row_max, *row_sum;
 } mfa_cpu_forward_tiles;
 
 static inline int64_t mfa_cpu_forward_tiles_carve(const mfa_cpu_plan* plan, float* base,
@@ -178,19 +217,21 @@ static inline int64_t mfa_cpu_forward_tiles_carve(const mfa_cpu_plan* plan, floa
     const int64_t bq = plan->block_q, bk = plan->block_k;
     const int64_t dv = mfa_cpu_round_up(p->head_dim_v, plan->panel_width);
     mfa_cpu_carver c = {base, 0};
-    tiles->q = mfa_cpu_carve(&c, bq * p->head_dim);
+    tiles->q = mfa_cpu_carve(&c, bq * mfa_cpu_units(plan, p->head_dim));
     tiles->s = mfa_cpu_carve(&c, bq * bk);
+    tiles->p = plan->operand_pairs ? mfa_cpu_carve(&c, bq * bk / 2) : tiles->s;
     tiles->o = mfa_cpu_carve(&c, bq * dv);
     tiles->row_max = mfa_cpu_carve(&c, bq);
     tiles->row_sum = mfa_cpu_carve(&c, bq);
     return c.used;
 }
 
-/* Backward task: its rows' operands (Q and dO for dQ, K and V for dK/dV), S/P/dS and dP, and the
- * accumulators (dQ, or dK and dV). Both kinds of task share one slot size. */
+/* Backward task: its rows' operands (Q and dO for dQ, K and V for dK/dV), S/P/dS and dP in f32,
+ * P and dS as operand units when they are pairs (else S itself), and the accumulators (dQ, or
+ * dK and dV). Both kinds of task share one slot size. */
 typedef struct mfa_cpu_backward_tiles {
     float *rows, *rows_out_grad;
-    float *s, *dp;
+    float *s, *dp, *operand;
     float *acc, *acc_v;
 } mfa_cpu_backward_tiles;
 
@@ -202,13 +243,51 @@ static inline int64_t mfa_cpu_backward_tiles_carve(const mfa_cpu_plan* plan, flo
     const int64_t d_pad = mfa_cpu_round_up(p->head_dim, nr);
     const int64_t dv_pad = mfa_cpu_round_up(p->head_dim_v, nr);
     mfa_cpu_carver c = {base, 0};
-    tiles->rows = mfa_cpu_carve(&c, rows * p->head_dim);
-    tiles->rows_out_grad = mfa_cpu_carve(&c, rows * p->head_dim_v);
+    tiles->rows = mfa_cpu_carve(&c, rows * mfa_cpu_units(plan, p->head_dim));
+    tiles->rows_out_grad = mfa_cpu_carve(&c, rows * mfa_cpu_units(plan, p->head_dim_v));
     tiles->s = mfa_cpu_carve(&c, rows * rows);
     tiles->dp = mfa_cpu_carve(&c, rows * rows);
+    tiles->operand = plan->operand_pairs ? mfa_cpu_carve(&c, rows * rows / 2) : tiles->s;
     tiles->acc = mfa_cpu_carve(&c, rows * d_pad);
     tiles->acc_v = mfa_cpu_carve(&c, rows * dv_pad);
     return c.used;
+}
+
+/* ---- Decoding -------------------------------------------------------------------------------
+ * When a key/value head has few query rows (group x seq_q), K and V are read where they lie,
+ * one block of keys at a time, and the keys are split over tasks. Each task holds its rows'
+ * queries (f32), a block of scores, its O accumulator and running max and sum, and where K or V
+ * cannot be read in place (f16, or elements not adjacent) one converted block of each. */
+static const int64_t mfa_cpu_decode_block = 64;
+
+typedef struct mfa_cpu_decode_tiles {
+    float *q, *s, *o, *row_max, *row_sum, *k, *v;
+} mfa_cpu_decode_tiles;
+
+static inline int64_t mfa_cpu_decode_rows(const mfa_cpu_plan* plan) {
+    return plan->problem->group * plan->problem->seq_q;
+}
+
+static inline int64_t mfa_cpu_decode_tiles_carve(const mfa_cpu_plan* plan, float* base,
+                                                 mfa_cpu_decode_tiles* tiles) {
+    const mfa_problem* p = plan->problem;
+    const int64_t rows = mfa_cpu_decode_rows(plan), bk = mfa_cpu_decode_block;
+    const int64_t d = mfa_cpu_round_up(p->head_dim, 16), dv = mfa_cpu_round_up(p->head_dim_v, 16);
+    mfa_cpu_carver c = {base, 0};
+    tiles->q = mfa_cpu_carve(&c, rows * d);
+    tiles->s = mfa_cpu_carve(&c, rows * bk);
+    tiles->o = mfa_cpu_carve(&c, rows * dv);
+    tiles->row_max = mfa_cpu_carve(&c, rows);
+    tiles->row_sum = mfa_cpu_carve(&c, rows);
+    tiles->k = mfa_cpu_carve(&c, bk * d);
+    tiles->v = mfa_cpu_carve(&c, bk * dv);
+    return c.used;
+}
+
+/* One task's partial result with split keys: per row, out normalized over the task's keys
+ * (Dv floats, padded) then its natural-log lse. */
+static inline int64_t mfa_cpu_decode_partial_row_floats(const mfa_cpu_plan* plan) {
+    return mfa_cpu_round_up(plan->problem->head_dim_v + 1, 16);
 }
 
 #endif /* MFA_CPU_PLAN_H */

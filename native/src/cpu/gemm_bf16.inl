@@ -1,0 +1,334 @@
+/*
+ * Products on bf16 operands with f32 accumulation, for builds whose CPU has a bf16 dot-product
+ * instruction: each f32 lane adds the products of one pair of bf16 values (AVX512_BF16's
+ * vdpbf16ps, ARMv8.6 BF16's bfdot). Operands are packed in pairs of consecutive reduction
+ * indices (plan.h), so the micro-kernel is gemm.inl's with a pair in place of a float: per step
+ * it loads NV vectors of B pairs and broadcasts one A pair per row. A bf16 row in memory is
+ * already its own pair layout. Three primitives differ per architecture (below): the dot
+ * product with a broadcast pair, and the two roundings of f32 tiles to pairs.
+ *
+ * What is rounded: Q, K, V and dO are bf16 inputs, so their products are exact in f32. P and dS
+ * are rounded to bf16 (round to nearest even) before they multiply V, dO, K and Q, as GPU
+ * FlashAttention does; sums and the softmax statistics stay f32.
+ */
+#ifndef MFA_CPU_GEMM_BF16_INL
+#define MFA_CPU_GEMM_BF16_INL
+
+#include "cpu/gemm.inl"
+#include "cpu/pack.inl"
+#include "cpu/simd.inl"
+
+#include <stdint.h>
+#include <string.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+#endif
+
+namespace {
+
+/* ---- bf16 pairs (bf16 inputs only: the values are copied, never rounded) ------------------ */
+
+static inline uint32_t bf16_bits(const char* p) {
+    uint16_t h;
+    memcpy(&h, p, sizeof h);
+    return h;
+}
+
+/* Values d and d + 1 of a row as one unit; past width, zeros. */
+static inline uint32_t bf16_pair(const char* row, int64_t elem_step, int64_t d, int64_t width) {
+    const uint32_t lo = d < width ? bf16_bits(row + d * elem_step) : 0u;
+    const uint32_t hi = d + 1 < width ? bf16_bits(row + (d + 1) * elem_step) : 0u;
+    return lo | hi << 16;
+}
+
+/* A operand: row r as ld pairs at dst + r * ld, zero past width. */
+static void pack_pair_rows(const strided_rows& src, int64_t count, int64_t width, float* dst,
+                           int64_t ld) {
+    for (int64_t r = 0; r < count; ++r) {
+        uint16_t* out = (uint16_t*)(dst + r * ld);
+        const char* row = src.row(r);
+        if (src.elem_step == 2) {
+            memcpy(out, row, (size_t)width * 2);
+        } else {
+            for (int64_t d = 0; d < width; ++d)
+                out[d] = (uint16_t)bf16_bits(row + d * src.elem_step);
+        }
+        for (int64_t d = width; d < 2 * ld; ++d) out[d] = 0;
+    }
+}
+
+/* Row panels of pairs of rows: unit (r / 2, x) of panel p holds column p * NR + x of rows r and
+ * r + 1; zero past width and past count up to the next multiple of NR. */
+static void pack_pair_panels(const strided_rows& src, int64_t count, int64_t width, float* dst,
+                             int64_t panel_stride) {
+    const int64_t panels = (width + NR - 1) / NR;
+    const int64_t padded = (count + NR - 1) / NR * NR;
+    for (int64_t p = 0; p < panels; ++p) {
+        const int64_t d0 = p * NR;
+        const int64_t n = width - d0 < NR ? width - d0 : NR;
+        uint32_t* panel = (uint32_t*)(dst + p * panel_stride);
+        for (int64_t r = 0; r < padded; r += 2) {
+            uint32_t* out = panel + r / 2 * NR;
+            const char* lo = r < count ? src.row(r) + d0 * src.elem_step : (const char*)0;
+            const char* hi = r + 1 < count ? src.row(r + 1) + d0 * src.elem_step : (const char*)0;
+            for (int64_t x = 0; x < NR; ++x) {
+                const uint32_t a = lo && x < n ? bf16_bits(lo + x * src.elem_step) : 0u;
+                const uint32_t b = hi && x < n ? bf16_bits(hi + x * src.elem_step) : 0u;
+                out[x] = a | b << 16;
+            }
+        }
+    }
+}
+
+/* Transposed panels of pairs: unit (u, r % NR) of panel r / NR holds values 2u and 2u + 1 of row
+ * r; zero past depth and past count up to the next multiple of NR. */
+static void pack_pair_panels_transposed(const strided_rows& src, int64_t count, int64_t depth,
+                                        float* dst) {
+    const int64_t padded = (count + NR - 1) / NR * NR;
+    const int64_t units = (depth + 1) / 2;
+    for (int64_t r = 0; r < padded; ++r) {
+        uint32_t* column = (uint32_t*)dst + (r / NR) * units * NR + r % NR;
+        if (r >= count) {
+            for (int64_t u = 0; u < units; ++u) column[u * NR] = 0u;
+            continue;
+        }
+        const char* row = src.row(r);
+        if (src.elem_step == 2 && depth % 2 == 0) {
+            for (int64_t u = 0; u < units; ++u) {
+                uint32_t pair;
+                memcpy(&pair, row + 4 * u, sizeof pair);
+                column[u * NR] = pair;
+            }
+        } else {
+            for (int64_t u = 0; u < units; ++u)
+                column[u * NR] = bf16_pair(row, src.elem_step, 2 * u, depth);
+        }
+    }
+}
+
+/* ---- Products ------------------------------------------------------------------------------ */
+
+/* ---- Per architecture ---------------------------------------------------------------------- */
+
+#if defined(__x86_64__)
+/* acc += the pairwise products of b's bf16 pairs with the pair at a, broadcast to every lane.
+ * Inline assembly, because clang 16 crashes selecting vdpbf16ps with a folded broadcast from
+ * the intrinsic (and the memory-broadcast form is the one wanted: it costs no register). */
+static inline vf dot_pairs(vf acc, vf b, const uint32_t* a) {
+    __m512 sum = (__m512)acc;
+    __asm__("vdpbf16ps %2%{1to16%}, %1, %0" : "+v"(sum) : "v"((__m512)b), "m"(*a));
+    return (vf)sum;
+}
+
+/* f32 rows (ld floats, a multiple of 32) rounded to bf16 (nearest even) rows of ld / 2 pairs. */
+static inline void round_rows_to_bf16(const float* src, int64_t rows, int64_t ld, float* dst) {
+    for (int64_t i = 0; i < rows * ld; i += 32) {
+        const __m512bh pairs =
+            _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + i + 16), _mm512_loadu_ps(src + i));
+        _mm512_storeu_ps(dst + i / 2, __builtin_bit_cast(__m512, pairs));
+    }
+}
+
+/* count f32 rows of ld values (ld a multiple of 16) rounded to bf16 and paired across rows:
+ * unit k * ld + r holds value r of rows 2k and 2k + 1 (zero past count). */
+static inline void round_pairs_across_rows(const float* src, int64_t count, int64_t ld,
+                                           float* dst) {
+    const __m512i interleave =
+        _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    for (int64_t k = 0; 2 * k < count; ++k) {
+        const float* lo = src + 2 * k * ld;
+        const bool odd = 2 * k + 1 < count;
+        for (int64_t r = 0; r < ld; r += 16) {
+            const __m512 a = _mm512_loadu_ps(lo + r);
+            const __m512 b = odd ? _mm512_loadu_ps(lo + ld + r) : _mm512_setzero_ps();
+            const __m512i halves = __builtin_bit_cast(__m512i, _mm512_cvtne2ps_pbh(b, a));
+            _mm512_storeu_si512(dst + k * ld + r, _mm512_permutexvar_epi16(interleave, halves));
+        }
+    }
+}
+#elif defined(__aarch64__)
+static inline vf dot_pairs(vf acc, vf b, const uint32_t* a) {
+    const bfloat16x8_t pair = vreinterpretq_bf16_u32(vld1q_dup_u32(a));
+    return (vf)vbfdotq_f32((float32x4_t)acc, vreinterpretq_bf16_f32((float32x4_t)b), pair);
+}
+
+/* BFCVTN rounds to nearest even under the default FPCR. ld is a multiple of 8. */
+static inline void round_rows_to_bf16(const float* src, int64_t rows, int64_t ld, float* dst) {
+    for (int64_t i = 0; i < rows * ld; i += 8) {
+        const bfloat16x8_t pairs =
+            vcvtq_high_bf16_f32(vcvtq_low_bf16_f32(vld1q_f32(src + i)), vld1q_f32(src + i + 4));
+        vst1q_f32(dst + i / 2, vreinterpretq_f32_bf16(pairs));
+    }
+}
+
+static inline void round_pairs_across_rows(const float* src, int64_t count, int64_t ld,
+                                           float* dst) {
+    for (int64_t k = 0; 2 * k < count; ++k) {
+        const float* lo = src + 2 * k * ld;
+        const bool odd = 2 * k + 1 < count;
+        for (int64_t r = 0; r < ld; r += 4) {
+            const uint16x4_t a = vreinterpret_u16_bf16(vcvt_bf16_f32(vld1q_f32(lo + r)));
+            const uint16x4_t b =
+                odd ? vreinterpret_u16_bf16(vcvt_bf16_f32(vld1q_f32(lo + ld + r))) : vdup_n_u16(0);
+            vst1q_u16((uint16_t*)(dst + k * ld + r),
+                      vcombine_u16(vzip1_u16(a, b), vzip2_u16(a, b)));
+        }
+    }
+}
+#else
+#error "gemm_bf16.inl: no bf16 dot product for this architecture"
+#endif
+
+/* ---- Products ------------------------------------------------------------------------------ */
+
+template <int ROWS>
+static inline void micro_tile_bf16(int64_t depth, const uint32_t* a, int64_t lda, const float* b,
+                                   float* c, int64_t ldc, bool accumulate) {
+    vf acc[ROWS][NV];
+#pragma GCC unroll 16
+    for (int r = 0; r < ROWS; ++r)
+        for (int v = 0; v < NV; ++v) acc[r][v] = vsplat(0.0f);
+    for (int64_t k = 0; k < depth; ++k) {
+        vf bk[NV];
+        for (int v = 0; v < NV; ++v) bk[v] = vload(b + k * NR + v * W);
+#pragma GCC unroll 16
+        for (int r = 0; r < ROWS; ++r)
+            for (int v = 0; v < NV; ++v) acc[r][v] = dot_pairs(acc[r][v], bk[v], a + r * lda + k);
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < ROWS; ++r)
+        for (int v = 0; v < NV; ++v) {
+            float* cv = c + r * ldc + v * W;
+            vstore(cv, accumulate ? acc[r][v] + vload(cv) : acc[r][v]);
+        }
+}
+
+template <int ROWS>
+static inline void micro_tile_bf16_rows(int rows, int64_t depth, const uint32_t* a, int64_t lda,
+                                        const float* b, float* c, int64_t ldc, bool accumulate) {
+    if (rows == ROWS)
+        micro_tile_bf16<ROWS>(depth, a, lda, b, c, ldc, accumulate);
+    else
+        micro_tile_bf16_rows<ROWS - 1>(rows, depth, a, lda, b, c, ldc, accumulate);
+}
+
+template <>
+inline void micro_tile_bf16_rows<0>(int, int64_t, const uint32_t*, int64_t, const float*, float*,
+                                    int64_t, bool) {}
+
+/* gemm_packed with A and B in bf16 pairs: depth, lda and panel_stride count pairs. */
+static void gemm_packed_bf16(int64_t m, int64_t cols, int64_t depth, const float* a_units,
+                             int64_t lda, const float* b, int64_t panel_stride, float* c,
+                             int64_t ldc, bool accumulate) {
+    const uint32_t* a = (const uint32_t*)a_units;
+    const int64_t panels = (cols + NR - 1) / NR;
+    for (int64_t p = 0; p < panels; ++p) {
+        const float* bp = b + p * panel_stride;
+        float* cp = c + p * NR;
+        int64_t r = 0;
+        for (; r + MR <= m; r += MR)
+            micro_tile_bf16<MR>(depth, a + r * lda, lda, bp, cp + r * ldc, ldc, accumulate);
+        micro_tile_bf16_rows<MR - 1>((int)(m - r), depth, a + r * lda, lda, bp, cp + r * ldc, ldc,
+                                     accumulate);
+    }
+}
+
+template <int ROWS>
+static inline void micro_tile_bf16_at(int64_t depth, const uint32_t* a, int64_t a_stride,
+                                      const float* b, float* c, int64_t ldc) {
+    vf acc[ROWS][NV];
+#pragma GCC unroll 16
+    for (int r = 0; r < ROWS; ++r)
+        for (int v = 0; v < NV; ++v) acc[r][v] = vsplat(0.0f);
+    for (int64_t k = 0; k < depth; ++k) {
+        vf bk[NV];
+        for (int v = 0; v < NV; ++v) bk[v] = vload(b + k * NR + v * W);
+        const uint32_t* ak = a + k * a_stride;
+#pragma GCC unroll 16
+        for (int r = 0; r < ROWS; ++r)
+            for (int v = 0; v < NV; ++v) acc[r][v] = dot_pairs(acc[r][v], bk[v], ak + r);
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < ROWS; ++r)
+        for (int v = 0; v < NV; ++v) {
+            float* cv = c + r * ldc + v * W;
+            vstore(cv, acc[r][v] + vload(cv));
+        }
+}
+
+template <int ROWS>
+static inline void micro_tile_bf16_at_rows(int rows, int64_t depth, const uint32_t* a,
+                                           int64_t a_stride, const float* b, float* c,
+                                           int64_t ldc) {
+    if (rows == ROWS)
+        micro_tile_bf16_at<ROWS>(depth, a, a_stride, b, c, ldc);
+    else
+        micro_tile_bf16_at_rows<ROWS - 1>(rows, depth, a, a_stride, b, c, ldc);
+}
+
+template <>
+inline void micro_tile_bf16_at_rows<0>(int, int64_t, const uint32_t*, int64_t, const float*, float*,
+                                       int64_t) {}
+
+static void gemm_packed_bf16_at(int64_t m, int64_t cols, int64_t depth, const float* a_units,
+                                int64_t a_stride, const float* b, int64_t panel_stride, float* c,
+                                int64_t ldc) {
+    const uint32_t* a = (const uint32_t*)a_units;
+    const int64_t panels = (cols + NR - 1) / NR;
+    for (int64_t p = 0; p < panels; ++p) {
+        const float* bp = b + p * panel_stride;
+        float* cp = c + p * NR;
+        int64_t r = 0;
+        for (; r + MR <= m; r += MR)
+            micro_tile_bf16_at<MR>(depth, a + r, a_stride, bp, cp + r * ldc, ldc);
+        micro_tile_bf16_at_rows<MR - 1>((int)(m - r), depth, a + r, a_stride, bp, cp + r * ldc,
+                                        ldc);
+    }
+}
+
+struct bf16_pair_operands {
+    static int64_t units(int64_t depth) { return (depth + 1) / 2; }
+
+    template <class Storage>
+    static void pack_rows(const strided_rows& src, int64_t count, int64_t width, float* dst,
+                          int64_t ld) {
+        pack_pair_rows(src, count, width, dst, ld);
+    }
+    template <class Storage>
+    static void pack_panels(const strided_rows& src, int64_t count, int64_t width, float* dst,
+                            int64_t panel_stride) {
+        pack_pair_panels(src, count, width, dst, panel_stride);
+    }
+    template <class Storage>
+    static void pack_panels_transposed(const strided_rows& src, int64_t count, int64_t depth,
+                                       float* dst) {
+        pack_pair_panels_transposed(src, count, depth, dst);
+    }
+
+    static const float* operand(const float* rows, int64_t count, int64_t ld, float* scratch) {
+        round_rows_to_bf16(rows, count, ld, scratch);
+        return scratch;
+    }
+
+    static const float* operand_at(const float* rows, int64_t count, int64_t ld, float* scratch) {
+        round_pairs_across_rows(rows, count, ld, scratch);
+        return scratch;
+    }
+
+    static void gemm(int64_t m, int64_t cols, int64_t depth, const float* a, int64_t lda,
+                     const float* b, int64_t panel_stride, float* c, int64_t ldc, bool accumulate) {
+        gemm_packed_bf16(m, cols, depth, a, lda, b, panel_stride, c, ldc, accumulate);
+    }
+
+    static void gemm_at(int64_t m, int64_t cols, int64_t depth, const float* a, int64_t a_stride,
+                        const float* b, int64_t panel_stride, float* c, int64_t ldc) {
+        gemm_packed_bf16_at(m, cols, depth, a, a_stride, b, panel_stride, c, ldc);
+    }
+};
+
+} // namespace
+
+#endif /* MFA_CPU_GEMM_BF16_INL */
