@@ -72,6 +72,8 @@ MFA_EXPORT size_t mfa_dtype_size(mfa_dtype dtype) {
         case MFA_DTYPE_F32: return 4;
         case MFA_DTYPE_F16: return 2;
         case MFA_DTYPE_BF16: return 2;
+        case MFA_DTYPE_BOOL: return 1;
+        case MFA_DTYPE_I32: return 4;
     }
     return 0;
 }
@@ -81,6 +83,8 @@ MFA_EXPORT const char* mfa_dtype_name(mfa_dtype dtype) {
         case MFA_DTYPE_F32: return "f32";
         case MFA_DTYPE_F16: return "f16";
         case MFA_DTYPE_BF16: return "bf16";
+        case MFA_DTYPE_BOOL: return "bool";
+        case MFA_DTYPE_I32: return "i32";
     }
     return "unknown";
 }
@@ -94,6 +98,14 @@ MFA_EXPORT void mfa_attention_params_init(mfa_attention_params* params) {
     params->alignment = MFA_ALIGN_BOTTOM_RIGHT;
     params->window_left = -1;
     params->window_right = -1;
+}
+
+MFA_EXPORT void mfa_attention_args_init(mfa_attention_args* args, size_t struct_size) {
+    if (args == NULL || struct_size < sizeof args->struct_size) return;
+    /* Every default is zero; bytes past this library's struct belong to fields it does not
+     * know, zero too, and the calls reject the size. */
+    memset(args, 0, struct_size);
+    args->struct_size = struct_size;
 }
 
 MFA_EXPORT const char* mfa_backend_name(mfa_backend backend) {

@@ -49,26 +49,6 @@ typedef struct mfa_context_options_0_1_0 {
 mfa_status mfa_read_input_struct(const void* given, void* resolved, size_t first_size,
                                  size_t current_size, const char* name, const char* type);
 
-/* The visibility band of backend.h for a query row aligned at p(i) = i + diag_offset and a
- * window of (window_left, window_right) keys around it, -1 meaning unbounded (causal masking
- * is window_right = 0): lo = diag_offset - window_left and hi = diag_offset + window_right,
- * each clamped to [-seq_q, seq_k] (an unbounded side is the clamp's end). seq_q, seq_k >= 1,
- * windows >= -1. The core calls it once per call; tests that build a problem by hand use it too. */
-static inline void mfa_visibility_band(int64_t seq_q, int64_t seq_k, int64_t diag_offset,
-                                       int64_t window_left, int64_t window_right, int64_t* band_lo,
-                                       int64_t* band_hi) {
-    int64_t lo, hi;
-    /* diag_offset - window_left can only overflow downwards, + window_right only upwards. */
-    if (window_left < 0 || __builtin_sub_overflow(diag_offset, window_left, &lo) || lo < -seq_q)
-        lo = -seq_q;
-    if (lo > seq_k) lo = seq_k;
-    if (window_right < 0 || __builtin_add_overflow(diag_offset, window_right, &hi) || hi > seq_k)
-        hi = seq_k;
-    if (hi < -seq_q) hi = -seq_q;
-    *band_lo = lo;
-    *band_hi = hi;
-}
-
 /* Check every argument of a forward (backward == false) or backward call against the API's
  * rules and the backend's capabilities, and fill *problem. Reports through mfa_set_error and
  * returns its status; nothing is written anywhere but *problem. */
