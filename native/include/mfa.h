@@ -356,11 +356,11 @@ typedef enum mfa_direction { MFA_FORWARD = 0, MFA_BACKWARD = 1 } mfa_direction;
  * layout). Sequence b has the query rows [cu_q[b], cu_q[b + 1]) of q, out, lse, dout and dq,
  * shaped [1, Hq, total_q, .], and the key rows [cu_k[b], cu_k[b + 1]) of k, v, dk and dv, shaped
  * [1, Hkv, total_k, .]. cu_q and cu_k are I32 [1, 1, 1, B + 1]: they start at 0, never decrease
- * and end at total_q and total_k. max_seqlen_q and max_seqlen_k (>= 1) bound every sequence's
- * length. Causal, window, alignment and ALiBi apply within each sequence, i and j being its local
- * row and key and p(i) aligned with its own lengths; a mask is indexed (b, h, i, j) the same way,
- * shaped [B or 1, Hq or 1, max_seqlen_q or 1, max_seqlen_k or 1]. Sequences may be empty. No
- * padding exists, so none is computed.
+ * and end at total_q and total_k. max_seqlen_q and max_seqlen_k, in [1, 2^31 - 1], bound every
+ * sequence's length. Causal, window, alignment and ALiBi apply within each sequence, i and j
+ * being its local row and key and p(i) aligned with its own lengths; a mask is indexed
+ * (b, h, i, j) the same way, shaped [B or 1, Hq or 1, max_seqlen_q or 1, max_seqlen_k or 1].
+ * Sequences may be empty. No padding exists, so none is computed.
  *
  * Paged KV cache (block_table; flash-attn's flash_attn_with_kvcache; forward only). k and v are
  * caches of blocks, [num_blocks, Hkv, block_size, D] and [num_blocks, Hkv, block_size, Dv], in
@@ -373,7 +373,7 @@ typedef enum mfa_direction { MFA_FORWARD = 0, MFA_BACKWARD = 1 } mfa_direction;
  * first written into the caches as keys cache_seqlens(b) to cache_seqlens(b) + N_new - 1, which
  * makes the caches outputs; sequence b then attends over Nk_b = cache_seqlens(b) + N_new keys
  * (without k_new over cache_seqlens(b)), aligned against its Nq = q.shape[2] queries. Each
- * Nk_b <= max_blocks * block_size, every block a sequence reaches (its first
+ * Nk_b <= max_blocks * block_size (and < 2^31), every block a sequence reaches (its first
  * ceil(Nk_b / block_size) entries) is in [0, num_blocks), and entries past those are not read.
  * No cache row may be written twice, and a block receiving new rows must not be reached by
  * another sequence or at another position. A mask is indexed with the local key j: shaped
@@ -431,11 +431,69 @@ typedef struct mfa_attention_args {
  * struct_size < sizeof(size_t). */
 void mfa_attention_args_init(mfa_attention_args* args, size_t struct_size);
 
-/* mfa_attention_compute, mfa_attention_encode, mfa_attention_merge, mfa_mask_summarize and the
- * device and command buffer functions follow in the next commits. */
+/* mfa_attention_compute(): one forward or backward call with every feature, synchronously: the
+ * outputs are written when it returns. Host arrays on every backend; device arrays on backends
+ * with MFA_FEATURE_DEVICE_BUFFERS (metal binds them in place), where the caller has finished the
+ * GPU work that writes the inputs or reads the outputs (PyTorch-MPS: torch.mps.synchronize()).
+ * mfa_attention_forward and mfa_attention_backward are this call on their tensors as host
+ * arrays: one validation, one set of messages. params NULL for the defaults. Every argument is
+ * validated, and every feature checked against the context's capabilities, before anything is
+ * written. */
+mfa_status mfa_attention_compute(mfa_context* ctx, mfa_direction direction,
+                                 const mfa_attention_params* params,
+                                 const mfa_attention_args* args);
+
+/* mfa_attention_encode(): validate, plan and encode the passes of one call into command_buffer
+ * (metal: an id<MTLCommandBuffer> cast with __bridge; metal-sim: from mfa_command_buffer_create)
+ * without committing or waiting. Needs MFA_FEATURE_ENCODE and device arrays only. The passes run
+ * after the work encoded into command_buffer before them. Every error that can be found before
+ * running is returned here, and then nothing was encoded. Errors while running are reported by
+ * the command buffer: metal, its status and error; metal-sim, mfa_command_buffer_wait. The
+ * integer arrays are read now, on the host: they must already hold their values (not be written
+ * by earlier work in the same command buffer) and keep them until it completes. Scratch (the
+ * backward's delta, split-key partial results) comes from a pool of the context and goes back
+ * to it when the command buffer completes: its size depends on the plan the device's tables
+ * give, which a caller cannot know in advance, and a pool reuses memory between calls as the
+ * frameworks' allocators do. Encodes on one context into different command buffers may run
+ * concurrently; one command buffer takes one encode at a time. */
+mfa_status mfa_attention_encode(mfa_context* ctx, void* command_buffer, mfa_direction direction,
+                                const mfa_attention_params* params, const mfa_attention_args* args);
 
 /* Queries and keys per side of one block of a mask summary. */
 #define MFA_MASK_BLOCK 64
+
+/* ----------------------------------------------------------------------------------------- */
+/* Device buffers and command buffers                                                        */
+/* ----------------------------------------------------------------------------------------- */
+
+/* For callers without GPU objects of their own (C programs, tests; on metal-sim these are the
+ * only device memory). Backends with MFA_FEATURE_DEVICE_BUFFERS (buffers) and
+ * MFA_FEATURE_ENCODE (command buffers); elsewhere the mfa_status functions return
+ * MFA_ERROR_UNSUPPORTED, mfa_buffer_contents NULL and mfa_buffer_length 0.
+ *
+ * mfa_buffer_create(): a device buffer of length >= 1 bytes that the CPU can read and write too
+ * (metal: MTLResourceStorageModeShared, an id<MTLBuffer> retained for the caller). *buffer is
+ * NULL on failure.
+ * mfa_buffer_contents(): the buffer's CPU address; NULL for NULL or a buffer the CPU cannot see.
+ * mfa_buffer_length(): its length in bytes (metal: of any id<MTLBuffer>); 0 for NULL.
+ * mfa_buffer_destroy(): release a buffer of mfa_buffer_create once no work uses it; accepts
+ * NULL. */
+mfa_status mfa_buffer_create(mfa_context* ctx, size_t length, void** buffer);
+void* mfa_buffer_contents(mfa_context* ctx, void* buffer);
+size_t mfa_buffer_length(mfa_context* ctx, void* buffer);
+void mfa_buffer_destroy(mfa_context* ctx, void* buffer);
+
+/* mfa_command_buffer_create(): a command buffer on the context's queue (metal: an
+ * id<MTLCommandBuffer> retained for the caller). *command_buffer is NULL on failure.
+ * mfa_command_buffer_commit(): submit what was encoded into it, once.
+ * mfa_command_buffer_wait(): block until a committed command buffer has completed; MFA_OK, or
+ * the status of its failure (MFA_ERROR_DEVICE, MFA_ERROR_OUT_OF_MEMORY) with its message.
+ * mfa_command_buffer_destroy(): release it; accepts NULL. A committed command buffer is waited
+ * for first; work encoded but never committed is dropped and its scratch returned. */
+mfa_status mfa_command_buffer_create(mfa_context* ctx, void** command_buffer);
+mfa_status mfa_command_buffer_commit(mfa_context* ctx, void* command_buffer);
+mfa_status mfa_command_buffer_wait(mfa_context* ctx, void* command_buffer);
+void mfa_command_buffer_destroy(mfa_context* ctx, void* command_buffer);
 
 /* ----------------------------------------------------------------------------------------- */
 /* Memory                                                                                    */
