@@ -459,8 +459,41 @@ mfa_status mfa_attention_compute(mfa_context* ctx, mfa_direction direction,
 mfa_status mfa_attention_encode(mfa_context* ctx, void* command_buffer, mfa_direction direction,
                                 const mfa_attention_params* params, const mfa_attention_args* args);
 
+/* mfa_attention_merge(): combine count >= 1 partial states (outs[i], lses[i]) of the same
+ * queries over disjoint sets of keys into (out, lse). Per row, with m = max_i lses[i]:
+ *   w_i = exp(lses[i] - m),   out = sum_i w_i outs[i] / sum_i w_i,   lse = m + log(sum_i w_i).
+ * The lses are natural-log log-sum-exps with the scale included, as every call here returns
+ * them. A part whose lse is -inf saw no key: it contributes nothing and its out is not read;
+ * when every part's lse is -inf the row gets out = 0 and lse = -inf. A NaN or +inf in a part's
+ * lse makes the row's out and lse NaN; a NaN in a part's out propagates.
+ *   outs[i], out  [B, H, N, Dv], each f32, f16 or bf16 (they may differ)
+ *   lses[i], lse  f32 [B, H, N, 1]; lse may be NULL (not wanted)
+ * Parts may alias each other. out may be exactly one part's out (same memory, origin, dtype,
+ * shape and strides) and lse exactly one part's lse, to merge in place; otherwise the outputs
+ * overlap no part and not each other. Host arrays on every backend (accumulated in double);
+ * device arrays only on a backend with a merge of its own (none yet: MFA_ERROR_UNSUPPORTED). */
+mfa_status mfa_attention_merge(mfa_context* ctx, int32_t count, const mfa_array* const* outs,
+                               const mfa_array* const* lses, const mfa_array* out,
+                               const mfa_array* lse);
+
 /* Queries and keys per side of one block of a mask summary. */
 #define MFA_MASK_BLOCK 64
+
+/* mfa_mask_summarize(): the block summary of a mask, for args.block_mask, so that calls reusing
+ * the mask skip its fully hidden tiles without reading them. Reads the mask once.
+ *   mask     as args.mask, for seq_q queries and seq_k keys: [M0, M1, seq_q or 1, seq_k or 1]
+ *   summary  output, BOOL [S0, S1, ceil(seq_q / MFA_MASK_BLOCK), ceil(seq_k / MFA_MASK_BLOCK)],
+ *            where S0 = M0, or 1 when the mask is the same for every batch (M0 = 1 or stride 0),
+ *            and S1 likewise for the heads
+ * Entry (b, h, r, c) covers queries [64 r, 64 r + 64) and keys [64 c, 64 c + 64), cut at seq_q
+ * and seq_k:
+ *   0  every pair hidden (false, or an additive -inf)
+ *   2  every pair visible with nothing added (true, or an additive 0)
+ *   1  anything else (NaN included)
+ * The same S0, S1 and seq_q, seq_k rules tie args.block_mask to args.mask in a call. Host arrays
+ * on every backend; device arrays only on a backend with its own (none yet). */
+mfa_status mfa_mask_summarize(mfa_context* ctx, const mfa_array* mask, int64_t seq_q, int64_t seq_k,
+                              const mfa_array* summary);
 
 /* ----------------------------------------------------------------------------------------- */
 /* Device buffers and command buffers                                                        */

@@ -399,11 +399,44 @@ static void test_paged_problem(void) {
     reset_target();
 }
 
+static void test_device_merge(void) {
+    fake_buffer buffer = {1 << 12, NULL, 0};
+    mfa_array outs[2] = {device_array(&buffer, 0, MFA_DTYPE_F32, 1, 2, 3, 4),
+                         device_array(&buffer, 96, MFA_DTYPE_F16, 1, 2, 3, 4)};
+    mfa_array lses[2] = {device_array(&buffer, 256, MFA_DTYPE_F32, 1, 2, 3, 1),
+                         device_array(&buffer, 512, MFA_DTYPE_F32, 1, 2, 3, 1)};
+    const mfa_array* out_ptrs[2] = {&outs[0], &outs[1]};
+    const mfa_array* lse_ptrs[2] = {&lses[0], &lses[1]};
+    mfa_merge_part parts[2];
+    mfa_merge_problem problem;
+    expect("merge in place on the device",
+           mfa_build_merge(&target, 2, out_ptrs, lse_ptrs, &outs[0], &lses[1], parts, &problem),
+           MFA_OK, "");
+    CHECK(problem.memory == MFA_MEMORY_DEVICE && problem.count == 2 &&
+              problem.parts[1].out_dtype == MFA_DTYPE_F16 && problem.out.byte_offset == 0 &&
+              problem.lse.byte_offset == 512 && problem.rows == 3 && problem.head_dim_v == 4,
+          "merge problem fields");
+    mfa_array shifted = outs[0];
+    shifted.byte_offset = 4;
+    expect("merge out shifted onto a part",
+           mfa_build_merge(&target, 2, out_ptrs, lse_ptrs, &shifted, NULL, parts, &problem),
+           MFA_ERROR_INVALID_ARGUMENT, "out overlaps outs[0]");
+    buffer.length = 530;
+    expect("merge part past its buffer",
+           mfa_build_merge(&target, 2, out_ptrs, lse_ptrs, &outs[0], NULL, parts, &problem),
+           MFA_ERROR_INVALID_ARGUMENT, "lses[1]: the view reaches bytes 512 to 535");
+    buffer.length = 500;
+    expect("merge part past its buffer",
+           mfa_build_merge(&target, 2, out_ptrs, lse_ptrs, &outs[0], NULL, parts, &problem),
+           MFA_ERROR_INVALID_ARGUMENT, "outside the buffer's 500 bytes");
+}
+
 int main(void) {
     reset_target();
     test_device_views();
     test_dense_problem_fields();
     test_varlen_problem();
     test_paged_problem();
+    test_device_merge();
     return test_finish("test_core_validation");
 }

@@ -1,6 +1,7 @@
-/* The public entry points: versions, dtypes, backends, contexts, the attention calls, device and
- * command buffers. Everything here validates and then hands a checked problem to the context's
- * backend.
+/* The public entry points: versions, dtypes, backends, contexts, the attention calls, merges,
+ * mask summaries, device and command buffers. Everything here validates and then hands a checked
+ * problem to the context's backend (or, for merges and mask summaries in host memory, to the
+ * core's own implementations).
  * Plain C, like validate.c, so that out-of-range enum values from callers are well defined. */
 #include <stdlib.h>
 #include <string.h>
@@ -311,6 +312,57 @@ MFA_EXPORT mfa_status mfa_attention_backward(mfa_context* ctx, const mfa_attenti
     args.dk = array_of(dk, &arrays[7]);
     args.dv = array_of(dv, &arrays[8]);
     return compute(ctx, MFA_BACKWARD, params, &args, true);
+}
+
+MFA_EXPORT mfa_status mfa_attention_merge(mfa_context* ctx, int32_t count,
+                                          const mfa_array* const* outs,
+                                          const mfa_array* const* lses, const mfa_array* out,
+                                          const mfa_array* lse) {
+    mfa_status status = check_context(ctx);
+    if (status) return status;
+    if (count < 1)
+        return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT, "count must be >= 1, got %d", (int)count);
+    if (outs == NULL || lses == NULL)
+        return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT, "%s is NULL", outs ? "lses" : "outs");
+    mfa_merge_part* parts = (mfa_merge_part*)calloc((size_t)count, sizeof *parts);
+    if (parts == NULL)
+        return mfa_set_error(MFA_ERROR_OUT_OF_MEMORY, "cannot allocate %d merge parts", (int)count);
+    const mfa_target target = target_of(ctx, false);
+    mfa_merge_problem problem;
+    status = mfa_build_merge(&target, count, outs, lses, out, lse, parts, &problem);
+    if (status == MFA_OK) {
+        const mfa_device_ops* device = ctx->ops->device;
+        if (device != NULL && device->merge != NULL) {
+            status = device->merge(ctx->state, &problem);
+        } else if (problem.memory == MFA_MEMORY_HOST) {
+            status = mfa_core_merge_host(&problem);
+        } else {
+            status = mfa_set_error(MFA_ERROR_UNSUPPORTED,
+                                   "mfa_attention_merge: the %s backend cannot merge arrays in "
+                                   "device buffers (only host arrays)",
+                                   mfa_backend_name(ctx->ops->backend));
+        }
+    }
+    free(parts);
+    return status;
+}
+
+MFA_EXPORT mfa_status mfa_mask_summarize(mfa_context* ctx, const mfa_array* mask, int64_t seq_q,
+                                         int64_t seq_k, const mfa_array* summary) {
+    mfa_status status = check_context(ctx);
+    if (status) return status;
+    const mfa_target target = target_of(ctx, false);
+    mfa_summary_problem problem;
+    status = mfa_build_summary(&target, mask, seq_q, seq_k, summary, &problem);
+    if (status != MFA_OK) return status;
+    const mfa_device_ops* device = ctx->ops->device;
+    if (device != NULL && device->mask_summarize != NULL)
+        return device->mask_summarize(ctx->state, &problem);
+    if (problem.memory == MFA_MEMORY_HOST) return mfa_core_mask_summarize_host(&problem);
+    return mfa_set_error(MFA_ERROR_UNSUPPORTED,
+                         "mfa_mask_summarize: the %s backend cannot summarize masks in device "
+                         "buffers (only host arrays)",
+                         mfa_backend_name(ctx->ops->backend));
 }
 
 MFA_EXPORT mfa_status mfa_buffer_create(mfa_context* ctx, size_t length, void** buffer) {
