@@ -16,6 +16,14 @@ typedef struct fixture {
     mfa_context* ctx;
     mfa_status status; /* for cases that make their own call */
     void* pointer;     /* for cases that return a pointer */
+    /* COMPUTE rows: the forward above as mfa_attention_compute's arguments, and one more array
+     * (a modifier) that a row may add. */
+    mfa_direction direction;
+    mfa_array arrays[5];
+    mfa_attention_args args;
+    int pass_args;
+    test_tensor extra;
+    mfa_array extra_array;
 } fixture;
 
 static mfa_context* cpu_context;
@@ -29,12 +37,37 @@ static fixture fixture_make(void) {
     mfa_attention_params_init(&f.params);
     f.pass_q = f.pass_k = f.pass_v = f.pass_out = f.pass_lse = 1;
     f.ctx = cpu_context;
+    f.direction = MFA_FORWARD;
+    const test_tensor* tensors[5] = {&f.a.q, &f.a.k, &f.a.v, &f.a.out, &f.a.lse};
+    for (int i = 0; i < 5; ++i) {
+        mfa_array* a = &f.arrays[i];
+        a->data = tensors[i]->t.data;
+        a->dtype = tensors[i]->t.dtype;
+        memcpy(a->shape, tensors[i]->t.shape, sizeof a->shape);
+        memcpy(a->strides, tensors[i]->t.strides, sizeof a->strides);
+    }
+    mfa_attention_args_init(&f.args, sizeof f.args);
+    f.pass_args = 1;
     return f;
 }
 
-static void fixture_free(fixture* f) { test_attention_free(&f->a); }
+static void fixture_free(fixture* f) {
+    test_attention_free(&f->a);
+    test_tensor_free(&f->extra);
+}
 
-enum kind { FORWARD, BACKWARD, CALL };
+/* The modifier array of a COMPUTE row: a dense array of that dtype and shape. */
+static mfa_array* extra(fixture* f, mfa_dtype dtype, int64_t b, int64_t h, int64_t s, int64_t d) {
+    f->extra = test_tensor_make(dtype, b, h, s, d, TEST_BHSD);
+    memset(f->extra.storage, 0, f->extra.bytes);
+    f->extra_array.data = f->extra.t.data;
+    f->extra_array.dtype = dtype;
+    memcpy(f->extra_array.shape, f->extra.t.shape, sizeof f->extra_array.shape);
+    memcpy(f->extra_array.strides, f->extra.t.strides, sizeof f->extra_array.strides);
+    return &f->extra_array;
+}
+
+enum kind { FORWARD, BACKWARD, CALL, COMPUTE };
 
 static mfa_context* created;
 static mfa_context_options options;
@@ -139,7 +172,28 @@ static void out_interleaved_with_q(fixture* f) {
     X("backward-grads-alias", BACKWARD, f->a.dv.t.data = f->a.dq.t.data)                           \
     X("backward-grad-broadcast", BACKWARD, f->a.dv.t.strides[2] = 0)                               \
     X("alloc-overflow", CALL, f->pointer = mfa_alloc(SIZE_MAX);                                    \
-      f->status = f->pointer == NULL ? MFA_ERROR_SIZE_OVERFLOW : MFA_OK)
+      f->status = f->pointer == NULL ? MFA_ERROR_SIZE_OVERFLOW : MFA_OK)                           \
+    X("args-null", COMPUTE, f->pass_args = 0)                                                      \
+    X("args-size", COMPUTE, f->args.struct_size += 8)                                              \
+    X("direction-unknown", COMPUTE, f->direction = (mfa_direction)2)                               \
+    X("forward-with-gradient", COMPUTE, f->args.dq = &f->arrays[0])                                \
+    X("array-data-and-buffer", COMPUTE, f->arrays[2].buffer = f->arrays[2].data)                   \
+    X("array-in-buffer-on-cpu", COMPUTE, f->arrays[0].buffer = f->arrays[0].data;                  \
+      f->arrays[0].data = NULL)                                                                    \
+    X("softcap-negative", COMPUTE, f->args.softcap = -1.0f)                                        \
+    X("mask-dtype", COMPUTE, f->args.mask = extra(f, MFA_DTYPE_I32, B, HQ, NQ, NK))                \
+    X("mask-shape", COMPUTE, f->args.mask = extra(f, MFA_DTYPE_BOOL, B, HQ, NQ - 1, NK))           \
+    X("mask-aliases-output", COMPUTE, f->args.mask = extra(f, MFA_DTYPE_F32, 1, 1, NQ, NK);        \
+      f->extra_array.data = f->a.out.storage)                                                      \
+    X("block-mask-without-mask", COMPUTE,                                                          \
+      f->args.block_mask = extra(f, MFA_DTYPE_BOOL, B, HQ, 1, 1))                                  \
+    X("alibi-shape", COMPUTE, f->args.alibi_slopes = extra(f, MFA_DTYPE_F32, 1, HQ / 2, 1, 1))     \
+    X("sinks-dtype", COMPUTE, f->args.sinks = extra(f, MFA_DTYPE_F16, 1, HQ, 1, 1))                \
+    X("varlen-offsets-missing", COMPUTE,                                                           \
+      f->args.cu_seqlens_q = extra(f, MFA_DTYPE_I32, 1, 1, 1, 3))                                  \
+    X("merge-count", CALL,                                                                         \
+      f->status = mfa_attention_merge(cpu_context, 0, NULL, NULL, NULL, NULL))                     \
+    X("summary-seq", CALL, f->status = mfa_mask_summarize(cpu_context, NULL, 0, 1, NULL))
 
 #define ID(id, kind, ...)   id,
 #define KIND(id, kind, ...) kind,
@@ -227,6 +281,13 @@ static void check_row(const char* id, const char* want_status, const char* want_
                                         &f.a.dk.t, &f.a.dv.t);
         CHECK(untouched(&f.a.dq) && untouched(&f.a.dk) && untouched(&f.a.dv),
               "%s: a gradient was written", id);
+    } else if (kinds[index] == COMPUTE) {
+        poison(&f.a.out);
+        poison(&f.a.lse);
+        f.args.q = &f.arrays[0], f.args.k = &f.arrays[1], f.args.v = &f.arrays[2];
+        f.args.out = &f.arrays[3], f.args.lse = &f.arrays[4];
+        status = mfa_attention_compute(f.ctx, f.direction, &f.params, f.pass_args ? &f.args : NULL);
+        CHECK(untouched(&f.a.out) && untouched(&f.a.lse), "%s: an output was written", id);
     }
     for (int i = 0; i < 4; ++i) {
         CHECK(memcmp(before[i], inputs[i]->storage, inputs[i]->bytes) == 0,
