@@ -1,5 +1,7 @@
 /* libFuzzer target over every public entry point that takes caller-made arguments:
- * mfa_attention_forward, mfa_attention_backward, mfa_context_create and
+ * mfa_attention_forward, mfa_attention_backward, mfa_attention_compute and _encode (the same
+ * calls through mfa_attention_args, with its own options and the arrays' byte offsets and
+ * buffers), mfa_attention_merge, mfa_mask_summarize, mfa_context_create and
  * mfa_context_capabilities.
  *
  * The input bytes decode into a call (docs/fuzzing.md lists the format): a valid problem of
@@ -161,13 +163,19 @@ static void measure(fuzz_tensor* f) {
     f->hi = (int64_t)hi;
 }
 
+/* Bytes of an attention operand's element: 0 for what is not f32, f16 or bf16. */
 static int64_t element_size(int dtype) {
     return dtype == MFA_DTYPE_F32 ? 4 : (dtype == MFA_DTYPE_F16 || dtype == MFA_DTYPE_BF16) ? 2 : 0;
 }
 
+/* Bytes of an element of any mfa_dtype (masks and integers too): 0 for unknown values. */
+static int64_t storage_size(int dtype) {
+    return dtype == MFA_DTYPE_BOOL ? 1 : dtype == MFA_DTYPE_I32 ? 4 : element_size(dtype);
+}
+
 /* Is every byte the tensor spans inside allocation a? */
 static bool spans_inside(const fuzz_tensor* f, const allocation* a) {
-    const int64_t es = element_size((int)f->t.dtype);
+    const int64_t es = storage_size((int)f->t.dtype);
     if (a->bytes == NULL || f->overflow || es == 0 || !shapes_positive(&f->t)) return false;
     const __int128 first = (__int128)(intptr_t)f->t.data + (__int128)f->lo * es;
     const __int128 end = (__int128)(intptr_t)f->t.data + ((__int128)f->hi + 1) * es;
@@ -176,8 +184,23 @@ static bool spans_inside(const fuzz_tensor* f, const allocation* a) {
 
 /* ---- Decoding a problem ------------------------------------------------------------------- */
 
+/* What a call through mfa_attention_compute (or _encode) changes on top of the tensors. */
+typedef struct compute_tweaks {
+    int args;              /* 0: sizeof; 1: sizeof + 8; 2: 8; 3: 0; 4: NULL args */
+    int direction;         /* the mfa_direction passed */
+    bool encode;           /* through mfa_attention_encode, into a command buffer */
+    float softcap;         /* args.softcap */
+    int32_t initial_state; /* args.initial_state */
+    int offset_role;       /* ROLES: none; else this array's byte_offset moves its data back */
+    int64_t offset;
+    int buffer_role;  /* ROLES: none; else this array gets a (fake) device buffer... */
+    bool buffer_only; /* ...instead of its data, or beside it */
+} compute_tweaks;
+
 typedef struct call {
     bool backward;
+    bool compute; /* through mfa_attention_args, with tweaks */
+    compute_tweaks tweaks;
     mfa_context* ctx;
     bool null_params;
     mfa_attention_params params;
@@ -378,7 +401,7 @@ static int64_t* sorted_offsets(const mfa_tensor* t, int64_t* n) {
 }
 
 static bool listable(const fuzz_tensor* f) {
-    return f->present && !f->overflow && shapes_positive(&f->t) && element_size((int)f->t.dtype) &&
+    return f->present && !f->overflow && shapes_positive(&f->t) && storage_size((int)f->t.dtype) &&
            test_element_count(&f->t) <= MAX_LISTED;
 }
 
@@ -410,7 +433,7 @@ static bool share_bytes(const fuzz_tensor* a, const fuzz_tensor* b) {
     int64_t na, nb;
     int64_t* oa = sorted_offsets(&a->t, &na);
     int64_t* ob = sorted_offsets(&b->t, &nb);
-    const __int128 ea = element_size((int)a->t.dtype), eb = element_size((int)b->t.dtype);
+    const __int128 ea = storage_size((int)a->t.dtype), eb = storage_size((int)b->t.dtype);
     const __int128 ba = (intptr_t)a->t.data, bb = (intptr_t)b->t.data;
     bool shared = false;
     for (int64_t i = 0, j = 0; i < na && j < nb && !shared;) {
@@ -438,7 +461,7 @@ static bool overlaps_itself(const fuzz_tensor* f) {
 
 /* The byte range [first, end) the tensor spans; false when it leaves the address space. */
 static bool byte_range(const fuzz_tensor* f, __int128* first, __int128* end) {
-    const int64_t es = element_size((int)f->t.dtype);
+    const int64_t es = storage_size((int)f->t.dtype);
     *first = (__int128)(uintptr_t)f->t.data + (__int128)f->lo * es;
     *end = (__int128)(uintptr_t)f->t.data + ((__int128)f->hi + 1) * es;
     const __int128 lo_bytes = (__int128)f->lo * es, end_bytes = ((__int128)f->hi + 1) * es;
@@ -540,21 +563,143 @@ static outcome expected_outcome(const call* c, const mfa_capabilities* caps) {
     return o;
 }
 
+/* ---- mfa_attention_compute: the same calls through mfa_attention_args -------------------- */
+
+/* Read after the mutations, so that the bytes before keep the format of the 0.1 calls. */
+static void decode_tweaks(reader* r, bool backward, compute_tweaks* t) {
+    static const float softcaps[] = {
+        0.0f, 0.0f, 0.0f, 1.5f, 50.0f, -1.0f, __builtin_nanf(""), __builtin_inff(), -0.0f};
+    static const int bad_directions[] = {2, -1, 7, INT32_MIN};
+    const int args = next_byte(r) % 8;
+    t->args = args < 4 ? 0 : args - 3;
+    const uint8_t direction = next_byte(r);
+    t->direction = backward ? MFA_BACKWARD : MFA_FORWARD;
+    if (direction >= 240 && direction < 244) t->direction = bad_directions[direction - 240];
+    t->encode = direction >= 244;
+    t->softcap = softcaps[next_byte(r) % (sizeof softcaps / sizeof softcaps[0])];
+    const int state = next_byte(r) % 5;
+    t->initial_state = state < 3 ? 0 : state - 2;
+    t->offset_role = next_byte(r) % (ROLES + 1);
+    t->offset = t->offset_role < ROLES ? next_hostile(r) : 0;
+    const int buffer = next_byte(r) % (2 * ROLES + 1);
+    t->buffer_role = buffer < 2 * ROLES ? buffer % ROLES : ROLES;
+    t->buffer_only = buffer >= ROLES && buffer < 2 * ROLES;
+}
+
+/* A fake device buffer is only ever given to a context without device buffers, which must
+ * refuse it without looking at it. */
+static bool fakes_buffer(const call* c, const mfa_capabilities* caps, int role) {
+    return c->tweaks.buffer_role == role && !(caps->features & MFA_FEATURE_DEVICE_BUFFERS);
+}
+
+/* The rules of mfa_attention_args and mfa_attention_compute beyond the tensors'. A valid call
+ * using a feature the reference does not model is not run (*unrunnable). */
+static void compute_outcome(const call* c, const mfa_capabilities* caps, outcome* o,
+                            bool* unrunnable) {
+    const compute_tweaks* t = &c->tweaks;
+    if (t->encode && !(caps->features & MFA_FEATURE_ENCODE)) violation(o, MFA_ERROR_UNSUPPORTED);
+    if (t->direction != MFA_FORWARD && t->direction != MFA_BACKWARD)
+        violation(o, MFA_ERROR_INVALID_ARGUMENT);
+    if (t->args != 0) violation(o, MFA_ERROR_INVALID_ARGUMENT);
+    const uint32_t have = c->backward ? caps->backward_features : caps->features;
+    if (!isfinite(t->softcap) || t->softcap < 0) {
+        violation(o, MFA_ERROR_INVALID_ARGUMENT);
+    } else if (t->softcap > 0) {
+        if (!(have & MFA_FEATURE_SOFTCAP))
+            violation(o, MFA_ERROR_UNSUPPORTED);
+        else
+            *unrunnable = true;
+    }
+    if (t->initial_state != 0) {
+        if (c->backward || t->initial_state != 1 || !c->tensors[LSE].present)
+            violation(o, MFA_ERROR_INVALID_ARGUMENT);
+        else if (!(have & MFA_FEATURE_INITIAL_STATE))
+            violation(o, MFA_ERROR_UNSUPPORTED);
+        else
+            *unrunnable = true;
+    }
+    const int roles_used = c->backward ? ROLES : DOUT;
+    for (int i = 0; i < roles_used; ++i) {
+        const fuzz_tensor* f = &c->tensors[i];
+        if (!f->present) continue;
+        bool has_data = f->t.data != NULL;
+        if (t->offset_role == i && has_data) {
+            /* data - offset, then offset added back: the same origin unless the pointer
+             * wrapped, which puts the origin outside the address space. */
+            const __int128 moved = (__int128)(uintptr_t)f->t.data - t->offset;
+            if (moved < 0 || moved > (__int128)UINTPTR_MAX)
+                violation(o, MFA_ERROR_SIZE_OVERFLOW);
+            else if (moved == 0)
+                has_data = false;
+            if (moved == 0 && !fakes_buffer(c, caps, i)) violation(o, MFA_ERROR_INVALID_ARGUMENT);
+        }
+        if (fakes_buffer(c, caps, i))
+            violation(o, t->buffer_only || !has_data ? MFA_ERROR_UNSUPPORTED
+                                                     : MFA_ERROR_INVALID_ARGUMENT);
+    }
+}
+
+/* The call's tensors as arrays, tweaked, through mfa_attention_compute or _encode. */
+static mfa_status call_compute(const call* c, const mfa_capabilities* caps,
+                               const mfa_tensor* const* tensors,
+                               const mfa_attention_params* params) {
+    const compute_tweaks* t = &c->tweaks;
+    mfa_array arrays[ROLES];
+    const mfa_array* use[ROLES];
+    for (int i = 0; i < ROLES; ++i) {
+        use[i] = NULL;
+        if (!tensors[i]) continue;
+        mfa_array* a = &arrays[i];
+        memset(a, 0, sizeof *a);
+        a->data = tensors[i]->data;
+        a->dtype = tensors[i]->dtype;
+        memcpy(a->shape, tensors[i]->shape, sizeof a->shape);
+        memcpy(a->strides, tensors[i]->strides, sizeof a->strides);
+        if (t->offset_role == i && a->data != NULL) {
+            a->data = (void*)((uintptr_t)a->data - (uintptr_t)t->offset);
+            a->byte_offset = t->offset;
+        }
+        if (fakes_buffer(c, caps, i)) {
+            a->buffer = (void*)(uintptr_t)4096;
+            if (t->buffer_only) a->data = NULL;
+        }
+        use[i] = a;
+    }
+    static const size_t sizes[4] = {sizeof(mfa_attention_args), sizeof(mfa_attention_args) + 8, 8,
+                                    0};
+    mfa_attention_args args;
+    mfa_attention_args_init(&args, sizeof args);
+    args.struct_size = sizes[t->args < 4 ? t->args : 0];
+    args.softcap = t->softcap;
+    args.initial_state = t->initial_state;
+    args.q = use[Q], args.k = use[K], args.v = use[V], args.out = use[OUT], args.lse = use[LSE];
+    args.dout = use[DOUT], args.dq = use[DQ], args.dk = use[DK], args.dv = use[DV];
+    const mfa_attention_args* given = t->args == 4 ? NULL : &args;
+    if (t->encode)
+        return mfa_attention_encode(c->ctx, (void*)(uintptr_t)4096, (mfa_direction)t->direction,
+                                    params, given);
+    return mfa_attention_compute(c->ctx, (mfa_direction)t->direction, params, given);
+}
+
 /* ---- Running an attention call ------------------------------------------------------------ */
 
 /* What the run exercised, printed at exit: a run that never reaches the reference check or
  * never gets past validation would look green while testing little. */
 static struct {
     long long checked[2], rejected[2], skipped[2], contexts_created, contexts_rejected;
+    long long through_compute, merges[3], summaries[3]; /* checked, rejected, not run */
 } stats;
 
 static void print_stats(void) {
     fprintf(stderr,
             "fuzz_attention: forward %lld checked against the reference, %lld rejected, %lld valid "
-            "but too large to run; backward %lld / %lld / %lld; contexts %lld created, %lld "
-            "rejected\n",
+            "but too large to run; backward %lld / %lld / %lld (%lld of these calls through "
+            "mfa_attention_compute); contexts %lld created, %lld rejected; merges %lld / %lld / "
+            "%lld; mask summaries %lld / %lld / %lld\n",
             stats.checked[0], stats.rejected[0], stats.skipped[0], stats.checked[1],
-            stats.rejected[1], stats.skipped[1], stats.contexts_created, stats.contexts_rejected);
+            stats.rejected[1], stats.skipped[1], stats.through_compute, stats.contexts_created,
+            stats.contexts_rejected, stats.merges[0], stats.merges[1], stats.merges[2],
+            stats.summaries[0], stats.summaries[1], stats.summaries[2]);
 }
 
 static mfa_context* contexts[4]; /* cpu with 1 and 2 threads, then metal-sim ones if built */
@@ -603,7 +748,7 @@ static void fill_forward_results(call* c, const ref_problem* p) {
 static void check_gaps(const call* c, int role) {
     const fuzz_tensor* f = &c->tensors[role];
     if (f->lives_in != role) return;
-    const int64_t es = element_size((int)f->t.dtype);
+    const int64_t es = storage_size((int)f->t.dtype);
     unsigned char* element = (unsigned char*)calloc(f->own.size, 1);
     for (int64_t b = 0; b < f->t.shape[0]; ++b)
         for (int64_t h = 0; h < f->t.shape[1]; ++h)
@@ -652,10 +797,11 @@ static void release(call* c) {
     }
 }
 
-static void run_attention(reader* r, bool backward) {
+static void run_attention(reader* r, bool backward, bool compute) {
     call c;
     memset(&c, 0, sizeof c);
     c.backward = backward;
+    c.compute = compute;
     c.ctx = contexts[next_byte(r) % context_count];
     c.value_seed = next_u64(r);
     decode_problem(r, &c);
@@ -663,11 +809,12 @@ static void run_attention(reader* r, bool backward) {
     mutation m[8];
     const int n = decode_mutations(r, m, 8);
     for (int i = 0; i < n; ++i) apply_claim(&c, &m[i]);
+    if (compute) decode_tweaks(r, backward, &c.tweaks);
 
     for (int i = 0; i < ROLES; ++i) {
         fuzz_tensor* f = &c.tensors[i];
         measure(f);
-        const int64_t es = element_size((int)f->t.dtype);
+        const int64_t es = storage_size((int)f->t.dtype);
         const __int128 elements = (__int128)f->hi - f->lo + 1;
         if (f->present && !f->overflow && es && shapes_positive(&f->t) &&
             elements <= MAX_ELEMENTS) {
@@ -686,7 +833,9 @@ static void run_attention(reader* r, bool backward) {
     caps.struct_size = sizeof caps;
     if (mfa_context_capabilities(c.ctx, &caps) != MFA_OK)
         fail("capabilities: %s", mfa_last_error());
-    const outcome expected = expected_outcome(&c, &caps);
+    outcome expected = expected_outcome(&c, &caps);
+    bool unrunnable = false;
+    if (compute) compute_outcome(&c, &caps, &expected, &unrunnable);
 
     /* Runnable: every tensor lies inside memory we own, holding values of its own dtype, and
      * (backward) out and lse are the ones the reference forward pass fills in. */
@@ -703,7 +852,8 @@ static void run_attention(reader* r, bool backward) {
     int64_t work = 0;
     if (!expected.required) {
         const int64_t kv = c.tensors[K].t.shape[2] * (q->shape[3] + c.tensors[V].t.shape[3]);
-        if (!backed || __builtin_mul_overflow(test_element_count(q) / q->shape[3], kv, &work) ||
+        if (!backed || unrunnable ||
+            __builtin_mul_overflow(test_element_count(q) / q->shape[3], kv, &work) ||
             work > MAX_WORK) {
             ++stats.skipped[backward];
             return release(&c);
@@ -724,9 +874,12 @@ static void run_attention(reader* r, bool backward) {
     const mfa_attention_params* params = c.null_params ? NULL : &c.params;
     plant_stale_message();
     const mfa_status status =
-        backward ? mfa_attention_backward(c.ctx, params, arg[Q], arg[K], arg[V], arg[OUT],
-                                          arg[DOUT], arg[LSE], arg[DQ], arg[DK], arg[DV])
-                 : mfa_attention_forward(c.ctx, params, arg[Q], arg[K], arg[V], arg[OUT], arg[LSE]);
+        compute ? call_compute(&c, &caps, arg, params)
+        : backward
+            ? mfa_attention_backward(c.ctx, params, arg[Q], arg[K], arg[V], arg[OUT], arg[DOUT],
+                                     arg[LSE], arg[DQ], arg[DK], arg[DV])
+            : mfa_attention_forward(c.ctx, params, arg[Q], arg[K], arg[V], arg[OUT], arg[LSE]);
+    if (compute) ++stats.through_compute;
     const char* message = mfa_last_error();
     const unsigned allowed = expected.required | expected.permitted;
 
@@ -760,6 +913,542 @@ static void run_attention(reader* r, bool backward) {
         check_results(&c, &p, q->dtype);
     }
     release(&c);
+}
+
+/* ---- The rules of any one array, for the calls below -------------------------------------- */
+
+/* Violations of one array that must hold one of `dtypes` and the expected sizes (-1: free;
+ * or_one: 1 is accepted too). Returns whether it is sound enough for the overlap checks. */
+static bool array_outcome(const fuzz_tensor* f, uint32_t dtypes, const int64_t expected[4],
+                          const bool or_one[4], bool output, outcome* o) {
+    const int dtype = (int)f->t.dtype;
+    if (!f->present || f->t.data == NULL || dtype < MFA_DTYPE_F32 || dtype > MFA_DTYPE_I32 ||
+        !((dtypes >> dtype) & 1) || !shapes_positive(&f->t)) {
+        violation(o, MFA_ERROR_INVALID_ARGUMENT);
+        return false;
+    }
+    for (int d = 0; d < 4; ++d)
+        if (expected[d] != -1 && f->t.shape[d] != expected[d] && !(or_one[d] && f->t.shape[d] == 1))
+            violation(o, MFA_ERROR_INVALID_ARGUMENT);
+    __int128 first, end;
+    if (f->overflow || !byte_range(f, &first, &end)) {
+        violation(o, MFA_ERROR_SIZE_OVERFLOW);
+        return false;
+    }
+    if ((uintptr_t)f->t.data % (uintptr_t)storage_size(dtype))
+        violation(o, MFA_ERROR_INVALID_ARGUMENT);
+    if (output) {
+        if (listable(f) && overlaps_itself(f))
+            violation(o, MFA_ERROR_INVALID_ARGUMENT);
+        else if (!strides_nested(&f->t))
+            o->permitted |= STATUS_BIT(MFA_ERROR_INVALID_ARGUMENT);
+    }
+    return true;
+}
+
+/* The same view: memory, dtype, shape, and the strides of every dimension that is stepped. */
+static bool same_view(const fuzz_tensor* a, const fuzz_tensor* b) {
+    if (a->t.data != b->t.data || a->t.dtype != b->t.dtype) return false;
+    for (int d = 0; d < 4; ++d)
+        if (a->t.shape[d] != b->t.shape[d] ||
+            (a->t.shape[d] > 1 && a->t.strides[d] != b->t.strides[d]))
+            return false;
+    return true;
+}
+
+/* An output against another sound array: sharing a byte is an error, intersecting extents may
+ * be rejected too; `exact_ok` exempts the very same view (merging in place). */
+static void overlap_outcome(const fuzz_tensor* output, const fuzz_tensor* other, bool exact_ok,
+                            outcome* o) {
+    if (exact_ok && same_view(output, other)) return;
+    __int128 a0, a1, b0, b1;
+    if (!byte_range(output, &a0, &a1) || !byte_range(other, &b0, &b1)) return;
+    if (a0 < b1 && b0 < a1) {
+        if (listable(output) && listable(other) && share_bytes(output, other))
+            violation(o, MFA_ERROR_INVALID_ARGUMENT);
+        else
+            o->permitted |= STATUS_BIT(MFA_ERROR_INVALID_ARGUMENT);
+    }
+}
+
+/* Exactly sized buffers for small arrays, the guard region for the others (run_attention's
+ * rule), filled with poison. */
+static void allocate(fuzz_tensor* f, int count) {
+    for (int i = 0; i < count; ++i) {
+        measure(&f[i]);
+        const int64_t es = storage_size((int)f[i].t.dtype);
+        const __int128 elements = (__int128)f[i].hi - f[i].lo + 1;
+        f[i].lives_in = -1;
+        if (f[i].present && !f[i].overflow && es && shapes_positive(&f[i].t) &&
+            elements <= MAX_ELEMENTS) {
+            f[i].own.size = (size_t)elements * (size_t)es;
+            f[i].own.bytes = (unsigned char*)malloc(f[i].own.size);
+            memset(f[i].own.bytes, POISON, f[i].own.size);
+            f[i].t.data = f[i].own.bytes - f[i].lo * es;
+            f[i].lives_in = i;
+        } else {
+            f[i].t.data = guard_region + 4096;
+        }
+    }
+}
+
+static void snapshot(fuzz_tensor* f, int count) {
+    for (int i = 0; i < count; ++i) {
+        if (!f[i].own.bytes) continue;
+        f[i].own.snapshot = (unsigned char*)malloc(f[i].own.size);
+        memcpy(f[i].own.snapshot, f[i].own.bytes, f[i].own.size);
+    }
+}
+
+static bool backed_by_itself_or(const fuzz_tensor* f, const fuzz_tensor* all) {
+    return f->lives_in >= 0 && spans_inside(f, &all[f->lives_in].own) &&
+           all[f->lives_in].t.dtype == f->t.dtype;
+}
+
+/* After a call: on failure a new, non-empty message and no byte changed; on success only the
+ * allocations in `written` (bits) may have. */
+static void check_memory(const char* what, const fuzz_tensor* f, int count, mfa_status status,
+                         unsigned written) {
+    const char* message = mfa_last_error();
+    if (status != MFA_OK && (message[0] == '\0' || strncmp(message, stale_message_marker,
+                                                           sizeof stale_message_marker - 1) == 0))
+        fail("%s: status %s with an empty or stale message", what, mfa_status_string(status));
+    for (int i = 0; i < count; ++i) {
+        if (!f[i].own.bytes) continue;
+        if ((status != MFA_OK || !((written >> i) & 1)) &&
+            memcmp(f[i].own.bytes, f[i].own.snapshot, f[i].own.size) != 0)
+            fail("%s: array %d was modified (status %s; message: %s)", what, i,
+                 mfa_status_string(status), message);
+    }
+}
+
+static void release_all(fuzz_tensor* f, int count) {
+    for (int i = 0; i < count; ++i) {
+        free(f[i].own.bytes);
+        free(f[i].own.snapshot);
+    }
+}
+
+static mfa_array array_of(const fuzz_tensor* f) {
+    mfa_array a;
+    memset(&a, 0, sizeof a);
+    a.data = f->t.data;
+    a.dtype = f->t.dtype;
+    memcpy(a.shape, f->t.shape, sizeof a.shape);
+    memcpy(a.strides, f->t.strides, sizeof a.strides);
+    return a;
+}
+
+/* Claims and pointers of the small calls' arrays: the kinds of run_attention, and (on outputs)
+ * becoming exactly another array's view, or that view shifted by one element. */
+enum { M_SAME_VIEW = M_KINDS, M_SHIFTED_VIEW, M_ARRAY_KINDS };
+
+static void decode_array_mutations(reader* r, mutation* m, int* n, int max, int arrays) {
+    *n = next_byte(r) % (max + 1);
+    for (int i = 0; i < *n; ++i) {
+        m[i].kind = next_byte(r) % M_ARRAY_KINDS;
+        m[i].role = next_byte(r) % arrays;
+        m[i].other = next_byte(r) % arrays;
+        m[i].dim = next_byte(r) % 4;
+        m[i].value = m[i].kind == M_SHAPE_NUDGE ? (next_byte(r) % 2 ? 1 : -1) : next_hostile(r);
+    }
+}
+
+static void apply_array_claim(fuzz_tensor* f, const mutation* m) {
+    mfa_tensor* t = &f[m->role].t;
+    switch (m->kind) {
+        case M_NULL_TENSOR: f[m->role].present = false; break;
+        case M_DTYPE: t->dtype = (mfa_dtype)(int)m->value; break;
+        case M_SHAPE: t->shape[m->dim] = m->value; break;
+        case M_SHAPE_NUDGE:
+            t->shape[m->dim] = (int64_t)((uint64_t)t->shape[m->dim] + (uint64_t)m->value);
+            break;
+        case M_STRIDE: t->strides[m->dim] = m->value; break;
+        default: break;
+    }
+}
+
+static void apply_array_pointer(fuzz_tensor* f, const mutation* m) {
+    fuzz_tensor *x = &f[m->role], *y = &f[m->other];
+    switch (m->kind) {
+        case M_NULL_DATA:
+            x->t.data = NULL;
+            x->lives_in = -1;
+            break;
+        case M_MISALIGN: x->t.data = (void*)((uintptr_t)x->t.data + 1); break;
+        case M_ALIAS:
+            if (m->other != m->role && y->lives_in >= 0) {
+                x->t.data = y->t.data;
+                x->lives_in = y->lives_in;
+            }
+            break;
+        case M_WILD_POINTER:
+            x->t.data = (void*)wild_pointers[(uint64_t)m->value %
+                                             (sizeof wild_pointers / sizeof wild_pointers[0])];
+            x->lives_in = -1;
+            break;
+        case M_SAME_VIEW:
+        case M_SHIFTED_VIEW:
+            if (m->other != m->role && y->lives_in >= 0 && y->present) {
+                x->t = y->t;
+                x->lo = y->lo, x->hi = y->hi, x->overflow = y->overflow;
+                x->lives_in = y->lives_in;
+                if (m->kind == M_SHIFTED_VIEW)
+                    x->t.data = (char*)x->t.data + storage_size((int)x->t.dtype);
+            }
+            break;
+        default: break;
+    }
+}
+
+/* ---- mfa_attention_merge ------------------------------------------------------------------ */
+
+enum { MERGE_PARTS = 4 };
+/* The arrays of a merge: the parts' outs, the parts' lses, out, lse. */
+enum {
+    MERGE_OUTS = 0,
+    MERGE_LSES = MERGE_PARTS,
+    MERGE_OUT = 2 * MERGE_PARTS,
+    MERGE_LSE,
+    MERGE_ARRAYS
+};
+
+static const uint32_t float_dtypes =
+    1u << MFA_DTYPE_F32 | 1u << MFA_DTYPE_F16 | 1u << MFA_DTYPE_BF16;
+
+static outcome merge_outcome(int32_t count, const fuzz_tensor* f, bool want_lse) {
+    outcome o = {0, 0};
+    if (count < 1) {
+        violation(&o, MFA_ERROR_INVALID_ARGUMENT);
+        return o;
+    }
+    const int64_t* first = f[MERGE_OUTS].t.shape;
+    const int64_t out_shape[4] = {first[0], first[1], first[2], first[3]};
+    const int64_t lse_shape[4] = {first[0], first[1], first[2], 1};
+    const int64_t free_shape[4] = {-1, -1, -1, -1};
+    const bool none[4] = {false, false, false, false};
+    const bool first_sound = f[MERGE_OUTS].present;
+    bool sound[MERGE_ARRAYS] = {false};
+    for (int i = 0; i < count; ++i) {
+        sound[MERGE_OUTS + i] =
+            array_outcome(&f[MERGE_OUTS + i], float_dtypes,
+                          i == 0 || !first_sound ? free_shape : out_shape, none, false, &o);
+        sound[MERGE_LSES + i] =
+            array_outcome(&f[MERGE_LSES + i], 1u << MFA_DTYPE_F32,
+                          first_sound ? lse_shape : free_shape, none, false, &o);
+    }
+    sound[MERGE_OUT] = array_outcome(&f[MERGE_OUT], float_dtypes,
+                                     first_sound ? out_shape : free_shape, none, true, &o);
+    if (want_lse)
+        sound[MERGE_LSE] = array_outcome(&f[MERGE_LSE], 1u << MFA_DTYPE_F32,
+                                         first_sound ? lse_shape : free_shape, none, true, &o);
+    for (int x = MERGE_OUT; x <= (want_lse ? MERGE_LSE : MERGE_OUT); ++x) {
+        if (!sound[x]) continue;
+        for (int i = 0; i < count; ++i) {
+            if (sound[MERGE_OUTS + i])
+                overlap_outcome(&f[x], &f[MERGE_OUTS + i], x == MERGE_OUT, &o);
+            if (sound[MERGE_LSES + i])
+                overlap_outcome(&f[x], &f[MERGE_LSES + i], x == MERGE_LSE, &o);
+        }
+    }
+    if (want_lse && sound[MERGE_OUT] && sound[MERGE_LSE])
+        overlap_outcome(&f[MERGE_OUT], &f[MERGE_LSE], false, &o);
+    return o;
+}
+
+static void run_merge(reader* r) {
+    mfa_context* ctx = contexts[next_byte(r) % context_count];
+    test_rng_state = next_u64(r) | 1;
+    const int pick = next_byte(r) % 8;
+    const int32_t count = pick < 6 ? 1 + pick % MERGE_PARTS : pick == 6 ? 0 : -1;
+    const int parts = count > 0 ? count : 1;
+    const int64_t b = 1 + next_byte(r) % 2, h = 1 + next_byte(r) % 2, n = 1 + next_byte(r) % 6;
+    const int64_t dv = 1 + next_byte(r) % 8;
+    const bool lse_wanted = next_byte(r) % 4 != 0;
+    fuzz_tensor f[MERGE_ARRAYS];
+    memset(f, 0, sizeof f);
+    for (int i = 0; i < MERGE_ARRAYS; ++i) {
+        const bool lse = (i >= MERGE_LSES && i < MERGE_OUT) || i == MERGE_LSE;
+        f[i].present = i >= MERGE_OUT ? (i == MERGE_OUT || lse_wanted) : i % MERGE_PARTS < parts;
+        f[i].t.dtype = lse ? MFA_DTYPE_F32 : (mfa_dtype)(next_byte(r) % 3);
+        set_shape(&f[i].t, b, h, n, lse ? 1 : dv);
+        decode_layout(r, &f[i].t);
+    }
+    mutation m[6];
+    int mutations;
+    decode_array_mutations(r, m, &mutations, 6, MERGE_ARRAYS);
+    for (int i = 0; i < mutations; ++i) apply_array_claim(f, &m[i]);
+    allocate(f, MERGE_ARRAYS);
+    for (int i = 0; i < mutations; ++i) apply_array_pointer(f, &m[i]);
+    const bool want_lse = f[MERGE_LSE].present; /* NULL: not wanted, which is valid */
+
+    const outcome expected = merge_outcome(count, f, want_lse);
+    bool backed = true;
+    for (int i = 0; i < MERGE_ARRAYS; ++i)
+        if (f[i].present && (i >= MERGE_OUT || i % MERGE_PARTS < parts))
+            backed = backed && backed_by_itself_or(&f[i], f);
+    if (!expected.required && !backed) {
+        ++stats.merges[2];
+        return release_all(f, MERGE_ARRAYS);
+    }
+    /* Parts' values: outs in [-1, 1), lses in [-3, 3] with empty (-inf) parts and some NaN and
+     * +inf, which poison their rows. */
+    for (int i = 0; i < parts && !expected.required; ++i) {
+        if (f[MERGE_OUTS + i].lives_in == MERGE_OUTS + i)
+            test_fill_view_random(&f[MERGE_OUTS + i].t);
+        const fuzz_tensor* l = &f[MERGE_LSES + i];
+        if (l->lives_in != MERGE_LSES + i) continue;
+        for (int64_t x = 0; x < b; ++x)
+            for (int64_t y = 0; y < h; ++y)
+                for (int64_t z = 0; z < n; ++z) {
+                    const double u = test_uniform();
+                    const float v = u < -0.6   ? -INFINITY
+                                    : u > 0.97 ? NAN
+                                    : u > 0.95 ? INFINITY
+                                               : (float)(3 * test_uniform());
+                    test_set(&l->t, x, y, z, 0, v);
+                }
+    }
+    /* The reference, from the parts as stored, before an in-place merge overwrites them. */
+    double* want_out = NULL;
+    double* ref_lse = NULL;
+    if (!expected.required) {
+        want_out = (double*)calloc((size_t)(b * h * n * dv), sizeof *want_out);
+        ref_lse = (double*)calloc((size_t)(b * h * n), sizeof *ref_lse);
+        for (int64_t x = 0; x < b; ++x)
+            for (int64_t y = 0; y < h; ++y)
+                for (int64_t z = 0; z < n; ++z) {
+                    const int64_t row = (x * h + y) * n + z;
+                    double top = -INFINITY, total = 0;
+                    bool poisoned = false;
+                    for (int i = 0; i < count; ++i) {
+                        const double l = test_get(&f[MERGE_LSES + i].t, x, y, z, 0);
+                        poisoned = poisoned || isnan(l) || l == INFINITY;
+                        if (l > top) top = l;
+                    }
+                    for (int i = 0; i < count && !poisoned && top > -INFINITY; ++i)
+                        total += exp(test_get(&f[MERGE_LSES + i].t, x, y, z, 0) - top);
+                    ref_lse[row] = poisoned ? NAN : top == -INFINITY ? -INFINITY : top + log(total);
+                    for (int64_t d = 0; d < dv; ++d) {
+                        double sum = 0;
+                        for (int i = 0; i < count && !poisoned && top > -INFINITY; ++i) {
+                            const double l = test_get(&f[MERGE_LSES + i].t, x, y, z, 0);
+                            if (l > -INFINITY)
+                                sum += exp(l - top) * test_get(&f[MERGE_OUTS + i].t, x, y, z, d);
+                        }
+                        want_out[row * dv + d] = poisoned           ? NAN
+                                                 : top == -INFINITY ? 0
+                                                                    : sum / total;
+                    }
+                }
+    }
+    snapshot(f, MERGE_ARRAYS);
+    mfa_array arrays[MERGE_ARRAYS];
+    const mfa_array* outs[MERGE_PARTS];
+    const mfa_array* lses[MERGE_PARTS];
+    for (int i = 0; i < MERGE_ARRAYS; ++i) arrays[i] = array_of(&f[i]);
+    for (int i = 0; i < MERGE_PARTS; ++i) {
+        outs[i] = f[MERGE_OUTS + i].present ? &arrays[MERGE_OUTS + i] : NULL;
+        lses[i] = f[MERGE_LSES + i].present ? &arrays[MERGE_LSES + i] : NULL;
+    }
+    plant_stale_message();
+    const mfa_status status = mfa_attention_merge(ctx, count, outs, lses,
+                                                  f[MERGE_OUT].present ? &arrays[MERGE_OUT] : NULL,
+                                                  want_lse ? &arrays[MERGE_LSE] : NULL);
+    const unsigned allowed = expected.required | expected.permitted;
+    if (expected.required && (status == MFA_OK || !(STATUS_BIT(status) & allowed)))
+        fail("merge returned %s but the rules require mask 0x%x (maybe 0x%x): %s",
+             mfa_status_string(status), expected.required, expected.permitted, mfa_last_error());
+    if (!expected.required && status != MFA_OK && !(STATUS_BIT(status) & expected.permitted))
+        fail("merge of valid arguments failed: %s", mfa_last_error());
+    unsigned written = 0;
+    if (f[MERGE_OUT].lives_in >= 0) written |= 1u << f[MERGE_OUT].lives_in;
+    if (want_lse && f[MERGE_LSE].lives_in >= 0) written |= 1u << f[MERGE_LSE].lives_in;
+    check_memory("merge", f, MERGE_ARRAYS, status, written);
+    ++stats.merges[status == MFA_OK ? 0 : 1];
+    if (status == MFA_OK) {
+        /* Rounded once to the output's dtype from a double computation (test_merge.c). */
+        const mfa_tensor* out = &f[MERGE_OUT].t;
+        const double u = ref_unit_roundoff(out->dtype);
+        for (int64_t x = 0; x < b; ++x)
+            for (int64_t y = 0; y < h; ++y)
+                for (int64_t z = 0; z < n; ++z) {
+                    const int64_t row = (x * h + y) * n + z;
+                    for (int64_t d = 0; d < dv; ++d) {
+                        const double got = test_get(out, x, y, z, d), want = want_out[row * dv + d];
+                        if (isnan(want) ? !isnan(got)
+                                        : !(fabs(got - want) <= 2 * u * fmax(fabs(want), 0x1p-10)))
+                            fail("merge out[%lld, %lld, %lld, %lld] = %.9g, reference %.9g",
+                                 (long long)x, (long long)y, (long long)z, (long long)d, got, want);
+                    }
+                    if (!want_lse) continue;
+                    const double got = test_get(&f[MERGE_LSE].t, x, y, z, 0), want = ref_lse[row];
+                    const bool ok = isnan(want) ? isnan(got)
+                                    : want == -INFINITY
+                                        ? got == -INFINITY
+                                        : fabs(got - want) <= 0x1p-23 * fmax(fabs(want), 1);
+                    if (!ok)
+                        fail("merge lse[%lld, %lld, %lld] = %.9g, reference %.9g", (long long)x,
+                             (long long)y, (long long)z, got, want);
+                }
+    }
+    free(want_out);
+    free(ref_lse);
+    release_all(f, MERGE_ARRAYS);
+}
+
+/* ---- mfa_mask_summarize ------------------------------------------------------------------- */
+
+enum { SUMMARY_MASK, SUMMARY_OUT, SUMMARY_ARRAYS };
+
+static int64_t mask_blocks(int64_t n) { return n / MFA_MASK_BLOCK + (n % MFA_MASK_BLOCK != 0); }
+
+/* The code of mfa.h for one block, from the mask as stored (broadcast through size 1). */
+static int summary_code(const mfa_tensor* mask, int64_t b, int64_t h, int64_t r, int64_t c,
+                        int64_t seq_q, int64_t seq_k) {
+    bool hidden = false, plain = false, other = false;
+    for (int64_t i = r * MFA_MASK_BLOCK; i < seq_q && i < (r + 1) * MFA_MASK_BLOCK; ++i)
+        for (int64_t j = c * MFA_MASK_BLOCK; j < seq_k && j < (c + 1) * MFA_MASK_BLOCK; ++j) {
+            const int64_t o =
+                test_offset(mask, mask->shape[0] == 1 ? 0 : b, mask->shape[1] == 1 ? 0 : h,
+                            mask->shape[2] == 1 ? 0 : i, mask->shape[3] == 1 ? 0 : j);
+            if (mask->dtype == MFA_DTYPE_BOOL) {
+                if (((const unsigned char*)mask->data)[o])
+                    plain = true;
+                else
+                    hidden = true;
+                continue;
+            }
+            const mfa_tensor element = {(char*)mask->data + o * storage_size((int)mask->dtype),
+                                        mask->dtype,
+                                        {1, 1, 1, 1},
+                                        {0, 0, 0, 0}};
+            const double value = test_get(&element, 0, 0, 0, 0);
+            if (value == -INFINITY)
+                hidden = true;
+            else if (value == 0)
+                plain = true;
+            else
+                other = true;
+        }
+    return other || (hidden && plain) ? 1 : hidden ? 0 : 2;
+}
+
+static void run_summary(reader* r) {
+    /* Lengths beyond the decoded range broadcast the mask (dims of 1), so nothing large is
+     * allocated; 2^20 still makes a summary too large to allocate. */
+    static const int64_t lengths[] = {0, -1, 64, 65, 128, 1, (int64_t)1 << 20, -((int64_t)1 << 40)};
+    mfa_context* ctx = contexts[next_byte(r) % context_count];
+    test_rng_state = next_u64(r) | 1;
+    const int dtype_pick = next_byte(r) % 5;
+    const int dtype = dtype_pick == 0  ? MFA_DTYPE_BOOL
+                      : dtype_pick < 4 ? dtype_pick - 1
+                                       : (int)(int8_t)next_byte(r);
+    const uint8_t q_pick = next_byte(r), k_pick = next_byte(r);
+    const int64_t seq_q = q_pick < 248 ? 1 + q_pick % 150 : lengths[q_pick - 248];
+    const int64_t seq_k = k_pick < 248 ? 1 + k_pick % 150 : lengths[k_pick - 248];
+    const uint8_t dims = next_byte(r);
+    const bool stride0 = (dims >> 4) & 1; /* the batch through stride 0: summary batch 1 */
+    const int64_t mb = 1 + (dims & 1), mh = 1 + ((dims >> 1) & 1);
+    const int64_t mq = (dims >> 2) & 1 || q_pick >= 248 ? 1 : seq_q;
+    const int64_t mk = (dims >> 3) & 1 || k_pick >= 248 ? 1 : seq_k;
+    fuzz_tensor f[SUMMARY_ARRAYS];
+    memset(f, 0, sizeof f);
+    f[SUMMARY_MASK].present = f[SUMMARY_OUT].present = true;
+    f[SUMMARY_MASK].t.dtype = (mfa_dtype)dtype;
+    set_shape(&f[SUMMARY_MASK].t, mb, mh, mq, mk);
+    decode_layout(r, &f[SUMMARY_MASK].t);
+    if (stride0 && mb == 2) f[SUMMARY_MASK].t.strides[0] = 0;
+    f[SUMMARY_OUT].t.dtype = MFA_DTYPE_BOOL;
+    set_shape(&f[SUMMARY_OUT].t, stride0 ? 1 : mb, mh, seq_q < 1 ? 1 : mask_blocks(seq_q),
+              seq_k < 1 ? 1 : mask_blocks(seq_k));
+    decode_layout(r, &f[SUMMARY_OUT].t);
+    mutation m[4];
+    int mutations;
+    decode_array_mutations(r, m, &mutations, 4, SUMMARY_ARRAYS);
+    for (int i = 0; i < mutations; ++i) apply_array_claim(f, &m[i]);
+    allocate(f, SUMMARY_ARRAYS);
+    for (int i = 0; i < mutations; ++i) apply_array_pointer(f, &m[i]);
+
+    outcome o = {0, 0};
+    if (seq_q < 1 || seq_k < 1) violation(&o, MFA_ERROR_INVALID_ARGUMENT);
+    const mfa_tensor* mask = &f[SUMMARY_MASK].t;
+    const int64_t mask_shape[4] = {-1, -1, seq_q, seq_k};
+    const bool mask_or_one[4] = {false, false, true, true};
+    const bool mask_sound = array_outcome(&f[SUMMARY_MASK],
+                                          1u << MFA_DTYPE_BOOL | 1u << MFA_DTYPE_F32 |
+                                              1u << MFA_DTYPE_F16 | 1u << MFA_DTYPE_BF16,
+                                          mask_shape, mask_or_one, false, &o);
+    const int64_t summary_shape[4] = {mask->shape[0], mask->shape[1], mask_blocks(seq_q),
+                                      mask_blocks(seq_k)};
+    const bool summary_or_one[4] = {mask->shape[0] == 1 || mask->strides[0] == 0,
+                                    mask->shape[1] == 1 || mask->strides[1] == 0, false, false};
+    const bool summary_sound = array_outcome(&f[SUMMARY_OUT], 1u << MFA_DTYPE_BOOL, summary_shape,
+                                             summary_or_one, true, &o);
+    if (mask_sound && summary_sound) overlap_outcome(&f[SUMMARY_OUT], &f[SUMMARY_MASK], false, &o);
+
+    const bool backed =
+        backed_by_itself_or(&f[SUMMARY_MASK], f) && backed_by_itself_or(&f[SUMMARY_OUT], f);
+    if (!o.required && (!backed || seq_q * seq_k > MAX_WORK)) {
+        ++stats.summaries[2];
+        return release_all(f, SUMMARY_ARRAYS);
+    }
+    if (!o.required) {
+        /* Blocks of one kind or mixed, so that every code occurs: hidden, plain, other. */
+        const int64_t* s = mask->shape;
+        for (int64_t x = 0; x < s[0]; ++x)
+            for (int64_t y = 0; y < s[1]; ++y)
+                for (int64_t i = 0; i < s[2]; ++i)
+                    for (int64_t j = 0; j < s[3]; ++j) {
+                        const int kind = (int)((i / 64 * 7 + j / 64 * 3 + x + y) % 4);
+                        const double u = test_uniform();
+                        const int64_t at = test_offset(mask, x, y, i, j);
+                        if (mask->dtype == MFA_DTYPE_BOOL) {
+                            ((unsigned char*)mask->data)[at] = kind == 0   ? 0
+                                                               : kind == 1 ? 3
+                                                               : u < 0     ? 1
+                                                                           : 0;
+                        } else {
+                            const float value = kind == 0   ? -INFINITY
+                                                : kind == 1 ? (u < 0 ? 0.0f : -0.0f)
+                                                : kind == 2 ? (u < 0 ? 0.0f : -INFINITY)
+                                                : u < -0.9  ? NAN
+                                                            : (float)u;
+                            test_set(mask, x, y, i, j, value);
+                        }
+                    }
+    }
+    snapshot(f, SUMMARY_ARRAYS);
+    const mfa_array mask_array = array_of(&f[SUMMARY_MASK]);
+    const mfa_array summary_array = array_of(&f[SUMMARY_OUT]);
+    plant_stale_message();
+    const mfa_status status =
+        mfa_mask_summarize(ctx, f[SUMMARY_MASK].present ? &mask_array : NULL, seq_q, seq_k,
+                           f[SUMMARY_OUT].present ? &summary_array : NULL);
+    const unsigned allowed = o.required | o.permitted;
+    if (o.required && (status == MFA_OK || !(STATUS_BIT(status) & allowed)))
+        fail("mask summary returned %s but the rules require mask 0x%x (maybe 0x%x): %s",
+             mfa_status_string(status), o.required, o.permitted, mfa_last_error());
+    if (!o.required && status != MFA_OK && !(STATUS_BIT(status) & o.permitted))
+        fail("mask summary of valid arguments failed: %s", mfa_last_error());
+    check_memory("mask summary", f, SUMMARY_ARRAYS, status, 1u << SUMMARY_OUT);
+    ++stats.summaries[status == MFA_OK ? 0 : 1];
+    if (status == MFA_OK) {
+        const mfa_tensor* s = &f[SUMMARY_OUT].t;
+        mfa_tensor read = *mask;
+        if (read.strides[0] == 0) read.shape[0] = 1;
+        for (int64_t x = 0; x < s->shape[0]; ++x)
+            for (int64_t y = 0; y < s->shape[1]; ++y)
+                for (int64_t i = 0; i < s->shape[2]; ++i)
+                    for (int64_t j = 0; j < s->shape[3]; ++j) {
+                        const int got = ((const unsigned char*)s->data)[test_offset(s, x, y, i, j)];
+                        const int want = summary_code(&read, x, y, i, j, seq_q, seq_k);
+                        if (got != want)
+                            fail("mask summary[%lld, %lld, %lld, %lld] = %d, reference %d",
+                                 (long long)x, (long long)y, (long long)i, (long long)j, got, want);
+                    }
+    }
+    release_all(f, SUMMARY_ARRAYS);
 }
 
 /* ---- Contexts ----------------------------------------------------------------------------- */
@@ -877,10 +1566,14 @@ static void initialize(void) {
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (context_count == 0) initialize();
     reader r = {data, size};
-    switch (next_byte(&r) % 3) {
-        case 0: run_attention(&r, false); break;
-        case 1: run_attention(&r, true); break;
-        default: run_context(&r); break;
+    switch (next_byte(&r) % 7) {
+        case 0: run_attention(&r, false, false); break;
+        case 1: run_attention(&r, true, false); break;
+        case 2: run_context(&r); break;
+        case 3: run_attention(&r, false, true); break;
+        case 4: run_attention(&r, true, true); break;
+        case 5: run_merge(&r); break;
+        default: run_summary(&r); break;
     }
     return 0;
 }

@@ -12,7 +12,7 @@ import struct
 
 CORPUS = pathlib.Path(__file__).resolve().parent / "corpus"
 
-FORWARD, BACKWARD, CONTEXT = 0, 1, 2
+FORWARD, BACKWARD, CONTEXT, COMPUTE_FORWARD, COMPUTE_BACKWARD, MERGE, SUMMARY = range(7)
 ROLES = ("q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv")
 # Indices into the decoder's tables (fuzz_attention.c).
 MUTATIONS = (
@@ -111,6 +111,71 @@ def attention(
         data += bytes([MUTATIONS.index(kind), ROLES.index(role), ROLES.index(other), dim])
         data += bytes([value > 0]) if kind == "shape_nudge" else hostile(value)
     return data
+
+
+SOFTCAPS = (0.0, 0.0, 0.0, 1.5, 50.0, -1.0, "nan", "inf", "-0")
+# Appended to MUTATIONS for the arrays of merges and mask summaries.
+ARRAY_MUTATIONS = MUTATIONS + ("same_view", "shifted_view")
+
+
+def compute(
+    op,
+    *,
+    args=0,
+    direction=0,
+    softcap=0.0,
+    initial_state=0,
+    offset=None,
+    buffer=None,
+    buffer_only=False,
+    **problem,
+):
+    """A forward or backward call through mfa_attention_compute: the attention() bytes, then
+    args.struct_size (0 sizeof, 1 sizeof + 8, 2 8, 3 0, 4 NULL args), direction (0 the call's,
+    240-243 invalid values, 244+ through mfa_attention_encode), softcap, initial state, an
+    array whose byte_offset moves its data back by a hostile value, and one given a device
+    buffer."""
+    data = attention(op, **problem)
+    data += bytes([0 if args == 0 else args + 3, direction, SOFTCAPS.index(softcap)])
+    data += bytes([initial_state + 2 if initial_state else 0])
+    data += bytes([len(ROLES)]) if offset is None else bytes([ROLES.index(offset[0])])
+    if offset is not None:
+        data += hostile(offset[1])
+    if buffer is None:
+        data += bytes([2 * len(ROLES)])
+    else:
+        data += bytes([ROLES.index(buffer) + (len(ROLES) if buffer_only else 0)])
+    return data
+
+
+def array_mutations(mutations):
+    data = bytes([len(mutations)])
+    for kind, role, other, dim, value in mutations:
+        data += bytes([ARRAY_MUTATIONS.index(kind), role, other if isinstance(other, int) else 0])
+        data += bytes([dim])
+        data += bytes([value > 0]) if kind == "shape_nudge" else hostile(value)
+    return data
+
+
+def merge(*, count=3, b=2, h=1, n=5, dv=7, lse=True, dtypes=(0, 1, 2, 0, 0), mutations=()):
+    """Parts' outs are arrays 0-3, their lses 4-7, out 8, lse 9."""
+    pick = {0: 6, -1: 7}.get(count, count - 1)
+    data = bytes([MERGE, 0]) + struct.pack("<Q", 0x3E46E + count)
+    data += bytes([pick, b - 1, h - 1, n - 1, dv - 1, 1 if lse else 0])
+    for i in range(10):
+        if not (4 <= i < 8 or i == 9):  # lses are f32: no dtype byte
+            data += bytes([dtypes[i if i < 4 else 4]])
+        data += bytes([i * 37 % 256, 0, i % 16])
+    return data + array_mutations(mutations)
+
+
+def summary(*, dtype=0, seq_q=100, seq_k=130, dims=0b00011, mutations=()):
+    """dtype: 0 bool, 1 f32, 2 f16, 3 bf16; dims bits: batch 2, heads 2, broadcast queries,
+    broadcast keys, batch through stride 0; seq 0 is the hostile table's 0."""
+    length = lambda n: 248 if n == 0 else n - 1  # noqa: E731
+    data = bytes([SUMMARY, 0]) + struct.pack("<Q", 0x5A11 + seq_q)
+    data += bytes([dtype, length(seq_q), length(seq_k), dims, 3, 0, 0, 0, 0, 0])
+    return data + array_mutations(mutations)
 
 
 def context(
@@ -246,6 +311,34 @@ def seeds():
     )
     yield "alias-dout-out", attention(BACKWARD, mutations=[mutation("alias", "dout", other="out")])
     yield "wild-pointer-top", attention(FORWARD, mutations=[mutation("wild_pointer", "v", 3)])
+    yield "compute-fwd-f32", compute(COMPUTE_FORWARD)
+    yield "compute-bwd-f16-gqa", compute(COMPUTE_BACKWARD, dtype=1, heads_kv=2, group=2, causal=1)
+    yield "compute-sim-fwd-bf16", compute(COMPUTE_FORWARD, context=2, dtype=2, seq_q=17)
+    yield "compute-args-larger", compute(COMPUTE_FORWARD, args=1)
+    yield "compute-args-null", compute(COMPUTE_BACKWARD, args=4)
+    yield "compute-direction", compute(COMPUTE_FORWARD, direction=240)
+    yield "compute-encode", compute(COMPUTE_FORWARD, direction=250)
+    yield "compute-softcap", compute(COMPUTE_FORWARD, softcap=1.5)
+    yield "compute-softcap-nan", compute(COMPUTE_BACKWARD, softcap="nan")
+    yield "compute-initial-state", compute(COMPUTE_FORWARD, initial_state=1)
+    yield "compute-byte-offset", compute(COMPUTE_FORWARD, offset=("k", 64))
+    yield "compute-byte-offset-extreme", compute(COMPUTE_FORWARD, offset=("out", -(2**63)))
+    yield "compute-byte-offset-wraps", compute(COMPUTE_FORWARD, offset=("q", 2**62))
+    yield "compute-buffer", compute(COMPUTE_FORWARD, buffer="v", buffer_only=True)
+    yield "compute-data-and-buffer", compute(COMPUTE_BACKWARD, buffer="dq")
+    yield "merge-3-parts", merge()
+    yield "merge-1-part", merge(count=1, lse=False)
+    yield "merge-in-place", merge(mutations=[mutation("same_view", 8, other=1)])
+    yield "merge-lse-in-place", merge(mutations=[mutation("same_view", 9, other=6)])
+    yield "merge-shifted-onto-part", merge(mutations=[mutation("shifted_view", 8, other=0)])
+    yield "merge-count-zero", merge(count=0)
+    yield "merge-part-shape", merge(mutations=[mutation("shape_nudge", 2, 1, dim=2)])
+    yield "summary-bool", summary()
+    yield "summary-f16-broadcast", summary(dtype=2, dims=0b01101)
+    yield "summary-f32-batch-stride-0", summary(dtype=1, dims=0b10001)
+    yield "summary-bf16-exact-blocks", summary(dtype=3, seq_q=128, seq_k=64, dims=0)
+    yield "summary-seq-zero", summary(seq_q=0)
+    yield "summary-overlaps-mask", summary(mutations=[mutation("alias", 1, other=0)])
     yield "context-cpu", context()
     yield "context-auto-null-options", context(backend=0, null_options=True, caps_size=4)
     yield "context-metal", context(backend=2, caps_size=7)

@@ -20,9 +20,10 @@
 
 enum { BAD_B = 2, BAD_HQ = 4, BAD_HKV = 2, BAD_NQ = 5, BAD_NK = 7, BAD_D = 8, BAD_DV = 6 };
 
-/* What a row calls: mfa_attention_forward or mfa_attention_backward on the fixture, or a call
- * of its own whose status it leaves in the fixture. */
-typedef enum bad_input_kind { BAD_FORWARD, BAD_BACKWARD, BAD_CALL } bad_input_kind;
+/* What a row calls: mfa_attention_forward or mfa_attention_backward on the fixture, the
+ * fixture's forward through mfa_attention_compute (its arrays and args, with one modifier a row
+ * may add), or a call of its own whose status it leaves in the fixture. */
+typedef enum bad_input_kind { BAD_FORWARD, BAD_BACKWARD, BAD_COMPUTE, BAD_CALL } bad_input_kind;
 
 /* A valid forward and backward problem that a row breaks in one place. */
 typedef struct bad_input_fixture {
@@ -35,7 +36,26 @@ typedef struct bad_input_fixture {
     int created_context;  /* the row called mfa_context_create ... */
     mfa_context* created; /* ... which must have set this to NULL */
     double seconds;       /* mfa_context_last_gpu_time's output; must stay -1 */
+    /* BAD_COMPUTE: the forward above as mfa_attention_compute's arguments, and one more array
+     * (a modifier) that a row may add. */
+    mfa_direction direction;
+    mfa_array arrays[5]; /* q, k, v, out, lse */
+    mfa_attention_args args;
+    int pass_args; /* 0: args is NULL */
+    test_tensor extra;
+    mfa_array extra_array;
 } bad_input_fixture;
+
+/* The mfa_array of a test tensor, in host memory. */
+static mfa_array bad_input_array(const test_tensor* x) {
+    mfa_array a;
+    memset(&a, 0, sizeof a);
+    a.data = x->t.data;
+    a.dtype = x->t.dtype;
+    memcpy(a.shape, x->t.shape, sizeof a.shape);
+    memcpy(a.strides, x->t.strides, sizeof a.strides);
+    return a;
+}
 
 /* The cpu context of the valid call, made by the test before any row runs. */
 static mfa_context* bad_input_cpu_context;
@@ -54,7 +74,21 @@ static bad_input_fixture bad_input_fixture_make(void) {
     f.pass_q = f.pass_k = f.pass_v = f.pass_out = f.pass_lse = 1;
     f.ctx = bad_input_cpu_context;
     f.seconds = -1;
+    f.direction = MFA_FORWARD;
+    const test_tensor* tensors[5] = {&f.a.q, &f.a.k, &f.a.v, &f.a.out, &f.a.lse};
+    for (int i = 0; i < 5; ++i) f.arrays[i] = bad_input_array(tensors[i]);
+    mfa_attention_args_init(&f.args, sizeof f.args);
+    f.pass_args = 1;
     return f;
+}
+
+/* The modifier array of a BAD_COMPUTE row: a zero-filled dense array of that dtype and shape. */
+static mfa_array* bad_input_extra(bad_input_fixture* f, mfa_dtype dtype, int64_t b, int64_t h,
+                                  int64_t s, int64_t d) {
+    f->extra = test_tensor_make(dtype, b, h, s, d, TEST_BHSD);
+    memset(f->extra.storage, 0, f->extra.bytes);
+    f->extra_array = bad_input_array(&f->extra);
+    return &f->extra_array;
 }
 
 /* mfa_context_create with default options changed by `change`; *out starts as a non-NULL
@@ -218,7 +252,47 @@ static void out_interleaved_with_q(bad_input_fixture* f) {
       "dv: stride 0 of dim 2 (seq) makes elements overlap", f->a.dv.t.strides[2] = 0)              \
     X("alloc-overflow", BAD_CALL, MFA_ERROR_SIZE_OVERFLOW, "rounded up to whole",                  \
       f->pointer = mfa_alloc(SIZE_MAX);                                                            \
-      f->status = f->pointer == NULL ? MFA_ERROR_SIZE_OVERFLOW : MFA_OK)
+      f->status = f->pointer == NULL ? MFA_ERROR_SIZE_OVERFLOW : MFA_OK)                           \
+    X("args-null", BAD_COMPUTE, MFA_ERROR_INVALID_ARGUMENT, "args is NULL", f->pass_args = 0)      \
+    X("args-size", BAD_COMPUTE, MFA_ERROR_INVALID_ARGUMENT,                                        \
+      "is larger than this library's mfa_attention_args", f->args.struct_size += 8)                \
+    X("direction-unknown", BAD_COMPUTE, MFA_ERROR_INVALID_ARGUMENT,                                \
+      "direction = 2 is not an mfa_direction", f->direction = (mfa_direction)2)                    \
+    X("forward-with-gradient", BAD_COMPUTE, MFA_ERROR_INVALID_ARGUMENT,                            \
+      "dq is given to a forward call", f->args.dq = &f->arrays[0])                                 \
+    X("array-data-and-buffer", BAD_COMPUTE, MFA_ERROR_INVALID_ARGUMENT,                            \
+      "v.data and v.buffer are both set", f->arrays[2].buffer = f->arrays[2].data)                 \
+    X("array-in-buffer-on-cpu", BAD_COMPUTE, MFA_ERROR_UNSUPPORTED,                                \
+      "q is in a device buffer: the cpu backend takes host memory only",                           \
+      f->arrays[0].buffer = f->arrays[0].data;                                                     \
+      f->arrays[0].data = NULL)                                                                    \
+    X("softcap-negative", BAD_COMPUTE, MFA_ERROR_INVALID_ARGUMENT,                                 \
+      "args.softcap must be finite and >= 0 (0 = none), got -1", f->args.softcap = -1.0f)          \
+    X("mask-dtype", BAD_COMPUTE, MFA_ERROR_INVALID_ARGUMENT,                                       \
+      "args.mask.dtype must be f32 or bool",                                                       \
+      f->args.mask = bad_input_extra(f, MFA_DTYPE_I32, BAD_B, BAD_HQ, BAD_NQ, BAD_NK))             \
+    X("mask-shape", BAD_COMPUTE, MFA_ERROR_INVALID_ARGUMENT,                                       \
+      "args.mask.shape[2] (query) must equal q.shape[2] = 5 or be 1, got 4",                       \
+      f->args.mask = bad_input_extra(f, MFA_DTYPE_BOOL, BAD_B, BAD_HQ, BAD_NQ - 1, BAD_NK))        \
+    X("mask-aliases-output", BAD_COMPUTE, MFA_ERROR_INVALID_ARGUMENT, "out overlaps args.mask",    \
+      f->args.mask = bad_input_extra(f, MFA_DTYPE_F32, 1, 1, BAD_NQ, BAD_NK);                      \
+      f->extra_array.data = f->a.out.storage)                                                      \
+    X("block-mask-without-mask", BAD_COMPUTE, MFA_ERROR_INVALID_ARGUMENT,                          \
+      "args.block_mask is given without args.mask",                                                \
+      f->args.block_mask = bad_input_extra(f, MFA_DTYPE_BOOL, BAD_B, BAD_HQ, 1, 1))                \
+    X("alibi-shape", BAD_COMPUTE, MFA_ERROR_INVALID_ARGUMENT,                                      \
+      "args.alibi_slopes.shape[1] (heads) must equal q.shape[1] = 4, got 2",                       \
+      f->args.alibi_slopes = bad_input_extra(f, MFA_DTYPE_F32, 1, BAD_HQ / 2, 1, 1))               \
+    X("sinks-dtype", BAD_COMPUTE, MFA_ERROR_INVALID_ARGUMENT,                                      \
+      "args.sinks.dtype must be f32 (sinks are f32), got f16",                                     \
+      f->args.sinks = bad_input_extra(f, MFA_DTYPE_F16, 1, BAD_HQ, 1, 1))                          \
+    X("varlen-offsets-missing", BAD_COMPUTE, MFA_ERROR_INVALID_ARGUMENT,                           \
+      "args.cu_seqlens_k is NULL; packed sequences need",                                          \
+      f->args.cu_seqlens_q = bad_input_extra(f, MFA_DTYPE_I32, 1, 1, 1, 3))                        \
+    X("merge-count", BAD_CALL, MFA_ERROR_INVALID_ARGUMENT, "count must be >= 1, got 0",            \
+      f->status = mfa_attention_merge(bad_input_cpu_context, 0, NULL, NULL, NULL, NULL))           \
+    X("summary-seq", BAD_CALL, MFA_ERROR_INVALID_ARGUMENT, "seq_q must be >= 1, got 0",            \
+      f->status = mfa_mask_summarize(bad_input_cpu_context, NULL, 0, 1, NULL))
 
 /* More rows of the same rules on other arguments, dimensions and values, which the document
  * leaves to the rows above. */
@@ -375,6 +449,14 @@ static void bad_input_run(int index) {
         CHECK(bad_input_untouched(&f.a.dq) && bad_input_untouched(&f.a.dk) &&
                   bad_input_untouched(&f.a.dv),
               "%s: a gradient was written", row->id);
+    } else if (row->kind == BAD_COMPUTE) {
+        bad_input_poison(&f.a.out);
+        bad_input_poison(&f.a.lse);
+        f.args.q = &f.arrays[0], f.args.k = &f.arrays[1], f.args.v = &f.arrays[2];
+        f.args.out = &f.arrays[3], f.args.lse = &f.arrays[4];
+        status = mfa_attention_compute(f.ctx, f.direction, &f.params, f.pass_args ? &f.args : NULL);
+        CHECK(bad_input_untouched(&f.a.out) && bad_input_untouched(&f.a.lse),
+              "%s: an output was written", row->id);
     }
     CHECK_ERROR(row->id, status, row->status, row->text);
     for (int i = 0; i < 4; ++i) {
@@ -391,6 +473,7 @@ static void bad_input_run(int index) {
             mfa_context_destroy(f.created);
     }
     test_attention_free(&f.a);
+    test_tensor_free(&f.extra);
 }
 
 #endif

@@ -1,5 +1,7 @@
-/* The public entry points: versions, dtypes, backends, contexts and the attention calls.
- * Everything here validates and then hands a checked mfa_problem to the context's backend.
+/* The public entry points: versions, dtypes, backends, contexts, the attention calls, merges,
+ * mask summaries, device and command buffers. Everything here validates and then hands a checked
+ * problem to the context's backend (or, for merges and mask summaries in host memory, to the
+ * core's own implementations).
  * Plain C, like validate.c, so that out-of-range enum values from callers are well defined. */
 #include <stdlib.h>
 #include <string.h>
@@ -7,13 +9,6 @@
 #include "core/backend.h"
 #include "core/export.h"
 #include "core/validate.h"
-
-_Static_assert(MFA_VERSION_NUMBER ==
-                   MFA_VERSION_MAJOR * 10000 + MFA_VERSION_MINOR * 100 + MFA_VERSION_PATCH,
-               "MFA_VERSION_NUMBER must match the MAJOR, MINOR and PATCH macros");
-
-#define MFA_STRINGIFY_(x) #x
-#define MFA_STRINGIFY(x)  MFA_STRINGIFY_(x)
 
 struct mfa_context {
     const mfa_backend_ops* ops;
@@ -60,40 +55,48 @@ static mfa_status check_context(const mfa_context* ctx) {
     return MFA_OK;
 }
 
-MFA_EXPORT unsigned mfa_version_number(void) { return MFA_VERSION_NUMBER; }
-
-MFA_EXPORT const char* mfa_version_string(void) {
-    return MFA_STRINGIFY(MFA_VERSION_MAJOR) "." MFA_STRINGIFY(MFA_VERSION_MINOR) "." MFA_STRINGIFY(
-        MFA_VERSION_PATCH);
-}
-
-MFA_EXPORT size_t mfa_dtype_size(mfa_dtype dtype) {
-    switch ((int)dtype) {
-        case MFA_DTYPE_F32: return 4;
-        case MFA_DTYPE_F16: return 2;
-        case MFA_DTYPE_BF16: return 2;
+/* A backend's capabilities must say what its ops implement, or the core's checks would let
+ * through calls the backend cannot run (or reject ones it can). */
+static mfa_status check_backend_contract(const mfa_backend_ops* ops, const mfa_capabilities* caps) {
+    const mfa_device_ops* d = ops->device;
+    const bool buffers = d != NULL && d->buffer_create && d->buffer_contents && d->buffer_length &&
+                         d->buffer_destroy;
+    const bool encode = d != NULL && d->encode && d->command_buffer_create &&
+                        d->command_buffer_commit && d->command_buffer_wait &&
+                        d->command_buffer_destroy;
+    const char* name = mfa_backend_name(ops->backend);
+    if (!(caps->features & MFA_FEATURE_DEVICE_BUFFERS) != !buffers ||
+        !(caps->features & MFA_FEATURE_ENCODE) != !encode ||
+        ((caps->features & MFA_FEATURE_ENCODE) && !(caps->features & MFA_FEATURE_DEVICE_BUFFERS))) {
+        return mfa_set_error(MFA_ERROR_INTERNAL,
+                             "the %s backend's capabilities (features 0x%x) do not match the "
+                             "device operations it implements (buffers %d, encoding %d)",
+                             name, (unsigned)caps->features, (int)buffers, (int)encode);
     }
-    return 0;
-}
-
-MFA_EXPORT const char* mfa_dtype_name(mfa_dtype dtype) {
-    switch ((int)dtype) {
-        case MFA_DTYPE_F32: return "f32";
-        case MFA_DTYPE_F16: return "f16";
-        case MFA_DTYPE_BF16: return "bf16";
+    if (caps->backward_features & ~caps->features ||
+        (caps->backward_features && !(caps->features & MFA_FEATURE_BACKWARD))) {
+        return mfa_set_error(MFA_ERROR_INTERNAL,
+                             "the %s backend declares backward features 0x%x beyond its forward "
+                             "features 0x%x",
+                             name, (unsigned)caps->backward_features, (unsigned)caps->features);
     }
-    return "unknown";
+    return MFA_OK;
 }
 
-MFA_EXPORT void mfa_attention_params_init(mfa_attention_params* params) {
-    if (params == NULL) return;
-    memset(params, 0, sizeof *params);
-    params->struct_size = sizeof *params;
-    params->scale = 0.0f;
-    params->causal = 0;
-    params->alignment = MFA_ALIGN_BOTTOM_RIGHT;
-    params->window_left = -1;
-    params->window_right = -1;
+static mfa_target target_of(const mfa_context* ctx, bool tensors) {
+    const mfa_target target = {&ctx->caps, mfa_backend_name(ctx->ops->backend), ctx->ops->device,
+                               ctx->state, tensors};
+    return target;
+}
+
+/* The feature a device entry point needs, or an UNSUPPORTED error naming it. */
+static mfa_status require(const mfa_context* ctx, uint32_t feature, const char* what) {
+    if (ctx->caps.features & feature) return MFA_OK;
+    return mfa_set_error(
+        MFA_ERROR_UNSUPPORTED, "%s: the %s backend has no %s (it lacks %s)", what,
+        mfa_backend_name(ctx->ops->backend),
+        feature == MFA_FEATURE_ENCODE ? "command buffers or encoding" : "device buffers",
+        feature == MFA_FEATURE_ENCODE ? "MFA_FEATURE_ENCODE" : "MFA_FEATURE_DEVICE_BUFFERS");
 }
 
 MFA_EXPORT const char* mfa_backend_name(mfa_backend backend) {
@@ -112,15 +115,6 @@ MFA_EXPORT int mfa_backend_available(mfa_backend backend) {
     return ops != NULL && ops->available() ? 1 : 0;
 }
 
-MFA_EXPORT void mfa_context_options_init(mfa_context_options* options) {
-    if (options == NULL) return;
-    memset(options, 0, sizeof *options);
-    options->struct_size = sizeof *options;
-    options->num_threads = 0;
-    options->gpu_family = MFA_GPU_FAMILY_NONE;
-    options->sim_schedule_seed = 0;
-}
-
 MFA_EXPORT mfa_status mfa_context_create(mfa_backend backend, const mfa_context_options* options,
                                          mfa_context** out) {
     if (out == NULL) return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT, "out is NULL");
@@ -134,7 +128,7 @@ MFA_EXPORT mfa_status mfa_context_create(mfa_backend backend, const mfa_context_
     if (options != NULL) {
         mfa_status status =
             mfa_read_input_struct(options, &resolved, MFA_CONTEXT_OPTIONS_FIRST_SIZE,
-                                  sizeof resolved, "options", "mfa_context_options");
+                                  sizeof resolved, "0.1.0", "options", "mfa_context_options");
         if (status != MFA_OK) return status;
     }
     if (backend == MFA_BACKEND_AUTO) {
@@ -181,6 +175,11 @@ MFA_EXPORT mfa_status mfa_context_create(mfa_backend backend, const mfa_context_
     memset(&ctx->caps, 0, sizeof ctx->caps);
     ctx->caps.struct_size = sizeof ctx->caps;
     ops->capabilities(ctx->state, &ctx->caps);
+    if ((status = check_backend_contract(ops, &ctx->caps)) != MFA_OK) {
+        ops->destroy(ctx->state);
+        free(ctx);
+        return status;
+    }
     *out = ctx;
     return MFA_OK;
 }
@@ -228,18 +227,68 @@ MFA_EXPORT mfa_status mfa_context_last_gpu_time(const mfa_context* ctx, double* 
     return ctx->ops->last_gpu_time(ctx->state, seconds);
 }
 
+/* The one path of every synchronous attention call. */
+static mfa_status compute(mfa_context* ctx, mfa_direction direction,
+                          const mfa_attention_params* params, const mfa_attention_args* args,
+                          bool tensors) {
+    const mfa_target target = target_of(ctx, tensors);
+    mfa_problem problem;
+    mfa_status status = mfa_build_problem(&target, direction, params, args, false, &problem);
+    if (status != MFA_OK) return status;
+    return direction == MFA_BACKWARD ? ctx->ops->backward(ctx->state, &problem)
+                                     : ctx->ops->forward(ctx->state, &problem);
+}
+
+MFA_EXPORT mfa_status mfa_attention_compute(mfa_context* ctx, mfa_direction direction,
+                                            const mfa_attention_params* params,
+                                            const mfa_attention_args* args) {
+    mfa_status status = check_context(ctx);
+    if (status) return status;
+    return compute(ctx, direction, params, args, false);
+}
+
+MFA_EXPORT mfa_status mfa_attention_encode(mfa_context* ctx, void* command_buffer,
+                                           mfa_direction direction,
+                                           const mfa_attention_params* params,
+                                           const mfa_attention_args* args) {
+    mfa_status status = check_context(ctx);
+    if (status || (status = require(ctx, MFA_FEATURE_ENCODE, "mfa_attention_encode")))
+        return status;
+    if (command_buffer == NULL)
+        return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT, "command_buffer is NULL");
+    const mfa_target target = target_of(ctx, false);
+    mfa_problem problem;
+    status = mfa_build_problem(&target, direction, params, args, true, &problem);
+    if (status != MFA_OK) return status;
+    return ctx->ops->device->encode(ctx->state, command_buffer, direction, &problem);
+}
+
+/* A 0.1 tensor as a host array (NULL stays NULL, for validation to name). */
+static const mfa_array* array_of(const mfa_tensor* t, mfa_array* storage) {
+    if (t == NULL) return NULL;
+    memset(storage, 0, sizeof *storage);
+    storage->data = t->data;
+    storage->dtype = t->dtype;
+    memcpy(storage->shape, t->shape, sizeof storage->shape);
+    memcpy(storage->strides, t->strides, sizeof storage->strides);
+    return storage;
+}
+
 MFA_EXPORT mfa_status mfa_attention_forward(mfa_context* ctx, const mfa_attention_params* params,
                                             const mfa_tensor* q, const mfa_tensor* k,
                                             const mfa_tensor* v, const mfa_tensor* out,
                                             const mfa_tensor* lse) {
     mfa_status status = check_context(ctx);
     if (status) return status;
-    const mfa_call_tensors tensors = {q, k, v, out, lse, NULL, NULL, NULL, NULL};
-    mfa_problem problem;
-    status = mfa_build_problem(&ctx->caps, mfa_backend_name(ctx->ops->backend), params, &tensors,
-                               false, &problem);
-    if (status) return status;
-    return ctx->ops->forward(ctx->state, &problem);
+    mfa_array arrays[5];
+    mfa_attention_args args;
+    mfa_attention_args_init(&args, sizeof args);
+    args.q = array_of(q, &arrays[0]);
+    args.k = array_of(k, &arrays[1]);
+    args.v = array_of(v, &arrays[2]);
+    args.out = array_of(out, &arrays[3]);
+    args.lse = array_of(lse, &arrays[4]);
+    return compute(ctx, MFA_FORWARD, params, &args, true);
 }
 
 MFA_EXPORT mfa_status mfa_attention_backward(mfa_context* ctx, const mfa_attention_params* params,
@@ -250,14 +299,139 @@ MFA_EXPORT mfa_status mfa_attention_backward(mfa_context* ctx, const mfa_attenti
                                              const mfa_tensor* dv) {
     mfa_status status = check_context(ctx);
     if (status) return status;
-    if (!(ctx->caps.features & MFA_FEATURE_BACKWARD)) {
-        return mfa_set_error(MFA_ERROR_UNSUPPORTED, "the %s backend has no backward pass",
-                             mfa_backend_name(ctx->ops->backend));
-    }
-    const mfa_call_tensors tensors = {q, k, v, out, lse, dout, dq, dk, dv};
-    mfa_problem problem;
-    status = mfa_build_problem(&ctx->caps, mfa_backend_name(ctx->ops->backend), params, &tensors,
-                               true, &problem);
+    mfa_array arrays[9];
+    mfa_attention_args args;
+    mfa_attention_args_init(&args, sizeof args);
+    args.q = array_of(q, &arrays[0]);
+    args.k = array_of(k, &arrays[1]);
+    args.v = array_of(v, &arrays[2]);
+    args.out = array_of(out, &arrays[3]);
+    args.dout = array_of(dout, &arrays[4]);
+    args.lse = array_of(lse, &arrays[5]);
+    args.dq = array_of(dq, &arrays[6]);
+    args.dk = array_of(dk, &arrays[7]);
+    args.dv = array_of(dv, &arrays[8]);
+    return compute(ctx, MFA_BACKWARD, params, &args, true);
+}
+
+MFA_EXPORT mfa_status mfa_attention_merge(mfa_context* ctx, int32_t count,
+                                          const mfa_array* const* outs,
+                                          const mfa_array* const* lses, const mfa_array* out,
+                                          const mfa_array* lse) {
+    mfa_status status = check_context(ctx);
     if (status) return status;
-    return ctx->ops->backward(ctx->state, &problem);
+    if (count < 1)
+        return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT, "count must be >= 1, got %d", (int)count);
+    if (outs == NULL || lses == NULL)
+        return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT, "%s is NULL", outs ? "lses" : "outs");
+    mfa_merge_part* parts = (mfa_merge_part*)calloc((size_t)count, sizeof *parts);
+    if (parts == NULL)
+        return mfa_set_error(MFA_ERROR_OUT_OF_MEMORY, "cannot allocate %d merge parts", (int)count);
+    const mfa_target target = target_of(ctx, false);
+    mfa_merge_problem problem;
+    status = mfa_build_merge(&target, count, outs, lses, out, lse, parts, &problem);
+    if (status == MFA_OK) {
+        const mfa_device_ops* device = ctx->ops->device;
+        if (device != NULL && device->merge != NULL) {
+            status = device->merge(ctx->state, &problem);
+        } else if (problem.memory == MFA_MEMORY_HOST) {
+            status = mfa_core_merge_host(&problem);
+        } else {
+            status = mfa_set_error(MFA_ERROR_UNSUPPORTED,
+                                   "mfa_attention_merge: the %s backend cannot merge arrays in "
+                                   "device buffers (only host arrays)",
+                                   mfa_backend_name(ctx->ops->backend));
+        }
+    }
+    free(parts);
+    return status;
+}
+
+MFA_EXPORT mfa_status mfa_mask_summarize(mfa_context* ctx, const mfa_array* mask, int64_t seq_q,
+                                         int64_t seq_k, const mfa_array* summary) {
+    mfa_status status = check_context(ctx);
+    if (status) return status;
+    const mfa_target target = target_of(ctx, false);
+    mfa_summary_problem problem;
+    status = mfa_build_summary(&target, mask, seq_q, seq_k, summary, &problem);
+    if (status != MFA_OK) return status;
+    const mfa_device_ops* device = ctx->ops->device;
+    if (device != NULL && device->mask_summarize != NULL)
+        return device->mask_summarize(ctx->state, &problem);
+    if (problem.memory == MFA_MEMORY_HOST) return mfa_core_mask_summarize_host(&problem);
+    return mfa_set_error(MFA_ERROR_UNSUPPORTED,
+                         "mfa_mask_summarize: the %s backend cannot summarize masks in device "
+                         "buffers (only host arrays)",
+                         mfa_backend_name(ctx->ops->backend));
+}
+
+MFA_EXPORT mfa_status mfa_buffer_create(mfa_context* ctx, size_t length, void** buffer) {
+    if (buffer == NULL) return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT, "buffer is NULL");
+    *buffer = NULL;
+    mfa_status status = check_context(ctx);
+    if (status || (status = require(ctx, MFA_FEATURE_DEVICE_BUFFERS, "mfa_buffer_create")))
+        return status;
+    if (length == 0)
+        return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT, "length must be >= 1 byte, got 0");
+    status = ctx->ops->device->buffer_create(ctx->state, length, buffer);
+    if (status != MFA_OK) *buffer = NULL;
+    return status;
+}
+
+static bool has_buffers(const mfa_context* ctx) {
+    return ctx != NULL && (ctx->caps.features & MFA_FEATURE_DEVICE_BUFFERS);
+}
+
+MFA_EXPORT void* mfa_buffer_contents(mfa_context* ctx, void* buffer) {
+    if (!has_buffers(ctx) || buffer == NULL) return NULL;
+    return ctx->ops->device->buffer_contents(ctx->state, buffer);
+}
+
+MFA_EXPORT size_t mfa_buffer_length(mfa_context* ctx, void* buffer) {
+    if (!has_buffers(ctx) || buffer == NULL) return 0;
+    return ctx->ops->device->buffer_length(ctx->state, buffer);
+}
+
+MFA_EXPORT void mfa_buffer_destroy(mfa_context* ctx, void* buffer) {
+    if (!has_buffers(ctx) || buffer == NULL) return;
+    ctx->ops->device->buffer_destroy(ctx->state, buffer);
+}
+
+MFA_EXPORT mfa_status mfa_command_buffer_create(mfa_context* ctx, void** command_buffer) {
+    if (command_buffer == NULL)
+        return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT, "command_buffer is NULL");
+    *command_buffer = NULL;
+    mfa_status status = check_context(ctx);
+    if (status || (status = require(ctx, MFA_FEATURE_ENCODE, "mfa_command_buffer_create")))
+        return status;
+    status = ctx->ops->device->command_buffer_create(ctx->state, command_buffer);
+    if (status != MFA_OK) *command_buffer = NULL;
+    return status;
+}
+
+/* The checks of commit and wait: a context that encodes, and a command buffer. */
+static mfa_status check_command_buffer(const mfa_context* ctx, const void* command_buffer,
+                                       const char* what) {
+    mfa_status status = check_context(ctx);
+    if (status || (status = require(ctx, MFA_FEATURE_ENCODE, what))) return status;
+    if (command_buffer == NULL)
+        return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT, "%s: command_buffer is NULL", what);
+    return MFA_OK;
+}
+
+MFA_EXPORT mfa_status mfa_command_buffer_commit(mfa_context* ctx, void* command_buffer) {
+    mfa_status status = check_command_buffer(ctx, command_buffer, "mfa_command_buffer_commit");
+    if (status != MFA_OK) return status;
+    return ctx->ops->device->command_buffer_commit(ctx->state, command_buffer);
+}
+
+MFA_EXPORT mfa_status mfa_command_buffer_wait(mfa_context* ctx, void* command_buffer) {
+    mfa_status status = check_command_buffer(ctx, command_buffer, "mfa_command_buffer_wait");
+    if (status != MFA_OK) return status;
+    return ctx->ops->device->command_buffer_wait(ctx->state, command_buffer);
+}
+
+MFA_EXPORT void mfa_command_buffer_destroy(mfa_context* ctx, void* command_buffer) {
+    if (ctx == NULL || !(ctx->caps.features & MFA_FEATURE_ENCODE) || command_buffer == NULL) return;
+    ctx->ops->device->command_buffer_destroy(ctx->state, command_buffer);
 }

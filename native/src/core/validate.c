@@ -1,47 +1,66 @@
-/* Every public argument is checked here, before a backend runs, so that a bad call never writes
- * anything. Messages name the argument, the dimension, and expected versus got.
+/* The checks every public array goes through, before a backend runs, so that a bad call never
+ * writes anything: memory, dtype, shape, strides, overlap. Messages name the argument, the
+ * dimension, and expected versus got. problem.c, merge.c and mask_summary.c build their problems
+ * on top of these.
  *
  * Written in C on purpose: callers may pass any integer where the header says enum, and only C
  * gives such values defined behaviour until they are checked. */
 #include "core/validate.h"
 
-#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static const char* const dim_names[4] = {"batch", "heads", "seq", "head dim"};
+static const char* const default_dim_names[4] = {"batch", "heads", "seq", "head dim"};
 
 /* Fields are only ever appended: every field of the first release keeps its offset and size, and
  * no first-release layout ends in padding, so a field appended later starts at or beyond the
  * first release's struct_size and an older caller's struct never covers part of it. */
-#define SAME_FIELD(type, field)                                                                    \
-    (offsetof(type, field) == offsetof(type##_0_1_0, field) &&                                     \
-     sizeof(((type*)0)->field) == sizeof(((type##_0_1_0*)0)->field))
-_Static_assert(SAME_FIELD(mfa_attention_params, struct_size) &&
-                   SAME_FIELD(mfa_attention_params, scale) &&
-                   SAME_FIELD(mfa_attention_params, causal) &&
-                   SAME_FIELD(mfa_attention_params, alignment) &&
-                   SAME_FIELD(mfa_attention_params, window_left) &&
-                   SAME_FIELD(mfa_attention_params, window_right),
+#define SAME_FIELD(type, first, field)                                                             \
+    (offsetof(type, field) == offsetof(first, field) &&                                            \
+     sizeof(((type*)0)->field) == sizeof(((first*)0)->field))
+_Static_assert(SAME_FIELD(mfa_attention_params, mfa_attention_params_0_1_0, struct_size) &&
+                   SAME_FIELD(mfa_attention_params, mfa_attention_params_0_1_0, scale) &&
+                   SAME_FIELD(mfa_attention_params, mfa_attention_params_0_1_0, causal) &&
+                   SAME_FIELD(mfa_attention_params, mfa_attention_params_0_1_0, alignment) &&
+                   SAME_FIELD(mfa_attention_params, mfa_attention_params_0_1_0, window_left) &&
+                   SAME_FIELD(mfa_attention_params, mfa_attention_params_0_1_0, window_right),
                "mfa_attention_params must start with the fields of its first release");
 _Static_assert(MFA_ATTENTION_PARAMS_FIRST_SIZE ==
                    offsetof(mfa_attention_params_0_1_0, window_right) + sizeof(int64_t),
                "the first mfa_attention_params layout ends in no padding");
-_Static_assert(SAME_FIELD(mfa_context_options, struct_size) &&
-                   SAME_FIELD(mfa_context_options, num_threads) &&
-                   SAME_FIELD(mfa_context_options, gpu_family) &&
-                   SAME_FIELD(mfa_context_options, sim_schedule_seed),
+_Static_assert(SAME_FIELD(mfa_context_options, mfa_context_options_0_1_0, struct_size) &&
+                   SAME_FIELD(mfa_context_options, mfa_context_options_0_1_0, num_threads) &&
+                   SAME_FIELD(mfa_context_options, mfa_context_options_0_1_0, gpu_family) &&
+                   SAME_FIELD(mfa_context_options, mfa_context_options_0_1_0, sim_schedule_seed),
                "mfa_context_options must start with the fields of its first release");
 _Static_assert(MFA_CONTEXT_OPTIONS_FIRST_SIZE ==
                    offsetof(mfa_context_options_0_1_0, sim_schedule_seed) + sizeof(uint64_t),
                "the first mfa_context_options layout ends in no padding");
+#define SAME_ARGS_FIELD(field) SAME_FIELD(mfa_attention_args, mfa_attention_args_0_2_0, field)
+_Static_assert(SAME_ARGS_FIELD(struct_size) && SAME_ARGS_FIELD(softcap) &&
+                   SAME_ARGS_FIELD(initial_state) && SAME_ARGS_FIELD(max_seqlen_q) &&
+                   SAME_ARGS_FIELD(max_seqlen_k) && SAME_ARGS_FIELD(q) && SAME_ARGS_FIELD(k) &&
+                   SAME_ARGS_FIELD(v) && SAME_ARGS_FIELD(out) && SAME_ARGS_FIELD(lse) &&
+                   SAME_ARGS_FIELD(dout) && SAME_ARGS_FIELD(dq) && SAME_ARGS_FIELD(dk) &&
+                   SAME_ARGS_FIELD(dv) && SAME_ARGS_FIELD(mask) && SAME_ARGS_FIELD(block_mask) &&
+                   SAME_ARGS_FIELD(alibi_slopes) && SAME_ARGS_FIELD(sinks) &&
+                   SAME_ARGS_FIELD(dsinks) && SAME_ARGS_FIELD(cu_seqlens_q) &&
+                   SAME_ARGS_FIELD(cu_seqlens_k) && SAME_ARGS_FIELD(block_table) &&
+                   SAME_ARGS_FIELD(cache_seqlens) && SAME_ARGS_FIELD(k_new) &&
+                   SAME_ARGS_FIELD(v_new),
+               "mfa_attention_args must start with the fields of its first release");
+_Static_assert(MFA_ATTENTION_ARGS_FIRST_SIZE ==
+                   offsetof(mfa_attention_args_0_2_0, v_new) + sizeof(const mfa_array*),
+               "the first mfa_attention_args layout ends in no padding");
+#undef SAME_ARGS_FIELD
 #undef SAME_FIELD
 
 mfa_status mfa_read_input_struct(const void* given, void* resolved, size_t first_size,
-                                 size_t current_size, const char* name, const char* type) {
+                                 size_t current_size, const char* first_release, const char* name,
+                                 const char* type) {
     size_t size;
     memcpy(&size, given, sizeof size); /* struct_size, the first field of every input struct */
     if (size > current_size) {
@@ -53,36 +72,57 @@ mfa_status mfa_read_input_struct(const void* given, void* resolved, size_t first
     if (size < first_size) {
         return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
                              "%s.struct_size = %zu is smaller than %s has ever been (%zu bytes in "
-                             "libmfa 0.1.0): initialise %s with %s_init()",
-                             name, size, type, first_size, name, type);
+                             "libmfa %s): initialise %s with %s_init()",
+                             name, size, type, first_size, first_release, name, type);
     }
     memcpy(resolved, given, size);
     memcpy(resolved, &current_size, sizeof current_size);
     return MFA_OK;
 }
 
-#define ANY_SIZE (-1)
-
-/* What a tensor's shape must be: a size per dimension (or ANY_SIZE) and, for messages, where
- * that size comes from ("q.shape[0]"; NULL for a fixed size). */
-typedef struct expected_shape {
-    int64_t size[4];
-    const char* from[4];
-} expected_shape;
-
-/* A checked tensor: its role and the bytes [lo, hi) it may touch, for the overlap checks. */
-typedef struct checked_tensor {
-    const char* name;
-    uintptr_t lo;
-    uintptr_t hi;
-    bool output;
-} checked_tensor;
-
-static bool valid_dtype(int dtype) {
-    return dtype == MFA_DTYPE_F32 || dtype == MFA_DTYPE_F16 || dtype == MFA_DTYPE_BF16;
+mfa_array_rule mfa_rule(uint32_t dtypes, const char* dtype_rule, bool output) {
+    mfa_array_rule rule;
+    memset(&rule, 0, sizeof rule);
+    rule.dtypes = dtypes;
+    rule.dtype_rule = dtype_rule;
+    for (int d = 0; d < 4; ++d) rule.size[d] = MFA_ANY_SIZE;
+    rule.output = output;
+    return rule;
 }
 
-static mfa_status overflow_error(const char* name, const mfa_tensor* t) {
+void mfa_rule_size(mfa_array_rule* rule, int d, int64_t size, const char* from, bool or_one) {
+    rule->size[d] = size;
+    rule->from[d] = from;
+    rule->or_one[d] = or_one;
+}
+
+void mfa_checks_init(mfa_checks* checks, const mfa_target* target, mfa_checked* storage,
+                     int capacity) {
+    checks->target = target;
+    checks->memory = -1;
+    checks->memory_of = NULL;
+    checks->count = 0;
+    checks->capacity = capacity;
+    checks->items = storage;
+}
+
+static bool known_dtype(int dtype) { return dtype >= MFA_DTYPE_F32 && dtype <= MFA_DTYPE_I32; }
+
+/* "f32", "f32 or f16", "bool, f32 or f16": the dtypes of a rule, for messages. */
+static void dtype_list(uint32_t dtypes, char* text, size_t size) {
+    int total = 0, written = 0;
+    for (int d = MFA_DTYPE_F32; d <= MFA_DTYPE_I32; ++d) total += (dtypes >> d) & 1;
+    text[0] = '\0';
+    for (int d = MFA_DTYPE_F32; d <= MFA_DTYPE_I32; ++d) {
+        if (!((dtypes >> d) & 1)) continue;
+        const size_t used = strlen(text);
+        const char* separator = written == 0 ? "" : written == total - 1 ? " or " : ", ";
+        snprintf(text + used, size - used, "%s%s", separator, mfa_dtype_name((mfa_dtype)d));
+        ++written;
+    }
+}
+
+static mfa_status overflow_error(const char* name, const mfa_array* t) {
     return mfa_set_error(MFA_ERROR_SIZE_OVERFLOW,
                          "%s: element offsets of shape [%lld, %lld, %lld, %lld] with strides "
                          "[%lld, %lld, %lld, %lld] overflow 64 bits",
@@ -95,7 +135,8 @@ static mfa_status overflow_error(const char* name, const mfa_tensor* t) {
 /* An output must not write any element twice. Sufficient condition (numpy uses the same): in
  * order of |stride|, each stride exceeds the extent spanned by the smaller ones. The extents
  * cannot overflow: the caller has bounded every (shape - 1) * stride and their sum. */
-static mfa_status check_no_self_overlap(const char* name, const mfa_tensor* t) {
+static mfa_status check_no_self_overlap(const char* name, const mfa_array* t,
+                                        const char* const* dim_names) {
     /* Only dimensions that are stepped matter; their |stride| fits in int64 because
      * (shape - 1) * stride was bounded by the caller. */
     int order[4], stepped = 0;
@@ -125,22 +166,62 @@ static mfa_status check_no_self_overlap(const char* name, const mfa_tensor* t) {
     return MFA_OK;
 }
 
-/* Pointer, dtype, shape (positive, then as expected), then strides: the byte range with every
- * product checked for overflow, alignment, and for outputs no self-overlap. */
-static mfa_status check_tensor(const char* name, const mfa_tensor* t, int expected_dtype,
-                               const char* dtype_rule, const expected_shape* shape, bool output,
-                               checked_tensor* checked) {
+/* Which memory an array is in, and that it is the call's. */
+static mfa_status check_memory(mfa_checks* checks, const char* name, const mfa_array* t) {
+    const mfa_target* target = checks->target;
+    if (t->data != NULL && t->buffer != NULL) {
+        return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
+                             "%s.data and %s.buffer are both set; an array is in host memory "
+                             "(data) or in a device buffer (buffer)",
+                             name, name);
+    }
+    if (t->data == NULL && t->buffer == NULL) {
+        if (target->tensors)
+            return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT, "%s.data is NULL", name);
+        return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
+                             "%s.data is NULL and so is %s.buffer; give host memory or a device "
+                             "buffer",
+                             name, name);
+    }
+    const int memory = t->buffer != NULL ? MFA_MEMORY_DEVICE : MFA_MEMORY_HOST;
+    if (memory == MFA_MEMORY_DEVICE &&
+        (!(target->caps->features & MFA_FEATURE_DEVICE_BUFFERS) || target->device == NULL ||
+         target->device->buffer_length == NULL)) {
+        return mfa_set_error(MFA_ERROR_UNSUPPORTED,
+                             "%s is in a device buffer: the %s backend takes host memory only "
+                             "(it lacks MFA_FEATURE_DEVICE_BUFFERS)",
+                             name, target->backend);
+    }
+    if (checks->memory < 0) {
+        checks->memory = memory;
+        checks->memory_of = name;
+    } else if (memory != checks->memory) {
+        return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
+                             "%s is in %s but %s is in %s; the arrays of one call are all in host "
+                             "memory or all in device buffers",
+                             name, memory == MFA_MEMORY_DEVICE ? "a device buffer" : "host memory",
+                             checks->memory_of,
+                             memory == MFA_MEMORY_DEVICE ? "host memory" : "a device buffer");
+    }
+    return MFA_OK;
+}
+
+mfa_status mfa_check_array(mfa_checks* checks, const char* name, const mfa_array* t,
+                           const mfa_array_rule* rule, const mfa_checked** out) {
+    const char* const* dim_names = rule->dim_names ? rule->dim_names : default_dim_names;
     if (t == NULL) return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT, "%s is NULL", name);
-    if (t->data == NULL) return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT, "%s.data is NULL", name);
+    mfa_status status = check_memory(checks, name, t);
+    if (status != MFA_OK) return status;
     const int dtype = (int)t->dtype;
-    if (!valid_dtype(dtype)) {
+    if (!known_dtype(dtype)) {
         return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT, "%s.dtype = %d is not an mfa_dtype", name,
                              dtype);
     }
-    if (dtype != expected_dtype) {
+    if (!((rule->dtypes >> dtype) & 1)) {
+        char allowed[64];
+        dtype_list(rule->dtypes, allowed, sizeof allowed);
         return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT, "%s.dtype must be %s (%s), got %s", name,
-                             mfa_dtype_name((mfa_dtype)expected_dtype), dtype_rule,
-                             mfa_dtype_name((mfa_dtype)dtype));
+                             allowed, rule->dtype_rule, mfa_dtype_name((mfa_dtype)dtype));
     }
     for (int d = 0; d < 4; ++d) {
         if (t->shape[d] < 1) {
@@ -150,17 +231,18 @@ static mfa_status check_tensor(const char* name, const mfa_tensor* t, int expect
         }
     }
     for (int d = 0; d < 4; ++d) {
-        if (shape->size[d] != ANY_SIZE && t->shape[d] != shape->size[d]) {
-            if (shape->from[d] == NULL) {
-                return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
-                                     "%s.shape[%d] must be %lld, got %lld", name, d,
-                                     (long long)shape->size[d], (long long)t->shape[d]);
-            }
+        const int64_t want = rule->size[d];
+        if (want == MFA_ANY_SIZE || t->shape[d] == want || (rule->or_one[d] && t->shape[d] == 1))
+            continue;
+        const char* or_one = rule->or_one[d] ? " or be 1" : "";
+        if (rule->from[d] == NULL) {
             return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
-                                 "%s.shape[%d] (%s) must equal %s = %lld, got %lld", name, d,
-                                 dim_names[d], shape->from[d], (long long)shape->size[d],
-                                 (long long)t->shape[d]);
+                                 "%s.shape[%d] must be %lld%s, got %lld", name, d, (long long)want,
+                                 or_one, (long long)t->shape[d]);
         }
+        return mfa_set_error(
+            MFA_ERROR_INVALID_ARGUMENT, "%s.shape[%d] (%s) must equal %s = %lld%s, got %lld", name,
+            d, dim_names[d], rule->from[d], (long long)want, or_one, (long long)t->shape[d]);
     }
 
     int64_t count = 1, lo = 0, hi = 0; /* element offsets span [lo, hi] */
@@ -173,39 +255,104 @@ static mfa_status check_tensor(const char* name, const mfa_tensor* t, int expect
             return overflow_error(name, t);
         }
     }
+    /* Backends compute byte offsets from the origin in 64 bits: they must fit there. The
+     * positions that add the origin are summed in 128 bits, where they cannot overflow. */
     const int64_t elem = (int64_t)mfa_dtype_size((mfa_dtype)dtype);
-    const uintptr_t base = (uintptr_t)t->data;
-    int64_t lo_bytes, hi_bytes;
-    if (__builtin_mul_overflow(lo, elem, &lo_bytes) ||
-        __builtin_mul_overflow(hi + 1, elem, &hi_bytes) ||
-        (uintptr_t)0 - (uintptr_t)lo_bytes > base || (uintptr_t)hi_bytes > UINTPTR_MAX - base) {
+    int64_t first_offset, end_offset;
+    const bool bytes_overflow = __builtin_mul_overflow(lo, elem, &first_offset) ||
+                                __builtin_mul_overflow(hi + 1, elem, &end_offset);
+    if (bytes_overflow) {
         return mfa_set_error(MFA_ERROR_SIZE_OVERFLOW,
                              "%s: the byte range of the tensor (element offsets %lld to %lld) "
                              "does not fit in the address space",
                              name, (long long)lo, (long long)hi);
     }
-    if (base % (uintptr_t)elem != 0) {
-        return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
-                             "%s.data is not aligned to its element size (%lld bytes)", name,
-                             (long long)elem);
+    mfa_checked checked;
+    memset(&checked, 0, sizeof checked);
+    if (t->buffer == NULL) {
+        const __int128 origin = (__int128)(uintptr_t)t->data + t->byte_offset;
+        const __int128 first = origin + first_offset, end = origin + end_offset;
+        if (first < 0 || end > (__int128)UINTPTR_MAX) {
+            return mfa_set_error(MFA_ERROR_SIZE_OVERFLOW,
+                                 "%s: the byte range of the tensor (element offsets %lld to %lld) "
+                                 "does not fit in the address space",
+                                 name, (long long)lo, (long long)hi);
+        }
+        if (origin % elem != 0) {
+            return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
+                                 "%s.data%s is not aligned to its element size (%lld bytes)", name,
+                                 t->byte_offset != 0 ? " + byte_offset" : "", (long long)elem);
+        }
+        checked.view.data = (char*)(uintptr_t)origin;
+        checked.lo = (uintptr_t)first;
+        checked.hi = (uintptr_t)end;
+    } else {
+        const mfa_target* target = checks->target;
+        const size_t length = target->device->buffer_length(target->state, t->buffer);
+        const __int128 first = (__int128)t->byte_offset + first_offset;
+        const __int128 end = (__int128)t->byte_offset + end_offset;
+        if (t->byte_offset % elem != 0) {
+            return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
+                                 "%s.byte_offset = %lld is not a multiple of its element size "
+                                 "(%lld bytes)",
+                                 name, (long long)t->byte_offset, (long long)elem);
+        }
+        if (first < 0 || end > (__int128)length) {
+            return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
+                                 "%s: the view reaches bytes %lld to %lld of its buffer "
+                                 "(byte_offset %lld, element offsets %lld to %lld), outside the "
+                                 "buffer's %zu bytes",
+                                 name, (long long)first, (long long)(end - 1),
+                                 (long long)t->byte_offset, (long long)lo, (long long)hi, length);
+        }
+        checked.space = t->buffer;
+        checked.view.buffer = t->buffer;
+        checked.view.byte_offset = t->byte_offset;
+        checked.lo = (uintptr_t)first;
+        checked.hi = (uintptr_t)end;
     }
-    if (output) {
-        mfa_status status = check_no_self_overlap(name, t);
+    if (rule->output) {
+        status = check_no_self_overlap(name, t, dim_names);
         if (status != MFA_OK) return status;
     }
-    checked->name = name;
-    checked->lo = base + (uintptr_t)lo_bytes;
-    checked->hi = base + (uintptr_t)hi_bytes;
-    checked->output = output;
+    /* A size-1 dimension is never stepped; stride 0 keeps backends' index arithmetic within the
+     * bounds checked above whatever stride the caller gave it, and makes broadcasting uniform. */
+    for (int d = 0; d < 4; ++d) checked.view.stride[d] = t->shape[d] == 1 ? 0 : t->strides[d];
+    checked.name = name;
+    checked.array = t;
+    checked.output = rule->output;
+    checked.in_place_group = rule->in_place_group;
+    if (checks->count >= checks->capacity) {
+        return mfa_set_error(MFA_ERROR_INTERNAL, "validation: more arrays than the %d expected",
+                             checks->capacity);
+    }
+    checks->items[checks->count] = checked;
+    if (out != NULL) *out = &checks->items[checks->count];
+    checks->count++;
     return MFA_OK;
 }
 
-/* Outputs must not alias inputs or each other; inputs may alias each other. */
-static mfa_status check_no_overlap(const checked_tensor* all, int count) {
-    for (int i = 0; i < count; ++i) {
+bool mfa_same_view(const mfa_checked* a, const mfa_checked* b) {
+    if (a->space != b->space || a->view.data != b->view.data ||
+        a->view.byte_offset != b->view.byte_offset || a->array->dtype != b->array->dtype)
+        return false;
+    for (int d = 0; d < 4; ++d)
+        if (a->array->shape[d] != b->array->shape[d] || a->view.stride[d] != b->view.stride[d])
+            return false;
+    return true;
+}
+
+/* Outputs must not alias inputs or each other; inputs may alias each other. Arrays of one
+ * in-place group may be exactly the same view (merge's out and one part's out). */
+mfa_status mfa_check_no_overlap(const mfa_checks* checks) {
+    const mfa_checked* all = checks->items;
+    for (int i = 0; i < checks->count; ++i) {
         if (!all[i].output) continue;
-        for (int j = 0; j < count; ++j) {
-            if (i == j || (all[j].output && j < i)) continue;
+        for (int j = 0; j < checks->count; ++j) {
+            if (i == j || (all[j].output && j < i) || all[i].space != all[j].space) continue;
+            if (all[i].in_place_group != 0 && all[i].in_place_group == all[j].in_place_group &&
+                mfa_same_view(&all[i], &all[j]))
+                continue;
             if (all[i].lo < all[j].hi && all[j].lo < all[i].hi) {
                 return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
                                      "%s overlaps %s in memory; outputs must not alias inputs or "
@@ -217,161 +364,22 @@ static mfa_status check_no_overlap(const checked_tensor* all, int count) {
     return MFA_OK;
 }
 
-static mfa_status resolve_params(const mfa_attention_params* given, mfa_problem* problem) {
-    mfa_attention_params params;
-    mfa_attention_params_init(&params);
-    if (given != NULL) {
-        mfa_status status = mfa_read_input_struct(given, &params, MFA_ATTENTION_PARAMS_FIRST_SIZE,
-                                                  sizeof params, "params", "mfa_attention_params");
-        if (status != MFA_OK) return status;
+mfa_status mfa_host_origin(const mfa_checks* checks, const mfa_checked* array,
+                           const char** origin) {
+    if (array->view.buffer == NULL) {
+        *origin = array->view.data;
+        return MFA_OK;
     }
-    const int alignment = (int)params.alignment;
-    if (!isfinite(params.scale)) {
-        return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
-                             "params.scale must be finite, got %g (0 selects 1/sqrt(D))",
-                             (double)params.scale);
-    }
-    if (params.causal != 0 && params.causal != 1) {
-        return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT, "params.causal must be 0 or 1, got %d",
-                             (int)params.causal);
-    }
-    if (alignment != MFA_ALIGN_BOTTOM_RIGHT && alignment != MFA_ALIGN_TOP_LEFT) {
-        return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
-                             "params.alignment = %d is not an mfa_alignment", alignment);
-    }
-    if (params.window_left < -1 || params.window_right < -1) {
-        return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
-                             "params.window_left and window_right must be >= 0, or -1 for "
-                             "unbounded; got (%lld, %lld)",
-                             (long long)params.window_left, (long long)params.window_right);
-    }
-    problem->scale =
-        params.scale != 0.0f ? params.scale : (float)(1.0 / sqrt((double)problem->head_dim));
-    const int64_t diag_offset =
-        alignment == MFA_ALIGN_BOTTOM_RIGHT ? problem->seq_k - problem->seq_q : 0;
-    mfa_visibility_band(problem->seq_q, problem->seq_k, diag_offset, params.window_left,
-                        params.causal ? 0 : params.window_right, &problem->band_lo,
-                        &problem->band_hi);
-    return MFA_OK;
-}
-
-static mfa_view view_of(const mfa_tensor* t) {
-    mfa_view view;
-    memset(&view, 0, sizeof view);
-    if (t != NULL) {
-        view.data = (char*)t->data;
-        /* A size-1 dimension is never stepped; stride 0 keeps backends' index arithmetic
-         * within the bounds checked above whatever stride the caller gave it. */
-        for (int d = 0; d < 4; ++d) view.stride[d] = t->shape[d] == 1 ? 0 : t->strides[d];
-    }
-    return view;
-}
-
-static expected_shape shape_of(int64_t b, const char* b_from, int64_t h, const char* h_from,
-                               int64_t s, const char* s_from, int64_t d, const char* d_from) {
-    expected_shape shape = {{b, h, s, d}, {b_from, h_from, s_from, d_from}};
-    return shape;
-}
-
-mfa_status mfa_build_problem(const mfa_capabilities* caps, const char* backend_name,
-                             const mfa_attention_params* params, const mfa_call_tensors* tensors,
-                             bool backward, mfa_problem* problem) {
-    static const char io_rule[] = "q, k, v, out, dout, dq, dk and dv share q's dtype";
-    checked_tensor checked[9];
-    int n = 0;
-    mfa_status status;
-
-    /* q fixes the dtype and the query-side sizes; k and v the key-side ones. */
-    const expected_shape any = shape_of(ANY_SIZE, "", ANY_SIZE, "", ANY_SIZE, "", ANY_SIZE, "");
-    const int dtype = tensors->q != NULL ? (int)tensors->q->dtype : MFA_DTYPE_F32;
-    if ((status = check_tensor("q", tensors->q, dtype, io_rule, &any, false, &checked[n++])))
-        return status;
-    const mfa_tensor* q = tensors->q;
-    if (!(caps->dtypes & (1u << dtype))) {
-        return mfa_set_error(MFA_ERROR_UNSUPPORTED, "the %s backend does not support dtype %s",
-                             backend_name, mfa_dtype_name((mfa_dtype)dtype));
-    }
-    const int64_t batch = q->shape[0], heads_q = q->shape[1], seq_q = q->shape[2];
-    const int64_t head_dim = q->shape[3];
-    const expected_shape k_shape =
-        shape_of(batch, "q.shape[0]", ANY_SIZE, "", ANY_SIZE, "", head_dim, "q.shape[3]");
-    if ((status = check_tensor("k", tensors->k, dtype, io_rule, &k_shape, false, &checked[n++])))
-        return status;
-    const int64_t heads_kv = tensors->k->shape[1], seq_k = tensors->k->shape[2];
-    const expected_shape v_shape =
-        shape_of(batch, "q.shape[0]", heads_kv, "k.shape[1]", seq_k, "k.shape[2]", ANY_SIZE, "");
-    if ((status = check_tensor("v", tensors->v, dtype, io_rule, &v_shape, false, &checked[n++])))
-        return status;
-    const int64_t head_dim_v = tensors->v->shape[3];
-
-    if (heads_q % heads_kv != 0) {
-        return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
-                             "q.shape[1] (heads) = %lld must be a multiple of k.shape[1] "
-                             "(key/value heads) = %lld",
-                             (long long)heads_q, (long long)heads_kv);
-    }
-    if (head_dim > caps->max_head_dim || head_dim_v > caps->max_head_dim) {
-        const bool is_q = head_dim > caps->max_head_dim;
+    const mfa_target* target = checks->target;
+    char* contents = target->device->buffer_contents
+                         ? (char*)target->device->buffer_contents(target->state, array->view.buffer)
+                         : NULL;
+    if (contents == NULL) {
         return mfa_set_error(MFA_ERROR_UNSUPPORTED,
-                             "%s.shape[3] (head dim) = %lld exceeds the %s backend's maximum of "
-                             "%lld",
-                             is_q ? "q" : "v", (long long)(is_q ? head_dim : head_dim_v),
-                             backend_name, (long long)caps->max_head_dim);
+                             "%s is in a buffer whose contents the CPU cannot read; libmfa reads "
+                             "it while validating, so it must be in shared memory",
+                             array->name);
     }
-
-    const expected_shape out_shape = shape_of(batch, "q.shape[0]", heads_q, "q.shape[1]", seq_q,
-                                              "q.shape[2]", head_dim_v, "v.shape[3]");
-    const expected_shape lse_shape =
-        shape_of(batch, "q.shape[0]", heads_q, "q.shape[1]", seq_q, "q.shape[2]", 1, NULL);
-    if ((status = check_tensor("out", tensors->out, dtype, io_rule, &out_shape, !backward,
-                               &checked[n++])))
-        return status;
-    if (backward && tensors->lse == NULL) {
-        return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
-                             "lse is NULL; the backward pass needs the forward's log-sum-exp");
-    }
-    if (tensors->lse != NULL &&
-        (status = check_tensor("lse", tensors->lse, MFA_DTYPE_F32, "lse is always f32", &lse_shape,
-                               !backward, &checked[n++])))
-        return status;
-    if (backward) {
-        const expected_shape dq_shape = shape_of(batch, "q.shape[0]", heads_q, "q.shape[1]", seq_q,
-                                                 "q.shape[2]", head_dim, "q.shape[3]");
-        const expected_shape dk_shape = shape_of(batch, "k.shape[0]", heads_kv, "k.shape[1]", seq_k,
-                                                 "k.shape[2]", head_dim, "k.shape[3]");
-        const expected_shape dv_shape = shape_of(batch, "v.shape[0]", heads_kv, "v.shape[1]", seq_k,
-                                                 "v.shape[2]", head_dim_v, "v.shape[3]");
-        if ((status = check_tensor("dout", tensors->dout, dtype, io_rule, &out_shape, false,
-                                   &checked[n++])) ||
-            (status =
-                 check_tensor("dq", tensors->dq, dtype, io_rule, &dq_shape, true, &checked[n++])) ||
-            (status =
-                 check_tensor("dk", tensors->dk, dtype, io_rule, &dk_shape, true, &checked[n++])) ||
-            (status =
-                 check_tensor("dv", tensors->dv, dtype, io_rule, &dv_shape, true, &checked[n++])))
-            return status;
-    }
-    if ((status = check_no_overlap(checked, n))) return status;
-
-    memset(problem, 0, sizeof *problem);
-    problem->dtype = (mfa_dtype)dtype;
-    problem->batch = batch;
-    problem->heads_q = heads_q;
-    problem->heads_kv = heads_kv;
-    problem->group = heads_q / heads_kv;
-    problem->seq_q = seq_q;
-    problem->seq_k = seq_k;
-    problem->head_dim = head_dim;
-    problem->head_dim_v = head_dim_v;
-    if ((status = resolve_params(params, problem))) return status;
-    problem->q = view_of(tensors->q);
-    problem->k = view_of(tensors->k);
-    problem->v = view_of(tensors->v);
-    problem->out = view_of(tensors->out);
-    problem->lse = view_of(tensors->lse);
-    problem->dout = view_of(tensors->dout);
-    problem->dq = view_of(tensors->dq);
-    problem->dk = view_of(tensors->dk);
-    problem->dv = view_of(tensors->dv);
+    *origin = contents + array->view.byte_offset;
     return MFA_OK;
 }

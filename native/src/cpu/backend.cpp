@@ -100,6 +100,8 @@ void cpu_capabilities(void* state, mfa_capabilities* caps) {
     caps->features = MFA_FEATURE_BACKWARD | MFA_FEATURE_LSE | MFA_FEATURE_CAUSAL |
                      MFA_FEATURE_WINDOW | MFA_FEATURE_GQA | MFA_FEATURE_VALUE_HEAD_DIM |
                      MFA_FEATURE_STRIDES;
+    caps->backward_features = MFA_FEATURE_CAUSAL | MFA_FEATURE_WINDOW | MFA_FEATURE_GQA |
+                              MFA_FEATURE_VALUE_HEAD_DIM | MFA_FEATURE_STRIDES;
     caps->max_head_dim = kMaxHeadDim;
     caps->gpu_family = MFA_GPU_FAMILY_NONE;
     caps->num_threads = static_cast<cpu_state*>(state)->threads;
@@ -402,6 +404,7 @@ mfa_status cpu_backward(void* opaque, const mfa_problem* problem) {
 const mfa_backend_ops cpu_ops = {
     MFA_BACKEND_CPU,  cpu_available, cpu_create,   cpu_destroy, cpu_device_name,
     cpu_capabilities, cpu_forward,   cpu_backward, nullptr, /* no GPU time */
+    nullptr,                                                /* host memory only */
 };
 
 } // namespace

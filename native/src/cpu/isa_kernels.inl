@@ -33,6 +33,7 @@ static void for_dtype(const mfa_cpu_plan* plan, int64_t task, float* slot) {
         case MFA_DTYPE_F32: F32(plan, task, slot); break;
         case MFA_DTYPE_F16: F16(plan, task, slot); break;
         case MFA_DTYPE_BF16: BF16(plan, task, slot); break;
+        default: break; /* the core hands backends f32, f16 and bf16 problems only */
     }
 }
 

@@ -40,6 +40,8 @@ static void metal_capabilities(void* state, mfa_capabilities* caps) {
     caps->features = MFA_FEATURE_BACKWARD | MFA_FEATURE_LSE | MFA_FEATURE_CAUSAL |
                      MFA_FEATURE_WINDOW | MFA_FEATURE_GQA | MFA_FEATURE_VALUE_HEAD_DIM |
                      MFA_FEATURE_STRIDES;
+    caps->backward_features = MFA_FEATURE_CAUSAL | MFA_FEATURE_WINDOW | MFA_FEATURE_GQA |
+                              MFA_FEATURE_VALUE_HEAD_DIM | MFA_FEATURE_STRIDES;
     caps->max_head_dim = MFA_PLAN_MAX_HEAD_DIM;
     caps->gpu_family = context.family;
     caps->num_threads = 0;
@@ -69,7 +71,7 @@ static mfa_status metal_last_gpu_time(void* state, double* seconds) {
 
 static const mfa_backend_ops metal_ops = {
     MFA_BACKEND_METAL,  metal_available, metal_create,   metal_destroy,       metal_device_name,
-    metal_capabilities, metal_forward,   metal_backward, metal_last_gpu_time,
+    metal_capabilities, metal_forward,   metal_backward, metal_last_gpu_time, NULL,
 };
 
 const mfa_backend_ops* mfa_metal_backend_ops(void) { return &metal_ops; }

@@ -183,6 +183,8 @@ void capabilities(void* state, mfa_capabilities* caps) {
     caps->features = MFA_FEATURE_BACKWARD | MFA_FEATURE_LSE | MFA_FEATURE_CAUSAL |
                      MFA_FEATURE_WINDOW | MFA_FEATURE_GQA | MFA_FEATURE_VALUE_HEAD_DIM |
                      MFA_FEATURE_STRIDES;
+    caps->backward_features = MFA_FEATURE_CAUSAL | MFA_FEATURE_WINDOW | MFA_FEATURE_GQA |
+                              MFA_FEATURE_VALUE_HEAD_DIM | MFA_FEATURE_STRIDES;
     caps->max_head_dim = MFA_PLAN_MAX_HEAD_DIM;
     caps->gpu_family = s->family;
     caps->num_threads = s->workers;
@@ -198,7 +200,7 @@ mfa_status backward(void* state, const mfa_problem* problem) {
 
 // No GPU timing: a simulated dispatch's time says nothing about a GPU's.
 const mfa_backend_ops ops = {MFA_BACKEND_METAL_SIM, available, create,   destroy, device_name,
-                             capabilities,          forward,   backward, nullptr};
+                             capabilities,          forward,   backward, nullptr, nullptr};
 
 } // namespace
 

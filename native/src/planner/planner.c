@@ -279,7 +279,7 @@ static mfa_status plan_pass(const mfa_problem* problem, mfa_gpu_family family, u
                            problem->group <= INT32_MAX / MFA_MAX_BLOCK_PARALLEL &&
                            problem->seq_q < (int64_t)pass->block_parallel;
     if (kind == MFA_PASS_FORWARD) {
-        add_constant(pass, MFA_FC_HAS_LSE, MFA_CONSTANT_TYPE_BOOL, problem->lse.data != NULL);
+        add_constant(pass, MFA_FC_HAS_LSE, MFA_CONSTANT_TYPE_BOOL, mfa_view_present(&problem->lse));
         add_constant(pass, MFA_FC_PACK_GROUP, MFA_CONSTANT_TYPE_BOOL, (uint32_t)pack_group);
     }
 
@@ -333,7 +333,8 @@ static mfa_status plan_pass(const mfa_problem* problem, mfa_gpu_family family, u
                    "both backward passes bind eight operands");
     for (size_t i = 0; i < count; ++i) {
         /* The forward writes L only when the caller asked for it (fc_has_lse). */
-        if (kind == MFA_PASS_FORWARD && uses[i].operand == MFA_OPERAND_L && !problem->lse.data)
+        if (kind == MFA_PASS_FORWARD && uses[i].operand == MFA_OPERAND_L &&
+            !mfa_view_present(&problem->lse))
             continue;
         if ((status = bind_operand(problem, pass, uses[i].operand, uses[i].writable)) != MFA_OK)
             return status;
