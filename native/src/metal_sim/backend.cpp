@@ -1,11 +1,15 @@
 // The metal-sim backend: plans a call with the same planner as the Metal host and runs each
 // pass of the plan through the simulator, so the kernels and the configuration it tests are
-// exactly those a Mac would run.
+// exactly those a Mac would run. Everything a call needs (scratch, the simulator's fiber
+// stacks for every pass) is reserved before its first pass runs, so a call that fails for lack
+// of resources has written nothing.
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <thread>
 
 #include "core/backend.h"
+#include "metal_sim/fiber.h"
 #include "metal_sim/sim.h"
 #include "planner/planner.h"
 
@@ -19,6 +23,7 @@ struct SimState {
     uint64_t schedule_seed;
     int workers;
     char device_name[64];
+    mfa::sim::FiberStackPool stacks; // the context's: reused by its calls, unmapped with it
 };
 
 int available() {
@@ -35,7 +40,10 @@ mfa_status create(const mfa_context_options* options, void** state) {
         return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
                              "metal-sim: gpu_family %d is not Apple7, Apple8 or Apple9",
                              (int)options->gpu_family);
-    auto* s = static_cast<SimState*>(std::calloc(1, sizeof(SimState)));
+    SimState* s = nullptr;
+    try {
+        s = new SimState();
+    } catch (const std::exception&) {}
     if (!s) return mfa_set_error(MFA_ERROR_OUT_OF_MEMORY, "metal-sim: cannot allocate a context");
     s->family = family;
     s->schedule_seed = options->sim_schedule_seed;
@@ -46,7 +54,7 @@ mfa_status create(const mfa_context_options* options, void** state) {
     return MFA_OK;
 }
 
-void destroy(void* state) { std::free(state); }
+void destroy(void* state) { delete static_cast<SimState*>(state); }
 
 const char* device_name(void* state) { return static_cast<SimState*>(state)->device_name; }
 
@@ -78,26 +86,24 @@ char* operand_data(const mfa_problem* problem, mfa_operand operand, float* scrat
     }
 }
 
-mfa_status run_pass(const SimState* s, const mfa_problem* problem, const mfa_pass_plan& pass,
-                    float* scratch) {
-    if (pass.threadgroups[0] == 0 || pass.threadgroups[1] == 0 || pass.threadgroups[2] == 0)
-        return MFA_OK;
-    mfa::sim::FunctionConstant constants[MFA_PLAN_MAX_CONSTANTS];
+// The simulator dispatch of one pass; `constants` is its function-constant storage.
+mfa_status encode_pass(const SimState* s, const mfa_problem* problem, const mfa_pass_plan& pass,
+                       float* scratch, mfa::sim::FunctionConstant* constants,
+                       mfa::sim::Dispatch* d) {
     for (uint32_t i = 0; i < pass.num_constants; ++i) {
         const mfa_function_constant& c = pass.constants[i];
         constants[i] = c.type == MFA_CONSTANT_TYPE_BOOL
                            ? mfa::sim::FunctionConstant::of_bool((uint16_t)c.index, c.value != 0)
                            : mfa::sim::FunctionConstant::of_uint((uint16_t)c.index, c.value);
     }
-    mfa::sim::Dispatch d;
-    d.kernel = pass.kernel_name;
-    d.constants = constants;
-    d.num_constants = pass.num_constants;
+    d->kernel = pass.kernel_name;
+    d->constants = constants;
+    d->num_constants = pass.num_constants;
     // An operand with no elements is never read; the kernel signature still wants a buffer.
     static char empty_operand[16];
     for (uint32_t i = 0; i < pass.num_bindings; ++i) {
         const mfa_buffer_binding& b = pass.bindings[i];
-        mfa::sim::BufferBinding& slot = d.buffers[b.index];
+        mfa::sim::BufferBinding& slot = d->buffers[b.index];
         if (b.byte_length == 0) {
             slot.base = empty_operand;
             slot.length = sizeof empty_operand;
@@ -111,29 +117,53 @@ mfa_status run_pass(const SimState* s, const mfa_problem* problem, const mfa_pas
         slot.base = data + b.byte_offset;
         slot.length = (size_t)b.byte_length;
     }
-    d.buffers[pass.params_index].base = const_cast<mfa_kernel_params*>(&pass.params);
-    d.buffers[pass.params_index].length = sizeof pass.params;
-    d.threadgroup_memory_lengths[MFA_THREADGROUP_STAGING] = pass.threadgroup_memory_length;
-    d.threadgroups.x = (uint32_t)pass.threadgroups[0];
-    d.threadgroups.y = (uint32_t)pass.threadgroups[1];
-    d.threadgroups.z = (uint32_t)pass.threadgroups[2];
-    d.threads_per_threadgroup.x = pass.threads_per_threadgroup;
-    d.schedule_seed = s->schedule_seed;
-    d.num_workers = s->workers;
-    return mfa::sim::dispatch(d);
+    d->buffers[pass.params_index].base = const_cast<mfa_kernel_params*>(&pass.params);
+    d->buffers[pass.params_index].length = sizeof pass.params;
+    d->threadgroup_memory_lengths[MFA_THREADGROUP_STAGING] = pass.threadgroup_memory_length;
+    d->threadgroups.x = (uint32_t)pass.threadgroups[0];
+    d->threadgroups.y = (uint32_t)pass.threadgroups[1];
+    d->threadgroups.z = (uint32_t)pass.threadgroups[2];
+    d->threads_per_threadgroup.x = pass.threads_per_threadgroup;
+    d->schedule_seed = s->schedule_seed;
+    d->num_workers = s->workers;
+    return MFA_OK;
+}
+
+// Encodes every pass of the plan, reserves the fiber stacks all of them need, then runs them
+// in order. Passes without threadgroups have no work.
+mfa_status run_plan(SimState* s, const mfa_problem* problem, const mfa_plan& plan, float* scratch) {
+    mfa::sim::FunctionConstant constants[MFA_PLAN_MAX_PASSES][MFA_PLAN_MAX_CONSTANTS];
+    mfa::sim::Dispatch dispatches[MFA_PLAN_MAX_PASSES];
+    size_t count = 0;
+    for (uint32_t i = 0; i < plan.num_passes; ++i) {
+        const mfa_pass_plan& pass = plan.passes[i];
+        if (pass.threadgroups[0] == 0 || pass.threadgroups[1] == 0 || pass.threadgroups[2] == 0)
+            continue;
+        mfa_status status =
+            encode_pass(s, problem, pass, scratch, constants[count], &dispatches[count]);
+        if (status != MFA_OK) return status;
+        ++count;
+    }
+    mfa::sim::FiberStackReservation stacks;
+    mfa_status status = mfa::sim::reserve(s->stacks, dispatches, count, &stacks);
+    for (size_t i = 0; i < count && status == MFA_OK; ++i) {
+        dispatches[i].stacks = &stacks;
+        status = mfa::sim::dispatch(dispatches[i]);
+    }
+    return status;
 }
 
 mfa_status forward(void* state, const mfa_problem* problem) {
-    const auto* s = static_cast<SimState*>(state);
+    auto* s = static_cast<SimState*>(state);
     mfa_plan plan;
     mfa_status status =
         mfa_plan_forward(problem, s->family, mfa::sim::kMaxThreadsPerThreadgroup, &plan);
     if (status != MFA_OK) return status;
-    return run_pass(s, problem, plan.passes[0], nullptr);
+    return run_plan(s, problem, plan, nullptr);
 }
 
 mfa_status backward(void* state, const mfa_problem* problem) {
-    const auto* s = static_cast<SimState*>(state);
+    auto* s = static_cast<SimState*>(state);
     mfa_plan plan;
     mfa_status status =
         mfa_plan_backward(problem, s->family, mfa::sim::kMaxThreadsPerThreadgroup, &plan);
@@ -150,8 +180,7 @@ mfa_status backward(void* state, const mfa_problem* problem) {
                                  "metal-sim: cannot allocate %lld bytes of backward scratch",
                                  (long long)plan.scratch_bytes);
     }
-    for (uint32_t i = 0; i < plan.num_passes && status == MFA_OK; ++i)
-        status = run_pass(s, problem, plan.passes[i], scratch);
+    status = run_plan(s, problem, plan, scratch);
     std::free(scratch);
     return status;
 }
