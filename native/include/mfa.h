@@ -19,6 +19,11 @@
  *   - Structs that may grow carry their own size in `struct_size`; fill them with the matching
  *     *_init function, which sets struct_size and every default. Fields are only ever appended.
  *   - A context may be used by many threads at once. All per-call state lives in the call.
+ *   - fork(): a process may fork while other threads are inside calls. The child may use the
+ *     cpu and metal-sim contexts it inherited (their worker threads are started again on its
+ *     first call) and create new ones; calls in flight on other threads do not exist in the
+ *     child. metal contexts must not be used in a forked child (Apple's frameworks do not
+ *     support fork() without exec()).
  *
  * This header is parsed by the Python bindings (cffi, ABI mode): keep it plain C declarations,
  * with integer-literal #defines only and no macros inside declarations.

@@ -1,7 +1,9 @@
 """Library errors, backends and contexts."""
 
 import numbers
+import os
 import threading
+import weakref
 
 import ml_dtypes
 import numpy as np
@@ -149,6 +151,7 @@ class Context:
         self._users = 0
         self._closed = False
         self._state = threading.Condition()
+        _live_contexts.add(self)
 
     def _acquire(self):
         with self._state:
@@ -265,6 +268,23 @@ class Context:
 
 _shared_contexts = {}
 _shared_contexts_lock = threading.Lock()
+_live_contexts = weakref.WeakSet()
+
+
+def _after_fork_in_child():
+    """A lock another thread held when this process forked stays held in the child, and the
+    calls other threads had in flight never end there: give every Context fresh locks and no
+    calls in flight, so that the child can use and close the contexts it inherited. (libmfa
+    makes its own state safe across fork() the same way.)"""
+    global _shared_contexts_lock
+    _shared_contexts_lock = threading.Lock()
+    for context in list(_live_contexts):
+        context._state = threading.Condition()
+        context._users = 0
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def resolve_context(backend):

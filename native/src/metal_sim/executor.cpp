@@ -11,6 +11,8 @@
 // function that only part of its group reached. That is reported, naming who waits where.
 #include "metal_sim/sim.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -55,7 +57,13 @@ struct Registry {
 };
 
 Registry& registry() {
-    static Registry instance; // constructed on first use: registration runs in static init
+    static Registry instance = [] {
+        // A fork() made while another thread looks a kernel up must not leave the child's
+        // registry locked: taken around the fork, fresh in the child.
+        pthread_atfork([] { registry().mutex.lock(); }, [] { registry().mutex.unlock(); },
+                       [] { new (&registry().mutex) std::mutex; });
+        return Registry();
+    }(); // constructed on first use: registration runs in static init
     return instance;
 }
 
