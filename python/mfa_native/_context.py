@@ -122,8 +122,13 @@ class Context:
             raise ValueError(f"backend must be one of {sorted(_BACKENDS)}, got {backend!r}")
         if not _is_integer(num_threads):
             raise TypeError(f"num_threads must be an int, got {type(num_threads).__name__}")
-        if not 0 <= num_threads <= 2**31 - 1:
+        if num_threads < 0:
             raise ValueError(f"num_threads must be >= 0 (0 = one per core), got {num_threads}")
+        if num_threads > 2**31 - 1:
+            # The library states its own, lower limit for what fits the C option.
+            raise ValueError(
+                f"num_threads must fit the C option's int32 (at most 2**31 - 1), got {num_threads}"
+            )
         if gpu_family is not None:
             if gpu_family not in _GPU_FAMILIES:
                 raise ValueError(
