@@ -10,7 +10,7 @@
  * the test instead of stopping it; the alarm is a quarter of MFA_TEST_TIMEOUT (default 900 s
  * per test), at least 20 s.
  *
- * Usage: fork_while_busy [FORKS]  (default 60). POSIX only. */
+ * Usage: fork_while_busy [FORKS]  (default 60, 6 under a sanitizer). POSIX only. */
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -20,7 +20,22 @@
 
 #include "test_reference.h"
 
-enum { BUSY = 4, DEFAULT_FORKS = 60, POOL_THREADS = 4 };
+/* A fork of a sanitized process copies its shadow memory's page tables: a tenth of the forks
+ * there. */
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define SANITIZED 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define SANITIZED 1
+#endif
+#ifdef SANITIZED
+enum { DEFAULT_FORKS = 6 };
+#else
+enum { DEFAULT_FORKS = 60 };
+#endif
+enum { BUSY = 4, POOL_THREADS = 4 };
 
 typedef struct problem {
     test_attention a;
@@ -72,14 +87,12 @@ static int check_calls(mfa_context* ctx, const problem* p, int backward) {
                          p->forward.max_score, why, sizeof why);
     if (ok && backward) {
         const ref_result* r = &p->backward;
-        ok = mfa_attention_backward(ctx, &p->params, &a->q.t, &a->k.t, &a->v.t, &a->out.t,
-                                    &a->dout.t, &a->lse.t, &dq.t, &dk.t, &dv.t) == MFA_OK &&
-             ref_compare(&dq.t, MFA_DTYPE_F32, r->dq, r->dq_mag, n, r->max_score, why,
-                         sizeof why) &&
-             ref_compare(&dk.t, MFA_DTYPE_F32, r->dk, r->dk_mag, n, r->max_score, why,
-                         sizeof why) &&
-             ref_compare(&dv.t, MFA_DTYPE_F32, r->dv, r->dv_mag, n, r->max_score, why,
-                         sizeof why);
+        ok =
+            mfa_attention_backward(ctx, &p->params, &a->q.t, &a->k.t, &a->v.t, &a->out.t,
+                                   &a->dout.t, &a->lse.t, &dq.t, &dk.t, &dv.t) == MFA_OK &&
+            ref_compare(&dq.t, MFA_DTYPE_F32, r->dq, r->dq_mag, n, r->max_score, why, sizeof why) &&
+            ref_compare(&dk.t, MFA_DTYPE_F32, r->dk, r->dk_mag, n, r->max_score, why, sizeof why) &&
+            ref_compare(&dv.t, MFA_DTYPE_F32, r->dv, r->dv_mag, n, r->max_score, why, sizeof why);
     }
     test_tensor* all[] = {&out, &lse, &dq, &dk, &dv};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) test_tensor_free(all[i]);

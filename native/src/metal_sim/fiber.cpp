@@ -143,10 +143,17 @@ FiberStack::~FiberStack() {
 
 // ---- Pools ---------------------------------------------------------------------------------
 
+// Under AddressSanitizer a stack is four times the size, and each gets a fake stack (for
+// stack-use-after-return detection) of eleven size classes of 1 MiB each, mapped and
+// garbage-collected by the sanitizer: an eighth of the stacks keep the run's cost in check.
 #if MFA_SIM_ASAN
 const size_t FiberStackPool::kStackBytes = size_t{1} << 20;
+const size_t FiberStackPool::kMaxStacksPerPool = 1024;
+const size_t FiberStackPool::kMaxStacksPerProcess = 2048;
 #else
 const size_t FiberStackPool::kStackBytes = size_t{256} << 10;
+const size_t FiberStackPool::kMaxStacksPerPool = 8192;
+const size_t FiberStackPool::kMaxStacksPerProcess = 16384;
 #endif
 
 namespace {
@@ -327,10 +334,17 @@ void FiberStackReservation::release() {
 
 void fiber_prepare(FiberContext* fiber, FiberStack& stack, void (*entry)(void*), void* argument) {
 #if MFA_SIM_ASAN
-    // A previous fiber on this stack may have been abandoned mid-call, leaving its frames'
-    // redzones poisoned.
-    __asan_unpoison_memory_region(stack.bottom(), stack.size());
+    // Frames of the previous fiber on this stack may still be poisoned: only near the top when
+    // it returned (every frame but its entry's was unwound), at any depth when it was abandoned
+    // mid-call. Unpoisoning the whole stack every time would clear 128 KiB of shadow per
+    // kernel thread per threadgroup.
+    constexpr size_t kTopBytes = 16384;
+    if (stack.abandoned || stack.size() <= kTopBytes)
+        __asan_unpoison_memory_region(stack.bottom(), stack.size());
+    else
+        __asan_unpoison_memory_region(stack.bottom() + stack.size() - kTopBytes, kTopBytes);
 #endif
+    stack.abandoned = false;
     const uintptr_t top =
         (reinterpret_cast<uintptr_t>(stack.bottom()) + stack.size()) & ~uintptr_t{15};
     void** frame;
