@@ -112,17 +112,19 @@ static void out_interleaved_with_q(fixture* f) {
       f->a.lse.t.shape[1] = 3)                                                                     \
     X("out-shape", FORWARD, f->a.out.t.shape[3] = D)                                               \
     X("lse-shape", FORWARD, f->a.lse.t.shape[3] = 2)                                               \
+    X("lse-shape-zero", FORWARD, f->a.lse.t.shape[3] = 0)                                          \
     X("head-dim-too-large", FORWARD, f->a.q.t.shape[3] = f->a.k.t.shape[3] = (int64_t)1 << 20;     \
       f->a.q.t.strides[3] = f->a.k.t.strides[3] = 0)                                               \
     X("element-count-overflow", FORWARD, f->a.q.t.shape[0] = (int64_t)1 << 40;                     \
       f->a.q.t.shape[2] = (int64_t)1 << 40; f->a.q.t.strides[0] = f->a.q.t.strides[2] = 0)         \
     X("offset-overflow", FORWARD, f->a.k.t.strides[2] = INT64_MAX / 2)                             \
+    X("offset-int64-max", FORWARD, f->a.k.t.strides[2] = (INT64_MAX - 175) / 6)                    \
     X("address-overflow", FORWARD, f->a.v.t.strides[0] = (int64_t)1 << 61)                         \
     X("address-negative", FORWARD, f->a.v.t.strides[1] = -((int64_t)1 << 60))                      \
     X("misaligned", FORWARD, f->a.k.t.data = (char*)f->a.k.t.data + 2)                             \
     X("output-broadcast", FORWARD, f->a.out.t.strides[1] = 0)                                      \
     X("output-self-overlap", FORWARD, f->a.out.t.strides[2] = 2)                                   \
-    X("output-aliases-input", FORWARD, f->a.out.t.data = f->a.v.t.data)                            \
+    X("output-aliases-input", FORWARD, f->a.out.t.data = f->a.q.t.data)                            \
     X("outputs-alias", FORWARD, f->a.lse.t.data = f->a.out.t.data)                                 \
     X("output-strides-not-nested", FORWARD, out_distinct_but_not_nested(f))                        \
     X("output-extent-interleaves", FORWARD, out_interleaved_with_q(f))                             \

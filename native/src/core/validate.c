@@ -94,8 +94,11 @@ static mfa_status check_tensor(const char* name, const mfa_tensor* t, int expect
                              mfa_dtype_name((mfa_dtype)expected_dtype), dtype_rule,
                              mfa_dtype_name((mfa_dtype)dtype));
     }
+    /* A dimension of fixed size (lse's last) is not a head dimension: the next loop names its
+     * size instead. */
     for (int d = 0; d < 4; ++d) {
-        if (t->shape[d] < 1) {
+        const bool fixed = shape->size[d] != ANY_SIZE && shape->from[d] == NULL;
+        if (t->shape[d] < 1 && !fixed) {
             return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
                                  "%s.shape[%d] (%s) must be >= 1, got %lld", name, d, dim_names[d],
                                  (long long)t->shape[d]);
@@ -127,10 +130,10 @@ static mfa_status check_tensor(const char* name, const mfa_tensor* t, int expect
     }
     const int64_t elem = (int64_t)mfa_dtype_size((mfa_dtype)dtype);
     const uintptr_t base = (uintptr_t)t->data;
-    int64_t lo_bytes, hi_bytes;
-    if (__builtin_mul_overflow(lo, elem, &lo_bytes) ||
-        __builtin_mul_overflow(hi + 1, elem, &hi_bytes) ||
-        (uintptr_t)0 - (uintptr_t)lo_bytes > base || (uintptr_t)hi_bytes > UINTPTR_MAX - base) {
+    int64_t lo_bytes, end, hi_bytes; /* the bytes touched are [lo_bytes, hi_bytes) */
+    if (__builtin_mul_overflow(lo, elem, &lo_bytes) || __builtin_add_overflow(hi, 1, &end) ||
+        __builtin_mul_overflow(end, elem, &hi_bytes) || (uintptr_t)0 - (uintptr_t)lo_bytes > base ||
+        (uintptr_t)hi_bytes > UINTPTR_MAX - base) {
         return mfa_set_error(MFA_ERROR_SIZE_OVERFLOW,
                              "%s: the byte range of the tensor (element offsets %lld to %lld) "
                              "does not fit in the address space",
