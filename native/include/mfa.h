@@ -132,7 +132,9 @@ typedef enum mfa_alignment { MFA_ALIGN_BOTTOM_RIGHT = 0, MFA_ALIGN_TOP_LEFT = 1 
  * A query row that sees no key gets out = 0, lse = -inf and zero gradients. */
 typedef struct mfa_attention_params {
     size_t struct_size;      /* sizeof(mfa_attention_params), set by mfa_attention_params_init */
-    float scale;             /* multiplies Q K^T; 0 selects 1/sqrt(D). Must be finite. */
+    float scale;             /* multiplies Q K^T; 0 selects 1/sqrt(D). Must be finite. Applied
+                                to each dot product, so only the logits need to fit in f32 (not
+                                q * scale or scale * log2(e)). */
     int32_t causal;          /* 0 or 1 */
     mfa_alignment alignment; /* anchors causal and the window; default bottom-right */
     int64_t window_left;     /* keys before p(i) that stay visible; -1 = unbounded (default) */
@@ -252,11 +254,18 @@ mfa_status mfa_attention_forward(mfa_context* ctx, const mfa_attention_params* p
 
 /* mfa_attention_backward(): gradients of the forward pass with the same params.
  *   q, k, v, out, lse  as given to and returned by mfa_attention_forward (lse is required).
+ *                      A row whose lse is -inf is a row that saw no key, whatever its scores:
+ *                      its dq is 0 and it adds nothing to dk and dv. The forward gives such
+ *                      rows -inf; a caller may set it to leave a row out.
  *   dout               gradient of the loss with respect to out; q's dtype.
  *   dq, dk, dv         outputs, shaped like q, k and v, q's dtype. With GQA, dk and dv sum
  *                      over the query heads that share each key/value head.
  * Runs D = rowsum(dout * out), then one pass parallel over query rows (dq) and one parallel
- * over key rows (dk, dv): no atomics and no N x N buffer. O(B * Hq * Nq) scratch. */
+ * over key rows (dk, dv): no atomics and no N x N buffer. O(B * Hq * Nq) scratch.
+ * Accuracy: P = exp(scores - lse) is recomputed from f32 scores and the f32 lse, so the gradients
+ * are accurate only while the logits' f32 rounding is far below 1 (|logits| up to a few
+ * thousand). Beyond that the call still succeeds and writes every gradient, but their values
+ * may be wrong, and no error says so. */
 mfa_status mfa_attention_backward(mfa_context* ctx, const mfa_attention_params* params,
                                   const mfa_tensor* q, const mfa_tensor* k, const mfa_tensor* v,
                                   const mfa_tensor* out, const mfa_tensor* dout,

@@ -231,7 +231,6 @@ static void fill_params(const mfa_problem* problem, mfa_kernel_params* params) {
     params->band_lo = (int32_t)clamp64(lo, -problem->seq_q, problem->seq_k);
     params->band_hi = (int32_t)clamp64(hi, -problem->seq_q, problem->seq_k);
     params->scale = problem->scale;
-    params->scale_log2 = (float)((double)problem->scale * 1.4426950408889634);
 }
 
 static mfa_status plan_pass(const mfa_problem* problem, mfa_gpu_family family, uint32_t max_threads,
