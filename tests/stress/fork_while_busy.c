@@ -10,7 +10,8 @@
  * the test instead of stopping it; the alarm is a quarter of MFA_TEST_TIMEOUT (default 900 s
  * per test), at least 20 s.
  *
- * Usage: fork_while_busy [FORKS]  (default 60, 6 under a sanitizer). POSIX only. */
+ * Usage: fork_while_busy [FORKS]  (default 60, 6 under ThreadSanitizer; not run under
+ * AddressSanitizer, see below). POSIX only. */
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -21,14 +22,22 @@
 #include "test_reference.h"
 
 /* A fork of a sanitized process copies its shadow memory's page tables: a tenth of the forks
- * there. */
+ * there. AddressSanitizer's allocator (clang 16) is not locked around fork(), so a child forked
+ * while another thread allocates can hang in malloc itself, whatever libmfa does: the test
+ * does not run there (exit 77, skipped). */
 #if defined(__has_feature)
 #if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
 #define SANITIZED 1
 #endif
+#if __has_feature(address_sanitizer)
+#define ASAN_ALLOCATOR 1
+#endif
 #endif
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define SANITIZED 1
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#define ASAN_ALLOCATOR 1
 #endif
 #ifdef SANITIZED
 enum { DEFAULT_FORKS = 6 };
@@ -129,13 +138,17 @@ static void child(unsigned alarm_seconds) {
 }
 
 int main(int argc, char** argv) {
+#ifdef ASAN_ALLOCATOR
+    printf("fork_while_busy: AddressSanitizer's allocator is not fork-safe, skipped\n");
+    return 77;
+#endif
     const int forks = argc > 1 ? atoi(argv[1]) : DEFAULT_FORKS;
     const char* timeout = getenv("MFA_TEST_TIMEOUT");
     const int per_test = timeout && atoi(timeout) > 0 ? atoi(timeout) : 900;
     const unsigned alarm_seconds = per_test / 4 > 20 ? (unsigned)(per_test / 4) : 20;
 
     busy_problem = make_problem(4, 9, 13, 8, 1);
-    child_problem = make_problem(2, 20, 33, 16, 0);
+    child_problem = make_problem(2, 11, 17, 16, 0);
     mfa_context_options options;
     mfa_context_options_init(&options);
     options.num_threads = POOL_THREADS;
