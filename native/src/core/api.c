@@ -227,6 +227,8 @@ MFA_EXPORT mfa_status mfa_context_last_gpu_time(const mfa_context* ctx, double* 
     if (status) return status;
 #if MFA_HAVE_METAL
     if (ctx->ops->backend == MFA_BACKEND_METAL) return mfa_metal_last_gpu_time(ctx->state, seconds);
+#else
+    (void)seconds; /* only the metal backend records GPU time */
 #endif
     return mfa_set_error(MFA_ERROR_UNSUPPORTED,
                          "GPU timing is recorded by the metal backend only, not %s",
