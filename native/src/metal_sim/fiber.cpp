@@ -13,9 +13,15 @@
 #if __has_feature(address_sanitizer)
 #define MFA_SIM_ASAN 1
 #endif
+#if __has_feature(thread_sanitizer)
+#define MFA_SIM_TSAN 1
+#endif
 #endif
 #if defined(__SANITIZE_ADDRESS__)
 #define MFA_SIM_ASAN 1
+#endif
+#if defined(__SANITIZE_THREAD__)
+#define MFA_SIM_TSAN 1
 #endif
 #if MFA_SIM_ASAN
 #include <sanitizer/asan_interface.h>
@@ -145,9 +151,14 @@ FiberStack::~FiberStack() {
 
 // Under AddressSanitizer a stack is four times the size, and each gets a fake stack (for
 // stack-use-after-return detection) of eleven size classes of 1 MiB each, mapped and
-// garbage-collected by the sanitizer: an eighth of the stacks keep the run's cost in check.
+// garbage-collected by the sanitizer; under ThreadSanitizer each stack's memory gets shadow
+// and metadata mappings of its own. An eighth of the stacks keep such runs' cost in check.
 #if MFA_SIM_ASAN
 const size_t FiberStackPool::kStackBytes = size_t{1} << 20;
+const size_t FiberStackPool::kMaxStacksPerPool = 1024;
+const size_t FiberStackPool::kMaxStacksPerProcess = 2048;
+#elif MFA_SIM_TSAN
+const size_t FiberStackPool::kStackBytes = size_t{256} << 10;
 const size_t FiberStackPool::kMaxStacksPerPool = 1024;
 const size_t FiberStackPool::kMaxStacksPerProcess = 2048;
 #else

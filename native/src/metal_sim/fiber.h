@@ -58,8 +58,8 @@ class FiberStackReservation;
 // mappings (two per stack: the stack and its guard page; Linux allows 65530 by default):
 //   - a pool maps at most kMaxStacksPerPool stacks, and all pools of the process together at
 //     most kMaxStacksPerProcess, except that a reservation that would otherwise get nothing
-//     and has nothing to wait for is always granted one worker set (under AddressSanitizer,
-//     where each stack also gets a fake stack of about 11 MiB, an eighth of that);
+//     and has nothing to wait for is always granted one worker set (under AddressSanitizer
+//     and ThreadSanitizer, which map more for every stack, an eighth of that);
 //   - a reservation gets as many worker sets as it asks for and those bounds allow, at least
 //     one; when every set that could serve it is held by other calls of the same pool, it
 //     waits for one to be given back instead of failing.
@@ -67,8 +67,8 @@ class FiberStackReservation;
 // threads held (threads that do not exist in the child) are free there.
 class FiberStackPool {
   public:
-    static const size_t kMaxStacksPerPool;    // 8192 (1024 under AddressSanitizer)
-    static const size_t kMaxStacksPerProcess; // 16384 (2048 under AddressSanitizer)
+    static const size_t kMaxStacksPerPool;    // 8192 (1024 under a sanitizer)
+    static const size_t kMaxStacksPerProcess; // 16384 (2048 under a sanitizer)
 
     FiberStackPool();
     ~FiberStackPool(); // every reservation must have been given back
