@@ -27,6 +27,9 @@
 #include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #endif
+#if MFA_SIM_TSAN
+#include <sanitizer/tsan_interface.h>
+#endif
 
 // The raw switch: push the callee-saved registers on the current stack, store the stack pointer
 // in *save, load new_sp, pop the registers saved there, return into that context. A new fiber's
@@ -137,6 +140,9 @@ void retire_fake_stack(void* argument) {
 #endif
 
 FiberStack::~FiberStack() {
+#if MFA_SIM_TSAN
+    if (thread_sanitizer_fiber) __tsan_destroy_fiber(thread_sanitizer_fiber);
+#endif
 #if MFA_SIM_ASAN
     if (sanitizer_fake_stack) {
         FakeStackRetirement retirement;
@@ -207,7 +213,16 @@ struct FiberStackPoolRegistry {
     static void after_fork_in_child() {
         FiberStackPoolRegistry& r = instance();
         for (FiberStackPool* pool = r.first; pool; pool = pool->next_) {
-            for (auto& set : pool->sets_) set->reserved = false;
+            for (auto& set : pool->sets_) {
+                set->reserved = false;
+                // Fibers may have been mid-call on any of them: their frames stay poisoned for
+                // AddressSanitizer, and ThreadSanitizer's contexts of the parent's fibers are
+                // left to it (not destroyed: it knows them as the parent's).
+                for (auto& stack : set->stacks) {
+                    stack->abandoned = true;
+                    stack->thread_sanitizer_fiber = nullptr;
+                }
+            }
             new (&pool->given_back_) std::condition_variable;
             new (&pool->mutex_) std::mutex;
         }
@@ -355,6 +370,16 @@ void fiber_prepare(FiberContext* fiber, FiberStack& stack, void (*entry)(void*),
     else
         __asan_unpoison_memory_region(stack.bottom() + stack.size() - kTopBytes, kTopBytes);
 #endif
+#if MFA_SIM_TSAN
+    // Each stack's fibers are one context for ThreadSanitizer, with a call stack of its own;
+    // an abandoned fiber left frames on it that would never be popped, so it starts afresh.
+    if (stack.abandoned && stack.thread_sanitizer_fiber) {
+        __tsan_destroy_fiber(stack.thread_sanitizer_fiber);
+        stack.thread_sanitizer_fiber = nullptr;
+    }
+    if (!stack.thread_sanitizer_fiber) stack.thread_sanitizer_fiber = __tsan_create_fiber(0);
+    fiber->thread_sanitizer_fiber = stack.thread_sanitizer_fiber;
+#endif
     stack.abandoned = false;
     const uintptr_t top =
         (reinterpret_cast<uintptr_t>(stack.bottom()) + stack.size()) & ~uintptr_t{15};
@@ -383,7 +408,22 @@ void fiber_prepare(FiberContext* fiber, FiberStack& stack, void (*entry)(void*),
     fiber->stack_size = stack.size();
 }
 
+#if MFA_SIM_TSAN
+// Tells ThreadSanitizer which context runs next. The switch synchronizes (no
+// __tsan_switch_to_fiber_no_sync): the scheduler orders what the fibers of a threadgroup do.
+// Always inlined: a function of its own would be entered on one fiber's call stack and left
+// on the other's.
+__attribute__((always_inline)) static inline void thread_sanitizer_switch(FiberContext* from,
+                                                                          FiberContext* to) {
+    if (!from->thread_sanitizer_fiber) from->thread_sanitizer_fiber = __tsan_get_current_fiber();
+    __tsan_switch_to_fiber(to->thread_sanitizer_fiber, 0);
+}
+#endif
+
 void fiber_switch(FiberContext* from, FiberContext* to) {
+#if MFA_SIM_TSAN
+    thread_sanitizer_switch(from, to);
+#endif
 #if MFA_SIM_ASAN
     __sanitizer_start_switch_fiber(from->fake_stack, to->stack_bottom, to->stack_size);
 #endif
@@ -393,7 +433,10 @@ void fiber_switch(FiberContext* from, FiberContext* to) {
 #endif
 }
 
-void fiber_exit_to(FiberContext* from, FiberContext* to) {
+MFA_SIM_FIBER_ENTRY void fiber_exit_to(FiberContext* from, FiberContext* to) {
+#if MFA_SIM_TSAN
+    thread_sanitizer_switch(from, to);
+#endif
 #if MFA_SIM_ASAN
     // Keep the fake stack for the next fiber on this stack (a null slot would destroy it).
     __sanitizer_start_switch_fiber(from->fake_stack, to->stack_bottom, to->stack_size);

@@ -39,6 +39,10 @@ class FiberStack {
     // fiber_prepare unpoisons the whole stack instead of only its top.
     bool abandoned = false;
 
+    // ThreadSanitizer's context for the fibers that run here (their shadow call stack and
+    // clock), created on first use and kept with the stack; nullptr without ThreadSanitizer.
+    void* thread_sanitizer_fiber = nullptr;
+
   private:
     void* mapping_ = nullptr;
     size_t mapping_bytes_ = 0;
@@ -131,6 +135,9 @@ class FiberStackReservation {
 // Where a suspended context's registers are saved: its stack pointer.
 struct FiberContext {
     void* stack_pointer = nullptr;
+    // ThreadSanitizer's context (unused without it): the fiber's FiberStack's, or, for an OS
+    // thread's own stack, the thread's, taken when it first switches away.
+    void* thread_sanitizer_fiber = nullptr;
     // AddressSanitizer bookkeeping (unused without it): the fake stack's home (the fiber's
     // FiberStack, or own_fake_stack for an OS thread's own stack) and the stack's bounds.
     void* own_fake_stack = nullptr;
@@ -147,8 +154,11 @@ void fiber_prepare(FiberContext* fiber, FiberStack& stack, void (*entry)(void*),
 void fiber_switch(FiberContext* from, FiberContext* to);
 
 // Leaves the current fiber for good (it finished or was abandoned) and resumes `to`; its stack
-// may be prepared for another fiber.
+// may be prepared for another fiber. A fiber's entry function must not be instrumented by a
+// sanitizer (MFA_SIM_FIBER_ENTRY): its frame never returns, and the sanitizers would account
+// for it on every fiber run on the stack.
 [[noreturn]] void fiber_exit_to(FiberContext* from, FiberContext* to);
+#define MFA_SIM_FIBER_ENTRY __attribute__((disable_sanitizer_instrumentation))
 
 // Must be the first call in a fiber's entry function (completes the sanitizer's switch).
 void fiber_started(FiberContext* self, FiberContext* from);
