@@ -12,9 +12,11 @@
  * Conventions used by every function below:
  *   - Functions that can fail return an mfa_status. On failure nothing has been written to any
  *     output, and mfa_last_error() returns a message for the calling thread naming what was
- *     wrong (which argument, which dimension, expected vs got). One exception: when a GPU fails
- *     while running the work (MFA_ERROR_DEVICE or MFA_ERROR_OUT_OF_MEMORY from the metal
- *     backend), outputs it writes in place may hold partial results.
+ *     wrong (which argument, which dimension, expected vs got). This holds for running out of
+ *     memory too: what a call needs is reserved before it writes. One exception: when a GPU
+ *     fails while running the work (MFA_ERROR_DEVICE or MFA_ERROR_OUT_OF_MEMORY from the metal
+ *     backend, or MFA_ERROR_DEVICE from metal-sim, which reports a fault of a kernel: a bug),
+ *     outputs it writes in place may hold partial results.
  *   - Sizes and strides are int64_t and counted in elements, not bytes.
  *   - Structs that may grow carry their own size in `struct_size`; fill them with the matching
  *     *_init function, which sets struct_size and every default. Fields are only ever appended.
