@@ -12,9 +12,14 @@
  * All of that twice (once under a sanitizer), with a new context each round: the mappings counted in /proc/self/maps
  * must fall back to what they were before the first context once each is destroyed, and the
  * second round must not grow the address space (VmSize in /proc/self/status) beyond the first.
+ * Then a call for which no fiber stack can be mapped (RLIMIT_AS just above what the process
+ * uses): it must fail with MFA_ERROR_OUT_OF_MEMORY and write nothing, and the context must work
+ * again once the limit is lifted.
+ *
  * Linux only; elsewhere the test exits 77, skipped. Usage: sim_concurrent_reservation [CALLERS]. */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <sys/resource.h>
 
 #include "test_reference.h"
 
@@ -140,42 +145,86 @@ typedef struct shared_inputs {
     ref_result backward;
 } shared_inputs;
 
+/* One backward into canaried outputs: a failed call must have written nothing, a successful
+ * one exactly its elements, correctly. Returns the status. */
+static mfa_status checked_backward(const shared_inputs* in) {
+    canaried dq = canaried_make(B, HQ, NQ, D);
+    canaried dk = canaried_make(B, HKV, NK, D);
+    canaried dv = canaried_make(B, HKV, NK, D);
+    const mfa_status s =
+        mfa_attention_backward(in->ctx, NULL, &in->q.t, &in->k.t, &in->v.t, &in->out.t, &in->dout.t,
+                               &in->lse.t, &dq.t, &dk.t, &dv.t);
+    const canaried* outputs[] = {&dq, &dk, &dv};
+    const char* names[] = {"dq", "dk", "dv"};
+    for (int o = 0; o < 3; ++o) {
+        const int64_t changed = changed_bytes(outputs[o], s != MFA_OK);
+        if (changed)
+            FAIL("a %s call changed %lld canary bytes of %s%s",
+                 s == MFA_OK ? "successful" : "failed", (long long)changed, names[o],
+                 s == MFA_OK ? " outside its elements" : ": a partial write");
+    }
+    if (s == MFA_OK) {
+        const ref_result* r = &in->backward;
+        const int64_t n = D + D + NK + NQ;
+        const double* want[] = {r->dq, r->dk, r->dv};
+        const double* magnitude[] = {r->dq_mag, r->dk_mag, r->dv_mag};
+        char why[256];
+        for (int o = 0; o < 3; ++o)
+            if (!ref_compare(&outputs[o]->t, MFA_DTYPE_F32, want[o], magnitude[o], n, r->max_score,
+                             why, sizeof why))
+                FAIL("%s: %s", names[o], why);
+    }
+    free(dq.buffer);
+    free(dk.buffer);
+    free(dv.buffer);
+    return s;
+}
+
 static void* caller(void* arg) {
     const shared_inputs* in = arg;
-    for (int call = 0; call < CALLS; ++call) {
-        canaried dq = canaried_make(B, HQ, NQ, D);
-        canaried dk = canaried_make(B, HKV, NK, D);
-        canaried dv = canaried_make(B, HKV, NK, D);
-        const mfa_status s =
-            mfa_attention_backward(in->ctx, NULL, &in->q.t, &in->k.t, &in->v.t, &in->out.t,
-                                   &in->dout.t, &in->lse.t, &dq.t, &dk.t, &dv.t);
-        const canaried* outputs[] = {&dq, &dk, &dv};
-        const char* names[] = {"dq", "dk", "dv"};
-        for (int o = 0; o < 3; ++o) {
-            const int64_t changed = changed_bytes(outputs[o], s != MFA_OK);
-            if (changed)
-                FAIL("a %s call changed %lld canary bytes of %s%s",
-                     s == MFA_OK ? "successful" : "failed", (long long)changed, names[o],
-                     s == MFA_OK ? " outside its elements" : ": a partial write");
-        }
-        if (s != MFA_OK) {
-            FAIL("backward failed (%s): %s", mfa_status_string(s), mfa_last_error());
-        } else {
-            const ref_result* r = &in->backward;
-            const int64_t n = D + D + NK + NQ;
-            const double* want[] = {r->dq, r->dk, r->dv};
-            const double* magnitude[] = {r->dq_mag, r->dk_mag, r->dv_mag};
-            char why[256];
-            for (int o = 0; o < 3; ++o)
-                if (!ref_compare(&outputs[o]->t, MFA_DTYPE_F32, want[o], magnitude[o], n,
-                                 r->max_score, why, sizeof why))
-                    FAIL("%s: %s", names[o], why);
-        }
-        free(dq.buffer);
-        free(dk.buffer);
-        free(dv.buffer);
-    }
+    for (int call = 0; call < CALLS; ++call)
+        if (checked_backward(in) != MFA_OK) FAIL("backward failed: %s", mfa_last_error());
     return NULL;
+}
+
+/* No address space for the fiber stacks at all (RLIMIT_AS just above what the process uses):
+ * the call must fail with MFA_ERROR_OUT_OF_MEMORY having written nothing, and the next call,
+ * with the limit lifted, must succeed on the same context. Not under a sanitizer, whose shadow
+ * memory an address-space limit would starve. */
+static void test_exhaustion_writes_nothing(shared_inputs* in) {
+#ifdef SANITIZED
+    (void)in;
+    printf("sim_concurrent_reservation: exhaustion under RLIMIT_AS not run under a sanitizer\n");
+#else
+    mfa_context_options options;
+    mfa_context_options_init(&options);
+    options.num_threads = WORKERS;
+    in->ctx = test_context(MFA_BACKEND_METAL_SIM, &options, "metal-sim, 128 workers");
+    if (!in->ctx) return;
+    struct rlimit original;
+    getrlimit(RLIMIT_AS, &original);
+    /* 4 MiB of room: the call's scratch and bookkeeping fit, one worker's 64 stacks of 256 KiB
+     * do not. */
+    struct rlimit tight = original;
+    tight.rlim_cur = (rlim_t)vm_size_kib() * 1024 + ((rlim_t)4 << 20);
+    if (setrlimit(RLIMIT_AS, &tight) != 0) {
+        CHECK(0, "setrlimit(RLIMIT_AS) failed");
+    } else {
+        const mfa_status s = checked_backward(in);
+        const char* message = mfa_last_error();
+        setrlimit(RLIMIT_AS, &original);
+        CHECK(s == MFA_ERROR_OUT_OF_MEMORY && strstr(message, "fiber stacks") != NULL,
+              "without address space for fiber stacks the backward returned %s: %s",
+              mfa_status_string(s), message);
+        CHECK(checked_backward(in) == MFA_OK, "with the limit lifted, the backward failed: %s",
+              mfa_last_error());
+        printf("sim_concurrent_reservation: without address space for stacks: %s, nothing "
+               "written; then a successful call\n",
+               mfa_status_string(s));
+    }
+    mfa_context_destroy(in->ctx);
+    in->ctx = NULL;
+#endif
 }
 
 int main(int argc, char** argv) {
@@ -256,6 +305,8 @@ int main(int argc, char** argv) {
         }
 #endif
     }
+
+    test_exhaustion_writes_nothing(&in);
 
     ref_free(&forward);
     ref_free(&in.backward);
