@@ -1,7 +1,7 @@
 // Cooperative fibers for the simulator's kernel threads: a context switch that saves only the
 // callee-saved registers (a few nanoseconds, versus a system call for swapcontext), stacks with
-// a guard page, the pools that own those stacks, and the AddressSanitizer annotations that make
-// stack switching visible to it.
+// a guard page, the pools that own those stacks, and the AddressSanitizer and ThreadSanitizer
+// annotations that make stack switching visible to them.
 //
 // Fibers never migrate between OS threads, and share their OS thread's floating-point
 // environment (MXCSR / FPCR are not switched: kernels cannot change them).
@@ -34,9 +34,10 @@ class FiberStack {
     // here. It lives as long as the stack, so fibers reuse it instead of having the sanitizer
     // map and unmap one per fiber.
     void* sanitizer_fake_stack = nullptr;
-    // Set when a fiber left this stack without returning (abandoned mid-call): its frames'
-    // redzones may still be poisoned for AddressSanitizer at any depth, so the next
-    // fiber_prepare unpoisons the whole stack instead of only its top.
+    // Set when a fiber left this stack without returning (abandoned mid-call, or running in the
+    // parent of a fork): its frames' redzones may still be poisoned for AddressSanitizer at any
+    // depth, so the next fiber_prepare unpoisons the whole stack instead of only its top, and
+    // gives ThreadSanitizer a fresh context for it.
     bool abandoned = false;
 
     // ThreadSanitizer's context for the fibers that run here (their shadow call stack and
@@ -61,9 +62,9 @@ class FiberStackReservation;
 // two of its passes. Bounds, so that concurrent calls cannot exhaust the process's memory
 // mappings (two per stack: the stack and its guard page; Linux allows 65530 by default):
 //   - a pool maps at most kMaxStacksPerPool stacks, and all pools of the process together at
-//     most kMaxStacksPerProcess, except that a reservation that would otherwise get nothing
-//     and has nothing to wait for is always granted one worker set (under AddressSanitizer
-//     and ThreadSanitizer, which map more for every stack, an eighth of that);
+//     most kMaxStacksPerProcess (an eighth of that under a sanitizer, which maps more for
+//     every stack), except that a reservation that would otherwise get nothing and has
+//     nothing to wait for is always granted one worker set;
 //   - a reservation gets as many worker sets as it asks for and those bounds allow, at least
 //     one; when every set that could serve it is held by other calls of the same pool, it
 //     waits for one to be given back instead of failing.
