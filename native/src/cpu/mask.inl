@@ -43,12 +43,16 @@ static inline visible_range queries_of_key(const mfa_cpu_plan* plan, int64_t j, 
  * the row's lse is NaN, so a NaN row reaches every gradient of its group as the contract says.
  * A row that sees no key carries lse = +inf, which gives 0 whatever x is. The scale multiplies
  * the dot product, never an operand, and the exponent is formed in natural units, so nothing
- * overflows where the logits fit. */
+ * overflows where the logits fit. A probability is at most 1: where logits are so large that
+ * their f32 rounding exceeds 1, a score recomputed here may round above the lse the forward
+ * stored, and its P is taken as 1 instead of e^(rounding). (A NaN exponent compares false and
+ * stays NaN.) */
 static inline vf probability(vf x, vf scale, vf lse, int64_t c0, visible_range range) {
     vf score = x * scale;
     if (c0 < range.begin || c0 + W > range.end)
         score = vselect(lanes_within(c0, range.begin, range.end), score, vsplat(-__builtin_inff()));
-    return vexp2((score - lse) * vsplat(kLog2e));
+    const vf exponent = score - lse;
+    return vexp2(vselect(exponent > vsplat(0.0f), vsplat(0.0f), exponent) * vsplat(kLog2e));
 }
 
 /* ... with one lse for the whole row (rows are queries) ... */
