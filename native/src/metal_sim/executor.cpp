@@ -147,16 +147,6 @@ struct Worker {
     const FiberStackReservation* stacks = nullptr; // this worker's set is stacks->stack(set, i)
     size_t stack_set = 0;
     std::vector<std::vector<unsigned char>> threadgroup_memory; // exact lengths, for ASan
-    // Threadgroup variables declared in the kernel body, allocated on first use.
-    struct ThreadgroupVariable {
-        unsigned id;
-        std::vector<unsigned char> bytes; // exact size, for ASan
-        uint64_t filled_for_group;        // group_serial it was last filled with garbage for
-    };
-    std::vector<ThreadgroupVariable> threadgroup_variables;
-    uint64_t threadgroup_variable_bytes = 0;
-    uint64_t threadgroup_argument_bytes = 0;
-    uint64_t group_serial = 0;
     char* threadgroup_memory_pointers[kMaxThreadgroupMemoryBindings] = {};
     ArgumentTable arguments = {};
     FiberContext scheduler;
@@ -230,8 +220,6 @@ struct Worker {
         }
     }
 
-    void* threadgroup_variable(KernelThread* thread, unsigned id, size_t size, size_t alignment);
-
     void prepare(const DispatchRun& dispatch_run);
     void run_threadgroup(uint64_t linear_index);
     std::string describe_stuck_threads() const;
@@ -261,7 +249,6 @@ void Worker::prepare(const DispatchRun& dispatch_run) {
     runnable.assign(capacity, 0);
     runnable_mask = capacity - 1;
     for (int i = 0; i < kMaxThreadgroupMemoryBindings; ++i) {
-        threadgroup_argument_bytes += d.threadgroup_memory_lengths[i];
         threadgroup_memory.emplace_back(d.threadgroup_memory_lengths[i]);
         threadgroup_memory_pointers[i] = d.threadgroup_memory_lengths[i]
                                              ? reinterpret_cast<char*>(threadgroup_memory[i].data())
@@ -299,35 +286,6 @@ void Worker::prepare(const DispatchRun& dispatch_run) {
         info.simdgroups_per_threadgroup = static_cast<unsigned>(simd_groups.size());
         info.threads_per_simdgroup = kSimdWidth;
     }
-}
-
-void* Worker::threadgroup_variable(KernelThread* thread, unsigned id, size_t size,
-                                   size_t alignment) {
-    auto it = std::find_if(threadgroup_variables.begin(), threadgroup_variables.end(),
-                           [id](const ThreadgroupVariable& v) { return v.id == id; });
-    if (it == threadgroup_variables.end()) {
-        if (alignment > __STDCPP_DEFAULT_NEW_ALIGNMENT__) {
-            record_failure(thread, "a threadgroup variable needs " + std::to_string(alignment) +
-                                       "-byte alignment, more than the simulator provides");
-            abandon(thread);
-        }
-        threadgroup_variable_bytes += size;
-        if (threadgroup_variable_bytes + threadgroup_argument_bytes > kMaxThreadgroupMemoryBytes) {
-            record_failure(thread, std::to_string(threadgroup_variable_bytes) +
-                                       " bytes of threadgroup variables and " +
-                                       std::to_string(threadgroup_argument_bytes) +
-                                       " bytes of [[threadgroup]] arguments exceed the " +
-                                       std::to_string(kMaxThreadgroupMemoryBytes) + "-byte limit");
-            abandon(thread);
-        }
-        threadgroup_variables.push_back({id, std::vector<unsigned char>(size), 0});
-        it = threadgroup_variables.end() - 1;
-    }
-    if (it->filled_for_group != group_serial) {
-        fill_with_garbage(&it->bytes);
-        it->filled_for_group = group_serial;
-    }
-    return it->bytes.data();
 }
 
 std::string Worker::describe_stuck_threads() const {
@@ -373,7 +331,6 @@ void Worker::run_threadgroup(uint64_t linear_index) {
     // must not get lucky zeros.
     garbage = rng ^ 0x6A09E667F3BCC909ull;
     for (auto& memory : threadgroup_memory) fill_with_garbage(&memory);
-    ++group_serial;
 
     runnable_head = 0;
     runnable_size = 0;
@@ -714,10 +671,4 @@ extern "C" void mfa_sim_threadgroup_barrier(const mfa_sim_abi::Site* site) {
     w->barrier_arrived = 0;
     for (unsigned i = 0; i < w->threads.size(); ++i)
         if (&w->threads[i] != t) w->push_runnable(i);
-}
-
-extern "C" void* mfa_sim_threadgroup_variable(unsigned id, unsigned long size,
-                                              unsigned long alignment) {
-    KernelThread* t = t_current;
-    return t->worker->threadgroup_variable(t, id, size, alignment);
 }

@@ -102,10 +102,6 @@ const mfa_sim_abi::ThreadInfo* mfa_sim_current_thread(void);
 mfa_sim_abi::SimdRendezvous mfa_sim_simd_arrive(const mfa_sim_abi::Site* site, void* record);
 void mfa_sim_simd_release(void);
 void mfa_sim_threadgroup_barrier(const mfa_sim_abi::Site* site);
-// The calling thread's threadgroup's memory for threadgroup variable `id` (a declaration
-// `threadgroup T name[N];` in a kernel body, numbered per translation unit): the same for every
-// thread of the threadgroup, fresh garbage for each threadgroup.
-void* mfa_sim_threadgroup_variable(unsigned id, unsigned long size, unsigned long alignment);
 }
 
 #endif // MFA_SIM_ABI_H
