@@ -11,6 +11,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import reference
+from mfa_native._library import ffi, lib
 
 DTYPES = {
     "f32": np.dtype(np.float32),
@@ -65,6 +66,31 @@ def _available_backends():
 
 
 BACKENDS = _available_backends()
+
+
+# The arrays of each direction's mfa_attention_args, in mfa_attention_forward's and
+# mfa_attention_backward's order.
+_ROLES = {
+    lib.MFA_FORWARD: ("q", "k", "v", "out", "lse"),
+    lib.MFA_BACKWARD: ("q", "k", "v", "out", "dout", "lse", "dq", "dk", "dv"),
+}
+
+
+def record_addresses(monkeypatch):
+    """A list that receives, for every mfa_attention_compute call from now on, the first-element
+    address of each of its arrays in that order (None where absent)."""
+    calls = []
+    original = mfa_native.Context._call
+
+    def recording_call(self, function, direction, params, args):
+        arrays = [getattr(args, role) for role in _ROLES[direction]]
+        calls.append(
+            [None if a == ffi.NULL else int(ffi.cast("uintptr_t", a.data)) for a in arrays]
+        )
+        return original(self, function, direction, params, args)
+
+    monkeypatch.setattr(mfa_native.Context, "_call", recording_call)
+    return calls
 
 
 # Score-matrix entries (B * Hq * Nq * Nk) above which a case is too slow for metal-sim, which
