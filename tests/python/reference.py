@@ -197,14 +197,19 @@ def forward_magnitudes(q, k, v, **options):
     """Sizes for bounding floating-point errors, 0 on rows that see no key:
     out evaluated on absolute values, P |V| (the sum of the absolute values of its terms), and
     per row [B, Hq, Nq] the P-weighted mean of the size of the terms that make up the scores,
-    |scale| |q| |k|^T plus |bias| (ALiBi and an additive mask), and p_sink |t_h|: their
-    rounding errors reach lse, P and everything computed from P."""
+    |scale| |q| |k|^T plus |bias| (ALiBi and an additive mask) plus the softcap (tanh is
+    evaluated to a few units of its own size, which a formula through exp does not keep
+    relative near 0), and p_sink |t_h|: their rounding errors reach lse, P and everything
+    computed from P."""
     softmax = _Softmax(q, k, **options)
     num_query_heads = softmax.probs.shape[1]
     k = _repeat_kv_heads(np.abs(np.asarray(k, dtype=np.float64)), num_query_heads)
     v = _repeat_kv_heads(np.abs(np.asarray(v, dtype=np.float64)), num_query_heads)
     q = np.abs(np.asarray(q, dtype=np.float64))
     score_terms = abs(softmax.scale) * (q @ np.swapaxes(k, -1, -2)) + np.abs(softmax.bias)
+    softcap = options.get("softcap")
+    if softcap is not None and softcap > 0:
+        score_terms += softcap
     score_size = np.sum(softmax.probs * score_terms, axis=-1)
     sinks = options.get("sinks")
     if sinks is not None:
@@ -271,7 +276,7 @@ class _Backward:
 # ---- packed variable-length batches --------------------------------------------------------
 
 
-def _sequence_options(options, b, num_queries, num_keys):
+def sequence_options(options, b, num_queries, num_keys):
     """The options of sequence (or batch entry) b of a packed or paged problem: its row of the
     ALiBi slopes and its slice of the mask (axes of size 1 stay broadcast), everything else as
     given. The mask is indexed (b, h, i, j) with the sequence's own i and j."""
@@ -286,7 +291,8 @@ def _sequence_options(options, b, num_queries, num_keys):
         sequence["mask"] = mask[None, :, rows, columns]
     slopes = options.get("alibi_slopes")
     if slopes is not None and np.ndim(slopes) == 2:
-        sequence["alibi_slopes"] = np.asarray(slopes)[b]
+        slopes = np.asarray(slopes)
+        sequence["alibi_slopes"] = slopes[b if slopes.shape[0] > 1 else 0]
     return sequence
 
 
@@ -305,7 +311,7 @@ def varlen_attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, **options):
     lse = np.full((1, heads, total_q), -np.inf)
     for b in range(len(cu_q) - 1):
         rows, keys = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
-        sequence = _sequence_options(options, b, rows.stop - rows.start, keys.stop - keys.start)
+        sequence = sequence_options(options, b, rows.stop - rows.start, keys.stop - keys.start)
         out[:, :, rows], lse[:, :, rows] = attention_forward(
             q[:, :, rows], k[:, :, keys], v[:, :, keys], **sequence
         )
@@ -322,7 +328,7 @@ def varlen_attention_backward(
     dsinks = np.zeros(q.shape[1])
     for b in range(len(cu_q) - 1):
         rows, keys = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
-        sequence = _sequence_options(options, b, rows.stop - rows.start, keys.stop - keys.start)
+        sequence = sequence_options(options, b, rows.stop - rows.start, keys.stop - keys.start)
         gradients = attention_backward(
             dout[:, :, rows],
             q[:, :, rows],
@@ -365,6 +371,25 @@ def gather_keys(cache, block_table, b, num_keys):
     )
 
 
+def scatter_keys(keys, lengths, block_size, num_blocks, order, fill=np.nan):
+    """The inverse of gather_keys, for building caches: the first lengths[b] keys of each
+    sequence's keys[b] ([B, Hkv, N, D]) written into blocks taken in the given order (a
+    permutation of the block ids), every other row fill. Returns (cache
+    [num_blocks, Hkv, block_size, D] of keys' dtype, block_table int32 [B, max_blocks] with -1
+    in the entries past each sequence's blocks, which are never read)."""
+    batch, heads, length, dim = keys.shape
+    max_blocks = max(-(-length // block_size), 1)
+    table = np.full((batch, max_blocks), -1, dtype=np.int32)
+    cache = np.full((num_blocks, heads, block_size, dim), fill, dtype=keys.dtype)
+    blocks = iter(order)
+    for b, n in enumerate(lengths):
+        for block in range(-(-n // block_size)):
+            table[b, block] = next(blocks)
+        for j in range(n):
+            cache[table[b, j // block_size], :, j % block_size] = keys[b, :, j]
+    return cache, table
+
+
 def paged_attention_forward(
     q, k_cache, v_cache, block_table, cache_seqlens, *, k_new=None, v_new=None, **options
 ):
@@ -383,7 +408,7 @@ def paged_attention_forward(
     out = np.zeros((batch, heads, num_queries, v_cache.shape[3]))
     lse = np.full((batch, heads, num_queries), -np.inf)
     for b, num_keys in enumerate(lengths):
-        sequence = _sequence_options(options, b, num_queries, num_keys)
+        sequence = sequence_options(options, b, num_queries, num_keys)
         out[b : b + 1], lse[b : b + 1] = attention_forward(
             q[b : b + 1],
             gather_keys(k_cache, block_table, b, num_keys),

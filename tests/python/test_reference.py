@@ -531,26 +531,6 @@ def test_packed_sequences_index_masks_and_slopes_per_sequence():
         np.testing.assert_allclose(out[:, :, cu_q[b] : cu_q[b + 1]], alone, rtol=1e-14)
 
 
-def scatter_into_blocks(keys, lengths, block_size, num_blocks, rng):
-    """Dense per-sequence keys [B, Hkv, N, D] scattered into a cache of shuffled blocks filled
-    with NaN elsewhere: (cache [num_blocks, Hkv, block_size, D], block_table [B, max_blocks]),
-    with unused table entries -1 (never read)."""
-    batch, heads, length, dim = keys.shape
-    max_blocks = -(-length // block_size)
-    order = rng.permutation(num_blocks)
-    table = np.full((batch, max_blocks), -1, dtype=np.int32)
-    cache = np.full((num_blocks, heads, block_size, dim), np.nan)
-    used = 0
-    for b, n in enumerate(lengths):
-        for block in range(-(-n // block_size)):
-            table[b, block] = order[used]
-            used += 1
-    for b, n in enumerate(lengths):
-        for j in range(n):
-            cache[table[b, j // block_size], :, j % block_size] = keys[b, :, j]
-    return cache, table
-
-
 @pytest.mark.parametrize("causal_alignment", reference.ALIGNMENTS)
 def test_a_paged_cache_equals_dense_attention_over_each_sequences_keys(causal_alignment):
     # Partial last blocks (lengths 5, 8, 1 with blocks of 4), an empty sequence, shuffled blocks.
@@ -559,8 +539,9 @@ def test_a_paged_cache_equals_dense_attention_over_each_sequences_keys(causal_al
     q = rng.standard_normal((4, 2, 3, 3))
     k = rng.standard_normal((4, 1, 8, 3))
     v = rng.standard_normal((4, 1, 8, 2))
-    k_cache, table = scatter_into_blocks(k, lengths, block_size, 9, np.random.default_rng(1))
-    v_cache, _ = scatter_into_blocks(v, lengths, block_size, 9, np.random.default_rng(1))
+    order = np.random.default_rng(1).permutation(9)
+    k_cache, table = reference.scatter_keys(k, lengths, block_size, 9, order)
+    v_cache, _ = reference.scatter_keys(v, lengths, block_size, 9, order)
     options = {"causal": True, "causal_alignment": causal_alignment, "sinks": [0.5, -0.5]}
     out, lse, _, _ = reference.paged_attention_forward(
         q, k_cache, v_cache, table, lengths, **options
@@ -583,8 +564,9 @@ def test_a_paged_cache_appends_new_keys_before_attending():
     k_new = np.stack([k[b, :, cached[b] : cached[b] + new] for b in range(2)])
     v_new = np.stack([v[b, :, cached[b] : cached[b] + new] for b in range(2)])
     totals = [n + new for n in cached]
-    k_cache, table = scatter_into_blocks(k, totals, block_size, 6, np.random.default_rng(2))
-    v_cache, _ = scatter_into_blocks(v, totals, block_size, 6, np.random.default_rng(2))
+    order = np.random.default_rng(2).permutation(6)
+    k_cache, table = reference.scatter_keys(k, totals, block_size, 6, order)
+    v_cache, _ = reference.scatter_keys(v, totals, block_size, 6, order)
     before_k, before_v = k_cache.copy(), v_cache.copy()
     for b, n in enumerate(cached):  # the rows the call writes hold garbage before it
         for j in range(n, n + new):
