@@ -97,6 +97,10 @@ def available_backends() -> list[str]:
     ]
 
 
+def _feature_names(bits: int) -> list[str]:
+    return [name for bit, name in sorted(_FEATURE_NAMES.items()) if bits & bit]
+
+
 def _is_integer(value: object) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
 
@@ -107,7 +111,13 @@ class Capabilities(TypedDict):
     dtypes: list[str]
     """numpy dtype names: "float32", "float16", "bfloat16"."""
     features: list[str]
-    """"backward", "lse", "causal", "window", "gqa", "value_head_dim", "strides"."""
+    """What the forward can do: "backward" (there is a backward pass), "lse", "causal",
+    "window", "gqa", "value_head_dim", "strides", and the score modifiers and layouts "mask",
+    "block_mask", "softcap", "alibi", "sinks", "varlen", "paged_kv", "initial_state"; and
+    "device_buffers", "encode" (device memory and command buffers, for both directions)."""
+    backward_features: list[str]
+    """What the backward can do, among "causal" to "initial_state" ("sinks" includes the
+    sinks' gradient); a backend may have a feature's forward before its backward."""
     max_head_dim: int
     """Largest D and Dv."""
     gpu_family: str | None
@@ -255,10 +265,13 @@ class Context:
         Returns
         -------
         Capabilities
-            ``dtypes``: list of numpy dtype names; ``features``: list of feature names
-            ("backward", "lse", "causal", "window", "gqa", "value_head_dim", "strides");
-            ``max_head_dim``: largest D and Dv; ``gpu_family``: "apple7".."apple9" or None;
-            ``num_threads``: worker threads (0 for metal).
+            ``dtypes``: list of numpy dtype names; ``features``: list of feature names of
+            the forward ("backward", "lse", "causal", "window", "gqa", "value_head_dim",
+            "strides", "mask", "block_mask", "softcap", "alibi", "sinks", "varlen",
+            "paged_kv", "initial_state", "device_buffers", "encode"); ``backward_features``:
+            those the backward supports; ``max_head_dim``: largest D and Dv; ``gpu_family``:
+            "apple7".."apple9" or None; ``num_threads``: worker threads (0 for metal). A call
+            using a feature its direction lacks raises MFAError ``UNSUPPORTED``, naming it.
         """
         caps = ffi.new("mfa_capabilities*")
         caps.struct_size = ffi.sizeof("mfa_capabilities")
@@ -268,9 +281,8 @@ class Context:
             "dtypes": [
                 name for value, name in sorted(_DTYPE_NAMES.items()) if caps.dtypes >> value & 1
             ],
-            "features": [
-                name for bit, name in sorted(_FEATURE_NAMES.items()) if caps.features & bit
-            ],
+            "features": _feature_names(caps.features),
+            "backward_features": _feature_names(caps.backward_features),
             "max_head_dim": int(caps.max_head_dim),
             "gpu_family": families.get(int(caps.gpu_family)),
             "num_threads": int(caps.num_threads),
