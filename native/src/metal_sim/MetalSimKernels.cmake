@@ -45,9 +45,13 @@ set(MFA_SIM_PREPROCESS_FLAGS -E -x c++ -std=c++17 -nostdinc -nostdinc++
     -include ${MFA_SIM_COMPAT_INCLUDE_DIR}/mfa_sim_restrictions.h
     CACHE INTERNAL "metal-sim preprocessing flags")
 # -Wno-unused-parameter: kernels routinely take built-ins they do not read.
+# -fsanitize-coverage=...trace-loads,trace-stores: every load and store a kernel makes calls the
+# race detector and census of the executor (executor.cpp); `func` is the coverage level the
+# tracing needs, and adds no instrumentation of its own.
 # -Wno-pass-failed: `#pragma unroll` over a loop bounded by function constants cannot be honoured
 # here, where the constants are bound at dispatch time rather than at pipeline creation.
 set(MFA_SIM_KERNEL_COMPILE_OPTIONS -fno-exceptions -fno-rtti -Wno-unused-parameter
+    -fsanitize-coverage=func,trace-loads,trace-stores
     -Wno-pass-failed CACHE INTERNAL "metal-sim kernel compile options")
 
 function(mfa_sim_add_kernels target)
