@@ -78,7 +78,7 @@ inline void attention_backward_key_value(device const uchar* q, device const uch
                                                    key0, key_last);
             to_scores(probs, p, edge, score_orientation::key_rows, key, query0, lane);
             const uint col = fragment_col(lane);
-#pragma unroll
+#pragma clang loop unroll(full)
             for (uint t = 0; t < fc_traversal_fragments; ++t)
                 for (ushort e = 0; e < 2; ++e)
                     probs[t].thread_elements()[e] = probability_from_stored_lse(
@@ -93,7 +93,7 @@ inline void attention_backward_key_value(device const uchar* q, device const uch
                                thread_index);
 
 // dS^T = P^T * (dP^T - delta), in place of dP^T.
-#pragma unroll
+#pragma clang loop unroll(full)
             for (uint t = 0; t < fc_traversal_fragments; ++t)
                 for (ushort e = 0; e < 2; ++e)
                     dprobs[t].thread_elements()[e] =

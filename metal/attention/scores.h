@@ -16,7 +16,7 @@ enum class score_orientation { query_rows, key_rows };
 inline void to_scores(thread simd_fragment* scores, constant mfa_kernel_params& p, bool edge,
                       score_orientation orientation, int row, int column0, ushort lane) {
     const int column = column0 + int(fragment_col(lane));
-#pragma unroll
+#pragma clang loop unroll(full)
     for (uint t = 0; t < fc_traversal_fragments; ++t)
         for (ushort e = 0; e < 2; ++e) {
             float s = scores[t].thread_elements()[e] * p.scale;

@@ -33,7 +33,8 @@ void expect_race(const char* kernel, const char* memory, std::vector<const char*
               (unsigned long long)seed, (int)status);
         bool kind_found = false;
         for (const char* kind : kinds)
-            kind_found |= message.find(std::string("data race (") + kind + ")") != std::string::npos;
+            kind_found |=
+                message.find(std::string("data race (") + kind + ")") != std::string::npos;
         CHECK(kind_found, "%s, seed %llu: %s", kernel, (unsigned long long)seed, message.c_str());
         for (const char* fragment : {kernel, memory, "races.metal", " and thread ", "byte offset"})
             CHECK(message.find(fragment) != std::string::npos, "%s, seed %llu: no '%s' in: %s",
