@@ -26,7 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 def kernel_function(ir, kernel):
     """The body of the kernel's own function definition (the one the glue calls)."""
-    pattern = re.compile(r"^define [^\n]*@(_Z\d+" + re.escape(kernel) + r"[^(\s]*)\(.*?^}", re.M | re.S)
+    name = r"@_Z\d+" + re.escape(kernel) + r"[^(\s]*"
+    pattern = re.compile(r"^define [^\n]*" + name + r"\(.*?^}", re.M | re.S)
     match = pattern.search(ir)
     return match.group(0) if match else None
 
@@ -42,14 +43,33 @@ def check_variant(args, preprocessed, number, variant):
     stem = os.path.join(args.work_dir, f"variant{number}")
     generated = stem + ".cpp"
     subprocess.run(
-        [sys.executable, args.codegen, preprocessed, "-o", generated, "--source", args.source,
-         "--fold-constants", json.dumps(variant["constants"])],
+        [
+            sys.executable,
+            args.codegen,
+            preprocessed,
+            "-o",
+            generated,
+            "--source",
+            args.source,
+            "--fold-constants",
+            json.dumps(variant["constants"]),
+        ],
         check=True,
     )
     subprocess.run(
-        [args.compiler, "-std=c++17", "-O2", "-mllvm", "-inline-threshold=100000", "-S",
-         "-emit-llvm", *args.compile_options,
-         generated, "-o", stem + ".ll"],
+        [
+            args.compiler,
+            "-std=c++17",
+            "-O2",
+            "-mllvm",
+            "-inline-threshold=100000",
+            "-S",
+            "-emit-llvm",
+            *args.compile_options,
+            generated,
+            "-o",
+            stem + ".ll",
+        ],
         check=True,
     )
     with open(stem + ".ll", encoding="utf-8") as f:
@@ -66,8 +86,10 @@ def check_variant(args, preprocessed, number, variant):
     disabled = unroll_disabled_nodes(ir)
     loops = set(re.findall(r"!llvm\.loop !(\d+)", body)) & disabled
     if loops:
-        problems.append(f"{where}: {len(loops)} loop(s) marked llvm.loop.unroll.disable "
-                        "(a `#pragma unroll` loop left runtime-unrolled)")
+        problems.append(
+            f"{where}: {len(loops)} loop(s) marked llvm.loop.unroll.disable "
+            "(a `#pragma unroll` loop left runtime-unrolled)"
+        )
     return problems
 
 
@@ -86,15 +108,22 @@ def main():
     os.makedirs(args.work_dir, exist_ok=True)
     preprocessed = os.path.join(args.work_dir, "residency.ii")
     subprocess.run(
-        [args.compiler, *args.preprocess_flags.split(";"), "-DMFA_SIM_RESIDENCY_CHECK=1",
-         args.source, "-o", preprocessed],
+        [
+            args.compiler,
+            *args.preprocess_flags.split(";"),
+            "-DMFA_SIM_RESIDENCY_CHECK=1",
+            args.source,
+            "-o",
+            preprocessed,
+        ],
         check=True,
     )
     with open(args.variants, encoding="utf-8") as f:
         variants = [json.loads(line) for line in f if line.strip()]
     with ThreadPoolExecutor(args.jobs) as pool:
-        results = list(pool.map(lambda nv: check_variant(args, preprocessed, *nv),
-                                enumerate(variants)))
+        results = list(
+            pool.map(lambda nv: check_variant(args, preprocessed, *nv), enumerate(variants))
+        )
     problems = sorted(p for r in results for p in r)
     known = []
     if args.known:
@@ -111,9 +140,12 @@ def main():
         print(f"residency: {p}", file=sys.stderr)
     for p in remaining:
         print(f"residency: fixed, remove it from {args.known}: {p}", file=sys.stderr)
-    print(f"residency: {len(variants)} variants, {len(problems)} finding(s), "
-          f"{len(known)} known, {len(new)} new, {len(remaining)} fixed")
+    print(
+        f"residency: {len(variants)} variants, {len(problems)} finding(s), "
+        f"{len(known)} known, {len(new)} new, {len(remaining)} fixed"
+    )
     return 1 if new or remaining else 0
+
 
 if __name__ == "__main__":
     sys.exit(main())
