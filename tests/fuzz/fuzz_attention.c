@@ -1766,12 +1766,17 @@ static void fill_features(features_call* c, const mutation* m, int mutations) {
                         }
         }
     }
-    if (c->initial_state && fillable(f, F_LSE)) { /* some rows start empty */
-        const mfa_tensor* t = &f[F_LSE].t;
+    /* Some rows of an initial state start empty: lse -inf, and an out of NaN, which mfa.h
+     * promises is not read. */
+    if (c->initial_state && fillable(f, F_LSE) && fillable(f, F_OUT)) {
+        const mfa_tensor *t = &f[F_LSE].t, *out = &f[F_OUT].t;
         for (int64_t b = 0; b < t->shape[0]; ++b)
             for (int64_t h = 0; h < t->shape[1]; ++h)
-                for (int64_t s = 0; s < t->shape[2]; ++s)
-                    if (test_uniform() < -0.5) test_set(t, b, h, s, 0, -INFINITY);
+                for (int64_t s = 0; s < t->shape[2]; ++s) {
+                    if (test_uniform() >= -0.5) continue;
+                    test_set(t, b, h, s, 0, -INFINITY);
+                    for (int64_t y = 0; y < out->shape[3]; ++y) test_set(out, b, h, s, y, NAN);
+                }
     }
     for (int side = 0; side < 2; ++side) {
         const fuzz_tensor* x = &f[side ? F_CU_K : F_CU_Q];
