@@ -26,16 +26,6 @@ static const config configs[] = {
      -1, TEST_REVERSED},
 };
 
-static mfa_array array_of(const mfa_tensor* t) {
-    mfa_array a;
-    memset(&a, 0, sizeof a);
-    a.data = t->data;
-    a.dtype = t->dtype;
-    memcpy(a.shape, t->shape, sizeof a.shape);
-    memcpy(a.strides, t->strides, sizeof a.strides);
-    return a;
-}
-
 /* The nine arrays of a test_attention, and args pointing at them. */
 typedef struct arrays {
     mfa_array q, k, v, out, lse, dout, dq, dk, dv;
@@ -43,9 +33,11 @@ typedef struct arrays {
 
 static void arrays_of(const test_attention* a, arrays* x, mfa_attention_args* args,
                       mfa_direction direction) {
-    x->q = array_of(&a->q.t), x->k = array_of(&a->k.t), x->v = array_of(&a->v.t);
-    x->out = array_of(&a->out.t), x->lse = array_of(&a->lse.t), x->dout = array_of(&a->dout.t);
-    x->dq = array_of(&a->dq.t), x->dk = array_of(&a->dk.t), x->dv = array_of(&a->dv.t);
+    x->q = test_array_of(&a->q.t), x->k = test_array_of(&a->k.t), x->v = test_array_of(&a->v.t);
+    x->out = test_array_of(&a->out.t), x->lse = test_array_of(&a->lse.t),
+    x->dout = test_array_of(&a->dout.t);
+    x->dq = test_array_of(&a->dq.t), x->dk = test_array_of(&a->dk.t),
+    x->dv = test_array_of(&a->dv.t);
     mfa_attention_args_init(args, sizeof *args);
     args->q = &x->q, args->k = &x->k, args->v = &x->v, args->out = &x->out, args->lse = &x->lse;
     if (direction == MFA_BACKWARD) {

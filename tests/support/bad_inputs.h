@@ -61,17 +61,6 @@ typedef struct bad_input_fixture {
     const mfa_array *merge_out, *merge_lse;
 } bad_input_fixture;
 
-/* The mfa_array of a test tensor, in host memory. */
-static mfa_array bad_input_array(const test_tensor* x) {
-    mfa_array a;
-    memset(&a, 0, sizeof a);
-    a.data = x->t.data;
-    a.dtype = x->t.dtype;
-    memcpy(a.shape, x->t.shape, sizeof a.shape);
-    memcpy(a.strides, x->t.strides, sizeof a.strides);
-    return a;
-}
-
 /* The cpu context of the valid call, made by the test before any row runs. */
 static mfa_context* bad_input_cpu_context;
 
@@ -92,7 +81,7 @@ static bad_input_fixture bad_input_fixture_make(void) {
     f.direction = MFA_FORWARD;
     const test_tensor* tensors[9] = {&f.a.q,    &f.a.k,  &f.a.v,  &f.a.out, &f.a.lse,
                                      &f.a.dout, &f.a.dq, &f.a.dk, &f.a.dv};
-    for (int i = 0; i < 9; ++i) f.arrays[i] = bad_input_array(tensors[i]);
+    for (int i = 0; i < 9; ++i) f.arrays[i] = test_array_of(&tensors[i]->t);
     mfa_attention_args_init(&f.args, sizeof f.args);
     f.pass_args = 1;
     return f;
@@ -104,7 +93,7 @@ static mfa_array* bad_input_extra(bad_input_fixture* f, mfa_dtype dtype, int64_t
     const int i = f->extra_count++;
     f->extras[i] = test_tensor_make(dtype, b, h, s, d, TEST_BHSD);
     memset(f->extras[i].storage, 0, f->extras[i].bytes);
-    f->extra_arrays[i] = bad_input_array(&f->extras[i]);
+    f->extra_arrays[i] = test_array_of(&f->extras[i].t);
     return &f->extra_arrays[i];
 }
 

@@ -111,6 +111,17 @@ static test_tensor test_tensor_make(mfa_dtype dtype, int64_t b, int64_t h, int64
     return x;
 }
 
+/* The mfa_array of a tensor view, in host memory. */
+static mfa_array test_array_of(const mfa_tensor* t) {
+    mfa_array a;
+    memset(&a, 0, sizeof a);
+    a.data = t->data;
+    a.dtype = t->dtype;
+    memcpy(a.shape, t->shape, sizeof a.shape);
+    memcpy(a.strides, t->strides, sizeof a.strides);
+    return a;
+}
+
 static int64_t test_element_count(const mfa_tensor* t) {
     return t->shape[0] * t->shape[1] * t->shape[2] * t->shape[3];
 }
