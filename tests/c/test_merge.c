@@ -472,18 +472,16 @@ static void test_summary_arguments(mfa_context* ctx) {
 }
 
 int main(void) {
-    const mfa_backend backends[] = {MFA_BACKEND_CPU, MFA_BACKEND_METAL_SIM, MFA_BACKEND_METAL};
-    for (size_t i = 0; i < sizeof backends / sizeof backends[0]; ++i) {
-        if (!mfa_backend_available(backends[i])) continue;
-        const char* name = mfa_backend_name(backends[i]);
-        mfa_context* ctx = test_context(backends[i], NULL, name);
+    for (int i = 0; i < TEST_BACKEND_COUNT; ++i) {
+        mfa_context* ctx = test_backend_context(i, NULL);
         if (!ctx) continue;
+        const char* name = mfa_backend_name(test_backends[i]);
         printf("test_merge: %s\n", name);
         test_merge_values(ctx, name);
         test_merge_special_values(ctx, name);
         test_merge_of_attention(ctx, name);
         test_mask_summaries(ctx, name);
-        if (backends[i] == MFA_BACKEND_CPU) {
+        if (test_backends[i] == MFA_BACKEND_CPU) {
             test_merge_arguments(ctx);
             test_summary_arguments(ctx);
         }

@@ -212,6 +212,18 @@ static mfa_attention_params test_params(int causal, mfa_alignment alignment, int
     return params;
 }
 
+/* A dense attention problem of a test: sizes, options, the layout of its tensors. */
+typedef struct test_problem {
+    const char* name;
+    mfa_dtype dtype;
+    int64_t b, hq, hkv, nq, nk, d, dv;
+    int causal;
+    mfa_alignment alignment;
+    int64_t left, right;
+    test_layout layout;
+    float scale; /* 0: the library's default */
+} test_problem;
+
 /* A context of an available backend, or NULL with a failed check naming `label`. */
 static mfa_context* test_context(mfa_backend backend, const mfa_context_options* options,
                                  const char* label) {
@@ -221,6 +233,20 @@ static mfa_context* test_context(mfa_backend backend, const mfa_context_options*
         return NULL;
     }
     return ctx;
+}
+
+/* The backends of the suites that run on each one that is available, in this order. */
+static const mfa_backend test_backends[] = {MFA_BACKEND_CPU, MFA_BACKEND_METAL_SIM,
+                                            MFA_BACKEND_METAL};
+#define TEST_BACKEND_COUNT ((int)(sizeof test_backends / sizeof test_backends[0]))
+
+/* A context of test_backends[i] (options NULL: the defaults; they apply to cpu and metal-sim
+ * only), or NULL where that backend is not available (or cannot be created: a failed check). */
+static mfa_context* test_backend_context(int i, const mfa_context_options* options) {
+    const mfa_backend backend = test_backends[i];
+    if (!mfa_backend_available(backend)) return NULL;
+    return test_context(backend, backend == MFA_BACKEND_METAL ? NULL : options,
+                        mfa_backend_name(backend));
 }
 
 #endif
