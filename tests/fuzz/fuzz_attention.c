@@ -1983,6 +1983,20 @@ static void apply_feature_mutation(features_call* c, const mutation* m, bool poi
     }
 }
 
+/* A valid packed call's sequences as the library reads them: mutations may have changed the
+ * offsets (hostile values that are still valid) or their count. False where there are more
+ * sequences than the reference's tables hold. */
+static bool read_packed(features_call* c) {
+    const int64_t entries = c->f[F_CU_Q].t.shape[3];
+    if (entries - 1 > F_MAX_SEQS) return false;
+    c->batch = entries - 1;
+    for (int64_t e = 0; e < entries; ++e) {
+        c->cu_q[e] = read_i32_at(&c->f[F_CU_Q], 0, e);
+        c->cu_k[e] = read_i32_at(&c->f[F_CU_K], 0, e);
+    }
+    return true;
+}
+
 /* Rows [start, start + length) of dimension dim of a view. */
 static mfa_tensor slice(const mfa_tensor* t, int dim, int64_t start, int64_t length) {
     mfa_tensor s = *t;
@@ -2278,7 +2292,8 @@ static void run_features(reader* r) {
     }
     features_ref want;
     memset(&want, 0, sizeof want);
-    const bool verify = !expected.required && features_layout(c) == c->layout;
+    const bool verify = !expected.required && features_layout(c) == c->layout &&
+                        (c->layout != LAYOUT_PACKED || read_packed(c));
     if (verify) {
         want = features_reference(c);
         if (c->initial_state) merge_initial_state(c, &want);
