@@ -390,7 +390,8 @@ static void ref_merge(int count, const mfa_tensor* const* outs, const mfa_tensor
  * computation, so within one unit of rounding of the dtype (2^-24 f32, 2^-11 f16, 2^-8 bf16
  * relative) of the reference, plus double's own error, negligible next to it. Values are
  * weighted averages of numbers in [-1, 1], so 2 u relative to max(|want|, 2^-10) covers
- * subnormal-free outputs; lse (NULL: not compared) is f32, within 2^-23 relative. Writes the
+ * subnormal-free outputs (an infinite one, from infinite parts, must be exact); lse (NULL: not
+ * compared) is f32, within 2^-23 relative. Writes the
  * first mismatch into why (size n) and returns 0 then. */
 static int ref_compare_merge(const mfa_tensor* out, const mfa_tensor* lse, const double* want_out,
                              const double* want_lse, char* why, size_t n) {
@@ -403,8 +404,11 @@ static int ref_compare_merge(const mfa_tensor* out, const mfa_tensor* lse, const
                 for (int64_t d = 0; d < shape[3]; ++d) {
                     const double got = test_get(out, b, h, r, d),
                                  want = want_out[row * shape[3] + d];
-                    if (isnan(want) ? !isnan(got)
-                                    : !(fabs(got - want) <= 2 * u * fmax(fabs(want), 0x1p-10))) {
+                    const int ok = isnan(want) ? isnan(got)
+                                   : isinf(want)
+                                       ? got == want
+                                       : fabs(got - want) <= 2 * u * fmax(fabs(want), 0x1p-10);
+                    if (!ok) {
                         snprintf(why, n, "out[%lld, %lld, %lld, %lld] = %.9g, reference %.9g",
                                  (long long)b, (long long)h, (long long)r, (long long)d, got, want);
                         return 0;
