@@ -1370,9 +1370,10 @@ static void run_summary(reader* r) {
     /* Filling the mask and checking the summary visit every element of the mask and, for every
      * batch and head of the summary, every pair: both bounded (a broadcast dimension of a
      * hostile size costs no memory, but would cost that much time). */
-    const int64_t* ss = f[SUMMARY_OUT].t.shape;
-    const bool too_long = (double)test_element_count(mask) > MAX_WORK ||
-                          (double)ss[0] * (double)ss[1] * (double)seq_q * (double)seq_k > MAX_WORK;
+    const int64_t *ms = mask->shape, *ss = f[SUMMARY_OUT].t.shape;
+    const bool too_long =
+        (double)ms[0] * (double)ms[1] * (double)ms[2] * (double)ms[3] > MAX_WORK ||
+        (double)ss[0] * (double)ss[1] * (double)seq_q * (double)seq_k > MAX_WORK;
     if (!o.required && (!backed || too_long)) {
         ++stats.summaries[2];
         return release_all(f, SUMMARY_ARRAYS);
