@@ -342,7 +342,11 @@ static void decode_params(reader* r, call* c) {
     c->params.window_right = windows[next_byte(r) % (sizeof windows / sizeof windows[0])];
 }
 
-/* Mutations that change what a tensor claims; applied before buffers are sized. */
+/* Mutations: of what an array claims (applied before buffers are sized: NULL array, dtype,
+ * shape, stride), of where its data lives (after: NULL data, misalignment, an alias of another
+ * array's memory, a wild pointer); the merges and summaries add becoming exactly another
+ * array's view or that view shifted by one element; the calls with the arguments of 0.2 add a
+ * hostile value written into an integer array and a hostile max_seqlen. */
 enum {
     M_NULL_TENSOR,
     M_NULL_DATA,
@@ -353,7 +357,13 @@ enum {
     M_MISALIGN,
     M_ALIAS,
     M_WILD_POINTER,
-    M_KINDS
+    M_KINDS, /* of the 0.1 calls */
+    M_SAME_VIEW = M_KINDS,
+    M_SHIFTED_VIEW,
+    M_ARRAY_KINDS, /* of merges and mask summaries */
+    M_VALUE = M_ARRAY_KINDS,
+    M_MAX_SEQLEN,
+    M_FEATURE_KINDS /* of the calls with the arguments of 0.2 */
 };
 
 typedef struct mutation {
@@ -361,22 +371,26 @@ typedef struct mutation {
     int64_t value;
 } mutation;
 
-static int decode_mutations(reader* r, mutation* m, int max) {
+/* Up to max mutations of `kinds` kinds, each of an array in [first, arrays) (the other array of
+ * an alias or view in [0, arrays)). */
+static int decode_mutations(reader* r, mutation* m, int max, int kinds, int first, int arrays) {
     const int n = next_byte(r) % (max + 1);
     for (int i = 0; i < n; ++i) {
-        m[i].kind = next_byte(r) % M_KINDS;
-        m[i].role = next_byte(r) % ROLES;
-        m[i].other = next_byte(r) % ROLES;
+        m[i].kind = next_byte(r) % kinds;
+        m[i].role = first + next_byte(r) % (arrays - first);
+        m[i].other = next_byte(r) % arrays;
         m[i].dim = next_byte(r) % 4;
-        m[i].value = m[i].kind == M_SHAPE_NUDGE ? (next_byte(r) % 2 ? 1 : -1) : next_hostile(r);
+        m[i].value = m[i].kind == M_SHAPE_NUDGE ? (next_byte(r) % 2 ? 1 : -1)
+                     : m[i].kind == M_VALUE     ? next_byte(r) | (int64_t)next_byte(r) << 8
+                                                : next_hostile(r);
     }
     return n;
 }
 
-static void apply_claim(call* c, const mutation* m) {
-    mfa_tensor* t = &c->tensors[m->role].t;
+static void apply_claim(fuzz_tensor* f, const mutation* m) {
+    mfa_tensor* t = &f[m->role].t;
     switch (m->kind) {
-        case M_NULL_TENSOR: c->tensors[m->role].present = false; break;
+        case M_NULL_TENSOR: f[m->role].present = false; break;
         case M_DTYPE: t->dtype = (mfa_dtype)(int)m->value; break;
         case M_SHAPE: t->shape[m->dim] = m->value; break;
         case M_SHAPE_NUDGE: /* wraps: INT64_MAX + 1 is one more hostile value, INT64_MIN */
@@ -392,24 +406,34 @@ static const uintptr_t wild_pointers[] = {
 };
 
 /* Mutations of where the data lives; applied after buffers exist. */
-static void apply_pointer(call* c, const mutation* m) {
-    fuzz_tensor* f = &c->tensors[m->role];
+static void apply_pointer(fuzz_tensor* f, const mutation* m) {
+    fuzz_tensor *x = &f[m->role], *y = &f[m->other];
     switch (m->kind) {
         case M_NULL_DATA:
-            f->t.data = NULL;
-            f->lives_in = -1;
+            x->t.data = NULL;
+            x->lives_in = -1;
             break;
-        case M_MISALIGN: f->t.data = (void*)((uintptr_t)f->t.data + 1); break;
+        case M_MISALIGN: x->t.data = (void*)((uintptr_t)x->t.data + 1); break;
         case M_ALIAS:
-            if (m->other != m->role && c->tensors[m->other].lives_in >= 0) {
-                f->t.data = c->tensors[m->other].t.data;
-                f->lives_in = c->tensors[m->other].lives_in;
+            if (m->other != m->role && y->lives_in >= 0) {
+                x->t.data = y->t.data;
+                x->lives_in = y->lives_in;
             }
             break;
         case M_WILD_POINTER:
-            f->t.data = (void*)wild_pointers[(uint64_t)m->value %
+            x->t.data = (void*)wild_pointers[(uint64_t)m->value %
                                              (sizeof wild_pointers / sizeof wild_pointers[0])];
-            f->lives_in = -1;
+            x->lives_in = -1;
+            break;
+        case M_SAME_VIEW:
+        case M_SHIFTED_VIEW:
+            if (m->other != m->role && y->lives_in >= 0 && y->present) {
+                x->t = y->t;
+                x->lo = y->lo, x->hi = y->hi, x->overflow = y->overflow;
+                x->lives_in = y->lives_in;
+                if (m->kind == M_SHIFTED_VIEW)
+                    x->t.data = (char*)x->t.data + storage_size((int)x->t.dtype);
+            }
             break;
         default: break;
     }
@@ -939,12 +963,12 @@ static void run_attention(reader* r, bool backward, bool compute) {
     decode_problem(r, &c);
     decode_params(r, &c);
     mutation m[8];
-    const int n = decode_mutations(r, m, 8);
-    for (int i = 0; i < n; ++i) apply_claim(&c, &m[i]);
+    const int n = decode_mutations(r, m, 8, M_KINDS, 0, ROLES);
+    for (int i = 0; i < n; ++i) apply_claim(c.tensors, &m[i]);
     if (compute) decode_tweaks(r, backward, &c.tweaks);
 
     allocate(c.tensors, ROLES);
-    for (int i = 0; i < n; ++i) apply_pointer(&c, &m[i]);
+    for (int i = 0; i < n; ++i) apply_pointer(c.tensors, &m[i]);
 
     mfa_capabilities caps;
     caps.struct_size = sizeof caps;
@@ -1065,68 +1089,6 @@ static void overlap_outcome(const fuzz_tensor* output, const fuzz_tensor* other,
     }
 }
 
-/* Claims and pointers of the small calls' arrays: the kinds of run_attention, and (on outputs)
- * becoming exactly another array's view, or that view shifted by one element. */
-enum { M_SAME_VIEW = M_KINDS, M_SHIFTED_VIEW, M_ARRAY_KINDS };
-
-static void decode_array_mutations(reader* r, mutation* m, int* n, int max, int arrays) {
-    *n = next_byte(r) % (max + 1);
-    for (int i = 0; i < *n; ++i) {
-        m[i].kind = next_byte(r) % M_ARRAY_KINDS;
-        m[i].role = next_byte(r) % arrays;
-        m[i].other = next_byte(r) % arrays;
-        m[i].dim = next_byte(r) % 4;
-        m[i].value = m[i].kind == M_SHAPE_NUDGE ? (next_byte(r) % 2 ? 1 : -1) : next_hostile(r);
-    }
-}
-
-static void apply_array_claim(fuzz_tensor* f, const mutation* m) {
-    mfa_tensor* t = &f[m->role].t;
-    switch (m->kind) {
-        case M_NULL_TENSOR: f[m->role].present = false; break;
-        case M_DTYPE: t->dtype = (mfa_dtype)(int)m->value; break;
-        case M_SHAPE: t->shape[m->dim] = m->value; break;
-        case M_SHAPE_NUDGE:
-            t->shape[m->dim] = (int64_t)((uint64_t)t->shape[m->dim] + (uint64_t)m->value);
-            break;
-        case M_STRIDE: t->strides[m->dim] = m->value; break;
-        default: break;
-    }
-}
-
-static void apply_array_pointer(fuzz_tensor* f, const mutation* m) {
-    fuzz_tensor *x = &f[m->role], *y = &f[m->other];
-    switch (m->kind) {
-        case M_NULL_DATA:
-            x->t.data = NULL;
-            x->lives_in = -1;
-            break;
-        case M_MISALIGN: x->t.data = (void*)((uintptr_t)x->t.data + 1); break;
-        case M_ALIAS:
-            if (m->other != m->role && y->lives_in >= 0) {
-                x->t.data = y->t.data;
-                x->lives_in = y->lives_in;
-            }
-            break;
-        case M_WILD_POINTER:
-            x->t.data = (void*)wild_pointers[(uint64_t)m->value %
-                                             (sizeof wild_pointers / sizeof wild_pointers[0])];
-            x->lives_in = -1;
-            break;
-        case M_SAME_VIEW:
-        case M_SHIFTED_VIEW:
-            if (m->other != m->role && y->lives_in >= 0 && y->present) {
-                x->t = y->t;
-                x->lo = y->lo, x->hi = y->hi, x->overflow = y->overflow;
-                x->lives_in = y->lives_in;
-                if (m->kind == M_SHIFTED_VIEW)
-                    x->t.data = (char*)x->t.data + storage_size((int)x->t.dtype);
-            }
-            break;
-        default: break;
-    }
-}
-
 /* ---- mfa_attention_merge ------------------------------------------------------------------ */
 
 enum { MERGE_PARTS = 4 };
@@ -1201,11 +1163,10 @@ static void run_merge(reader* r) {
         decode_layout(r, &f[i].t);
     }
     mutation m[6];
-    int mutations;
-    decode_array_mutations(r, m, &mutations, 6, MERGE_ARRAYS);
-    for (int i = 0; i < mutations; ++i) apply_array_claim(f, &m[i]);
+    const int mutations = decode_mutations(r, m, 6, M_ARRAY_KINDS, 0, MERGE_ARRAYS);
+    for (int i = 0; i < mutations; ++i) apply_claim(f, &m[i]);
     allocate(f, MERGE_ARRAYS);
-    for (int i = 0; i < mutations; ++i) apply_array_pointer(f, &m[i]);
+    for (int i = 0; i < mutations; ++i) apply_pointer(f, &m[i]);
     const bool want_lse = f[MERGE_LSE].present; /* NULL: not wanted, which is valid */
 
     const outcome expected = merge_outcome(count, f, want_lse);
@@ -1342,11 +1303,10 @@ static void run_summary(reader* r) {
               seq_k < 1 ? 1 : mask_blocks(seq_k));
     decode_layout(r, &f[SUMMARY_OUT].t);
     mutation m[4];
-    int mutations;
-    decode_array_mutations(r, m, &mutations, 4, SUMMARY_ARRAYS);
-    for (int i = 0; i < mutations; ++i) apply_array_claim(f, &m[i]);
+    const int mutations = decode_mutations(r, m, 4, M_ARRAY_KINDS, 0, SUMMARY_ARRAYS);
+    for (int i = 0; i < mutations; ++i) apply_claim(f, &m[i]);
     allocate(f, SUMMARY_ARRAYS);
-    for (int i = 0; i < mutations; ++i) apply_array_pointer(f, &m[i]);
+    for (int i = 0; i < mutations; ++i) apply_pointer(f, &m[i]);
 
     outcome o = {0, 0};
     if (seq_q < 1 || seq_k < 1) violation(&o, MFA_ERROR_INVALID_ARGUMENT);
@@ -1468,8 +1428,6 @@ enum {
 
 enum { LAYOUT_DENSE, LAYOUT_PACKED, LAYOUT_PAGED };
 enum { F_MAX_SEQS = 3, F_MAX_BLOCKS = 3 };
-/* The mutation kinds of these calls beyond the array kinds. */
-enum { M_VALUE = M_ARRAY_KINDS, M_MAX_SEQLEN, M_FEATURE_KINDS };
 
 static const int32_t hostile_i32[] = {-1, 0,  1,   2,   3,   5,         7,         8,
                                       9,  64, 255, 256, 257, INT32_MAX, INT32_MIN, INT32_MAX - 1};
@@ -1652,22 +1610,6 @@ static void decode_features(reader* r, features_call* c) {
     f[F_K_NEW].present = f[F_V_NEW].present = c->layout == LAYOUT_PAGED && new_keys > 0;
     for (int i = 0; i < F_ARRAYS; ++i) decode_layout(r, &f[i].t);
     if ((dims & 16) && f[F_MASK].t.shape[0] > 1) f[F_MASK].t.strides[0] = 0;
-}
-
-/* Mutations of the 0.2 arrays (the dense operands keep their valid layouts; they may be
- * aliased by a mutated array) and of max_seqlen. */
-static int decode_feature_mutations(reader* r, mutation* m, int max) {
-    const int n = next_byte(r) % (max + 1);
-    for (int i = 0; i < n; ++i) {
-        m[i].kind = next_byte(r) % M_FEATURE_KINDS;
-        m[i].role = F_MASK + next_byte(r) % (F_ARRAYS - F_MASK);
-        m[i].other = next_byte(r) % F_ARRAYS;
-        m[i].dim = next_byte(r) % 4;
-        m[i].value = m[i].kind == M_SHAPE_NUDGE ? (next_byte(r) % 2 ? 1 : -1)
-                     : m[i].kind == M_VALUE     ? next_byte(r) | (int64_t)next_byte(r) << 8
-                                                : next_hostile(r);
-    }
-    return n;
 }
 
 /* Random values for the floating-point inputs, the generated integers, and a correct summary
@@ -1991,9 +1933,9 @@ static void apply_feature_mutation(features_call* c, const mutation* m, bool poi
         if (!pointers) *(m->dim % 2 ? &c->max_seqlen_k : &c->max_seqlen_q) = m->value;
     } else if (m->kind < M_ARRAY_KINDS) {
         if (pointers)
-            apply_array_pointer(c->f, m);
+            apply_pointer(c->f, m);
         else
-            apply_array_claim(c->f, m);
+            apply_claim(c->f, m);
     }
 }
 
@@ -2282,7 +2224,8 @@ static void run_features(reader* r) {
     features_call* c = &call;
     decode_features(r, c);
     mutation m[6];
-    const int mutations = decode_feature_mutations(r, m, 6);
+    /* The dense operands keep their valid layouts (a mutated array may alias them). */
+    const int mutations = decode_mutations(r, m, 6, M_FEATURE_KINDS, F_MASK, F_ARRAYS);
     for (int i = 0; i < mutations; ++i) apply_feature_mutation(c, &m[i], false);
     fuzz_tensor* f = c->f;
     allocate(f, F_ARRAYS);
