@@ -145,7 +145,7 @@ static void check_pass(const mfa_problem* p, const mfa_pass_plan* pass, uint32_t
     if (pass->kind == MFA_PASS_FORWARD) {
         CHECK(found == 1 && has_lse == (p->lse.data != NULL), "has_lse");
     } else {
-        CHECK(found == 0, "has_lse only in forward");
+        CHECK(found == 1 && has_lse == 1, "has_lse: the backward always reads L");
     }
     /* Caching never exceeds the kernels' register arrays. */
     if (constant_value(pass, MFA_FC_CACHE_PARALLEL, &found))
