@@ -132,6 +132,12 @@ inline void attention_forward(device const uchar* q, device const uchar* k, devi
     clear_fragments(out, fc_out_fragments);
     softmax_row stats = softmax_row_start();
 
+    // The entry state's lse of this lane's row, read before any lane can overwrite it: the four
+    // lanes of a row read it, and one of them stores the new L (after the barrier below).
+    const operand_slice o_slice = slice_from_row(p.o, s.batch, head, s.q_row0);
+    const operand_slice l_slice = slice_from_row(p.l, s.batch, head, s.q_row0);
+    const float entry_lse = fc_initial_state ? l[l_slice.at(query, 0)] : 0.0f;
+
     block_range blocks = key_blocks_for_rows(s, query_first, query_last, int(fc_block_traversal));
     if (fc_split_keys) {
         const int per_split = p.split_keys / int(fc_block_traversal);
@@ -170,6 +176,7 @@ inline void attention_forward(device const uchar* q, device const uchar* k, devi
                            thread_index);
     }
 
+    if (fc_initial_state) threadgroup_barrier(mem_flags::mem_device);
     if (row >= row_count) return;
     const bool writes_lse = out_block == 0 && fragment_row_quarter(lane) == 0;
     if (fc_split_keys) {
@@ -186,10 +193,7 @@ inline void attention_forward(device const uchar* q, device const uchar* k, devi
         const float sink = x.sinks[p.sinks.origin + long(head) * p.sinks.stride[1]];
         scale_fragments(out, fc_out_fragments, softmax_row_fold(stats, sink).correction);
     }
-    const operand_slice o_slice = slice_from_row(p.o, s.batch, head, s.q_row0);
-    const operand_slice l_slice = slice_from_row(p.l, s.batch, head, s.q_row0);
     if (fc_initial_state) {
-        const float entry_lse = l[l_slice.at(query, 0)];
         if (!lse_is_empty(entry_lse))
             fold_entry_output(out, softmax_row_fold(stats, entry_lse), o, o_slice, out_cols, query,
                               lane);

@@ -31,7 +31,8 @@ inline score_modifiers modifiers_for(constant mfa_kernel_params& p, device const
     m.mask_key_stride = 0;
     m.slope = 0.0f;
     if (fc_has_mask) {
-        m.mask_base = p.mask.origin + long(batch) * p.mask.stride[0] + long(head) * p.mask.stride[1];
+        m.mask_base =
+            p.mask.origin + long(batch) * p.mask.stride[0] + long(head) * p.mask.stride[1];
         m.mask_query_stride = p.mask.stride[2];
         m.mask_key_stride = p.mask.stride[3];
     }
@@ -53,7 +54,8 @@ inline uint tile_summary(constant mfa_kernel_params& p, device const uchar* bloc
     // A summary shared by every head (stride 0) is read once.
     if (p.block_mask.stride[1] == 0) head_last = head_first;
     for (uint h = head_first; h <= head_last; ++h)
-        for (int r = query_first / MFA_KERNEL_MASK_BLOCK; r <= query_last / MFA_KERNEL_MASK_BLOCK; ++r)
+        for (int r = query_first / MFA_KERNEL_MASK_BLOCK; r <= query_last / MFA_KERNEL_MASK_BLOCK;
+             ++r)
             for (int c = key_first / MFA_KERNEL_MASK_BLOCK; c <= key_last / MFA_KERNEL_MASK_BLOCK;
                  ++c) {
                 const uchar code =

@@ -199,9 +199,11 @@ void capabilities(void* state, mfa_capabilities* caps) {
                                MFA_FEATURE_ALIBI | MFA_FEATURE_SINKS;
     caps->features = MFA_FEATURE_BACKWARD | MFA_FEATURE_LSE | MFA_FEATURE_CAUSAL |
                      MFA_FEATURE_WINDOW | MFA_FEATURE_GQA | MFA_FEATURE_VALUE_HEAD_DIM |
-                     MFA_FEATURE_STRIDES | modifiers;
+                     MFA_FEATURE_STRIDES | modifiers | MFA_FEATURE_VARLEN | MFA_FEATURE_PAGED_KV |
+                     MFA_FEATURE_INITIAL_STATE;
     caps->backward_features = MFA_FEATURE_CAUSAL | MFA_FEATURE_WINDOW | MFA_FEATURE_GQA |
-                              MFA_FEATURE_VALUE_HEAD_DIM | MFA_FEATURE_STRIDES | modifiers;
+                              MFA_FEATURE_VALUE_HEAD_DIM | MFA_FEATURE_STRIDES | modifiers |
+                              MFA_FEATURE_VARLEN;
     caps->max_head_dim = MFA_PLAN_MAX_HEAD_DIM;
     caps->gpu_family = s->family;
     caps->num_threads = s->workers;
