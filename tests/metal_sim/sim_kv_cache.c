@@ -164,10 +164,10 @@ static void run_paged(const paged_case* c) {
     test_tensor q = test_tensor_make(c->dtype, B, c->hq, c->nq, c->d, TEST_BHSD);
     test_tensor keys = test_tensor_make(c->dtype, B, c->hkv, longest, c->d, TEST_BHSD);
     test_tensor values = test_tensor_make(c->dtype, B, c->hkv, longest, c->d, TEST_BHSD);
-    test_tensor k_cache = test_tensor_make(c->dtype, num_blocks, c->hkv, c->block_size, c->d,
-                                           TEST_BSHD);
-    test_tensor v_cache = test_tensor_make(c->dtype, num_blocks, c->hkv, c->block_size, c->d,
-                                           TEST_BSHD);
+    test_tensor k_cache =
+        test_tensor_make(c->dtype, num_blocks, c->hkv, c->block_size, c->d, TEST_BSHD);
+    test_tensor v_cache =
+        test_tensor_make(c->dtype, num_blocks, c->hkv, c->block_size, c->d, TEST_BSHD);
     test_tensor k_new = test_tensor_make(c->dtype, B, c->hkv, c->new_len, c->d, TEST_BHSD);
     test_tensor v_new = test_tensor_make(c->dtype, B, c->hkv, c->new_len, c->d, TEST_BHSD);
     test_tensor table = test_tensor_make(MFA_DTYPE_I32, B, 1, 1, max_blocks, TEST_BHSD);
@@ -224,7 +224,8 @@ static void run_paged(const paged_case* c) {
     CHECK(status == MFA_OK, "%s: paged forward: %s", c->name, mfa_last_error());
     for (int b = 0; status == MFA_OK && b < B; ++b) {
         const mfa_tensor qb = batch_of(&q.t, b), ob = batch_of(&o.t, b), lb = batch_of(&lse.t, b);
-        const mfa_tensor kb = rows_of(&keys.t, 0, lengths[b]), vb = rows_of(&values.t, 0, lengths[b]);
+        const mfa_tensor kb = rows_of(&keys.t, 0, lengths[b]),
+                         vb = rows_of(&values.t, 0, lengths[b]);
         const mfa_tensor kbb = batch_of(&kb, b), vbb = batch_of(&vb, b);
         const ref_problem p = ref_problem_of(&qb, &kbb, &vbb, &params);
         ref_result want = ref_forward(&p, &qb, &kbb, &vbb);
@@ -248,8 +249,8 @@ static void run_paged(const paged_case* c) {
                 }
             }
     }
-    test_tensor* all[] = {&q,     &keys,          &values, &k_cache, &v_cache, &k_new,
-                          &v_new, &table,         &cache_seqlens, &o, &lse};
+    test_tensor* all[] = {&q,     &keys,  &values,        &k_cache, &v_cache, &k_new,
+                          &v_new, &table, &cache_seqlens, &o,       &lse};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) test_tensor_free(all[i]);
     mfa_context_destroy(ctx);
 }
