@@ -10,6 +10,13 @@
 
 _Static_assert(sizeof(mfa_kernel_params) == MFA_KERNEL_PARAMS_SIZE,
                "mfa_kernel_params must have the layout the kernels assume");
+/* The planner passes mfa_dtype values and mfa.h's block size to the kernels as they are. */
+_Static_assert(MFA_KERNEL_DTYPE_F32 == MFA_DTYPE_F32 && MFA_KERNEL_DTYPE_F16 == MFA_DTYPE_F16 &&
+                   MFA_KERNEL_DTYPE_BF16 == MFA_DTYPE_BF16 &&
+                   MFA_KERNEL_DTYPE_BOOL == MFA_DTYPE_BOOL,
+               "kernel dtype codes are mfa_dtype's");
+_Static_assert(MFA_KERNEL_MASK_BLOCK == MFA_MASK_BLOCK,
+               "mask summaries cover MFA_MASK_BLOCK queries and keys per block");
 
 /* Sequence lengths are int32 in the kernels, and row + band sums must not overflow. */
 #define MFA_PLAN_MAX_SEQUENCE (INT64_C(1) << 30)
