@@ -8,9 +8,30 @@ format, and commit the result:  python3 tests/fuzz/make_corpus.py
 """
 
 import pathlib
+import re
 import struct
 
 CORPUS = pathlib.Path(__file__).resolve().parent / "corpus"
+DECODER = pathlib.Path(__file__).resolve().parent / "fuzz_attention.c"
+_C_CONSTANTS = {
+    "INT64_MAX": 2**63 - 1,
+    "INT64_MIN": -(2**63),
+    "INT32_MAX": 2**31 - 1,
+    "INT32_MIN": -(2**31),
+}
+
+
+def c_table(name):
+    """The values of the decoder's integer table `name` (a static const array of
+    fuzz_attention.c), so that the seeds pick from the table the decoder has: its entries are
+    integer expressions of literals, shifts, INT64_MAX/MIN and INT32_MAX/MIN."""
+    body = re.search(rf"\b{name}\[\] = \{{(.*?)\}};", DECODER.read_text(), re.S).group(1)
+    values = []
+    for entry in filter(None, (e.strip() for e in body.split(","))):
+        expression = re.sub(r"\((u?int(32|64)_t)\)", "", entry).replace("/", "//")
+        values.append(eval(expression, {"__builtins__": {}}, _C_CONSTANTS))
+    return tuple(values)
+
 
 FORWARD, BACKWARD, CONTEXT, COMPUTE_FORWARD, COMPUTE_BACKWARD, MERGE, SUMMARY, FEATURES = range(8)
 ROLES = ("q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv")
@@ -26,32 +47,7 @@ MUTATIONS = (
     "alias",
     "wild_pointer",
 )
-HOSTILE = (
-    0,
-    1,
-    2,
-    3,
-    -1,
-    -2,
-    7,
-    8,
-    64,
-    65,
-    1024,
-    1025,
-    2**31 - 1,
-    2**31,
-    2**32,
-    2**40,
-    2**62,
-    (2**63 - 1) // 2,
-    -((2**63 - 1) // 4),
-    2**63 - 1,
-    -(2**63),
-    -(2**63) + 1,
-    -(2**31),
-    2**33 + 1,
-)
+HOSTILE = c_table("hostile_values")
 SCALES = ("default", 0.125, 0.5, 1.0, 2.0, -0.75, 1e-3, 1e-30, "nan", "inf", "-inf")
 STRUCT_SIZES = ("sizeof", 0, 8, "sizeof-8", "sizeof+8", 2**40)
 WINDOWS = (-1, -1, 0, 1, 3, 17, -2, -(2**63), 2**63 - 1, 2**63 - 2, 2**40)
@@ -210,7 +206,7 @@ FEATURE_ARRAYS = ROLES + (
     "v_new",
 )
 FEATURE_MUTATIONS = ARRAY_MUTATIONS + ("value", "max_seqlen")
-HOSTILE_I32 = (-1, 0, 1, 2, 3, 5, 7, 8, 9, 64, 255, 256, 257, 2**31 - 1, -(2**31), 2**31 - 2)
+HOSTILE_I32 = c_table("hostile_i32")
 FEATURE_SOFTCAPS = (0.0, 0.0, 0.0, 0.0, 0.5, 2.5, 30.0, "-0", 1e-30, -1.0, "nan", "inf")
 FEATURE_WINDOWS = (-1, -1, -1, 0, 1, 3)
 BLOCK_SIZES = (8, 16, 8, 24, 32, 8, 12, 264)
