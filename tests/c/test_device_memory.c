@@ -101,8 +101,8 @@ static const config configs[] = {
      MFA_ALIGN_BOTTOM_RIGHT, -1, -1, TEST_BHSD},
     {"f16 GQA window top-left bshd", MFA_DTYPE_F16, 1, 4, 2, 13, 11, 8, 8, 0, MFA_ALIGN_TOP_LEFT, 3,
      2, TEST_BSHD},
-    {"bf16 Dv != D, reversed rows", MFA_DTYPE_BF16, 1, 2, 1, 7, 20, 16, 8, 1, MFA_ALIGN_TOP_LEFT,
-     5, -1, TEST_REVERSED},
+    {"bf16 Dv != D, reversed rows", MFA_DTYPE_BF16, 1, 2, 1, 7, 20, 16, 8, 1, MFA_ALIGN_TOP_LEFT, 5,
+     -1, TEST_REVERSED},
 };
 
 /* The nine operands of a call placed in one arena; outputs start as NaN. */
@@ -119,7 +119,7 @@ static void device_call_make(device_call* c, mfa_context* ctx, const config* cfg
     test_tensor* outputs[] = {&c->host.out, &c->host.lse, &c->host.dq, &c->host.dk, &c->host.dv};
     for (size_t i = 0; i < sizeof outputs / sizeof outputs[0]; ++i) test_fill_nan(outputs[i]);
     size_t total = 0;
-    const test_tensor* all[] = {&c->host.q,  &c->host.k,    &c->host.v,  &c->host.out, &c->host.lse,
+    const test_tensor* all[] = {&c->host.q,    &c->host.k,  &c->host.v,  &c->host.out, &c->host.lse,
                                 &c->host.dout, &c->host.dq, &c->host.dk, &c->host.dv};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) total += all[i]->bytes + 64;
     c->arena = arena_make(ctx, total);
@@ -265,14 +265,15 @@ static void test_out_of_range(mfa_context* ctx) {
         const int64_t elem = (int64_t)mfa_dtype_size(p->array.dtype);
         const int64_t saved = p->array.byte_offset;
         const int64_t lowest = saved - (int64_t)((char*)p->view.t.data - (char*)p->view.storage);
-        const int64_t moves[2] = {(int64_t)c.arena.length - (lowest + (int64_t)p->view.bytes) + elem,
-                                  -lowest - elem};
+        const int64_t moves[2] = {
+            (int64_t)c.arena.length - (lowest + (int64_t)p->view.bytes) + elem, -lowest - elem};
         for (int m = 0; m < 2; ++m) {
             p->array.byte_offset = saved + moves[m];
             mfa_attention_args args;
             args_of(&c, MFA_BACKWARD, &args);
             char label[64];
-            snprintf(label, sizeof label, "%s %s", names[i], m ? "before the start" : "past the end");
+            snprintf(label, sizeof label, "%s %s", names[i],
+                     m ? "before the start" : "past the end");
             char text[64];
             snprintf(text, sizeof text, "%s: the view reaches bytes", names[i]);
             CHECK_ERROR(label, mfa_attention_encode(ctx, commands, MFA_BACKWARD, &c.params, &args),
@@ -450,8 +451,7 @@ static void* encode_thread(void* arg) {
     args_of(&w->call, MFA_BACKWARD, &backward);
     void* commands = NULL;
     CHECK(mfa_command_buffer_create(w->ctx, &commands) == MFA_OK, "%s", mfa_last_error());
-    CHECK(mfa_attention_encode(w->ctx, commands, MFA_FORWARD, &w->call.params, &forward) ==
-              MFA_OK,
+    CHECK(mfa_attention_encode(w->ctx, commands, MFA_FORWARD, &w->call.params, &forward) == MFA_OK,
           "%s", mfa_last_error());
     CHECK(mfa_attention_encode(w->ctx, commands, MFA_BACKWARD, &w->call.params, &backward) ==
               MFA_OK,
