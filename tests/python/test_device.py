@@ -1,0 +1,181 @@
+"""Device buffers and command buffers from Python, on metal-sim: arrays of a DeviceBuffer at byte
+offsets through attention and attention_backward, synchronously and encoded into a
+CommandBuffer (nothing written before commit), against the float64 reference; out-of-range
+views refused naming the operand with nothing written; the errors of a command buffer's
+states; Metal memory refused off the metal backend. Skipped without metal-sim."""
+
+import mfa_native
+import numpy as np
+import pytest
+from _backends import Case, check_backward, check_forward
+
+pytestmark = pytest.mark.skipif(
+    "metal-sim" not in mfa_native.available_backends(), reason="no metal-sim backend"
+)
+
+CASES = [
+    Case(9, 17, 16, 16, query_heads=2, kv_heads=2, batch=2, causal=True),
+    Case(13, 11, 8, 8, query_heads=4, kv_heads=2, window=(3, 2), dtype="f16"),
+    Case(7, 20, 16, 8, query_heads=2, causal=True, causal_alignment="top_left", dtype="bf16"),
+]
+
+
+@pytest.fixture(scope="module")
+def context():
+    with mfa_native.Context("metal-sim", num_threads=2) as ctx:
+        yield ctx
+
+
+class Arena:
+    """Arrays placed one after another in one DeviceBuffer, each three elements past the last
+    (byte offsets element-aligned, not 16-byte aligned)."""
+
+    def __init__(self, context, arrays):
+        self.length = sum(a.nbytes + 64 for a in arrays)
+        self.buffer = mfa_native.DeviceBuffer(self.length, backend=context)
+        self.used = 0
+
+    def place(self, array):
+        item = array.dtype.itemsize
+        start = -(-self.used // item) * item + 3 * item
+        contents = self.buffer.contents
+        contents[start : start + array.nbytes] = np.ascontiguousarray(array).view(np.uint8).ravel()
+        self.used = start + array.nbytes
+        return self.buffer.array(array.dtype, array.shape, byte_offset=start)
+
+    def empty(self, shape, dtype):
+        return self.place(np.full(shape, np.nan, dtype))
+
+
+def _problem(context, case):
+    rng = case.rng()
+    q, k, v = case.inputs(rng)
+    dout = case.output_gradient(rng)
+    out_shape = (case.batch, case.query_heads, case.num_queries, case.value_dim)
+    lse_shape = out_shape[:3]
+    lse_like = np.empty(lse_shape, np.float32)
+    arena = Arena(context, [q, k, v, dout, dout, lse_like, q, k, v])
+    device = {name: arena.place(x) for name, x in (("q", q), ("k", k), ("v", v), ("dout", dout))}
+    device["out"] = arena.empty(out_shape, q.dtype)
+    device["lse"] = arena.empty(lse_shape, np.float32)
+    for name, like in (("dq", q), ("dk", k), ("dv", v)):
+        device[name] = arena.empty(like.shape, q.dtype)
+    return (q, k, v, dout), device, arena
+
+
+def _run(case, device, context):
+    out, lse = mfa_native.attention(
+        device["q"],
+        device["k"],
+        device["v"],
+        **case.options,
+        return_lse=True,
+        backend=context,
+        out=device["out"],
+        lse=device["lse"],
+    )
+    assert out is device["out"] and lse is device["lse"]
+    grads = mfa_native.attention_backward(
+        device["dout"],
+        device["q"],
+        device["k"],
+        device["v"],
+        device["out"],
+        device["lse"],
+        **case.options,
+        backend=context,
+        dq=device["dq"],
+        dk=device["dk"],
+        dv=device["dv"],
+    )
+    assert all(g is device[n] for g, n in zip(grads, ("dq", "dk", "dv")))
+
+
+def _check(case, host, device):
+    q, k, v, dout = host
+    out = device["out"].numpy()
+    check_forward(case, out, device["lse"].numpy(), q, k, v)
+    gradients = tuple(device[n].numpy() for n in ("dq", "dk", "dv"))
+    check_backward(case, gradients, dout, q, k, v, out)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_device_arrays_synchronously(context, case):
+    host, device, arena = _problem(context, case)
+    _run(case, device, context)
+    _check(case, host, device)
+    arena.buffer.close()
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_encoded_into_a_command_buffer_runs_at_commit(context, case):
+    host, device, arena = _problem(context, case)
+    before = arena.buffer.contents.copy()
+    with mfa_native.CommandBuffer(backend=context) as commands:
+        with commands.encoding():
+            _run(case, device, context)
+        # Encoded, not run: every byte of the buffer as it was.
+        np.testing.assert_array_equal(arena.buffer.contents, before)
+        commands.commit()
+        commands.wait()
+    _check(case, host, device)
+    arena.buffer.close()
+
+
+def test_views_outside_their_buffer_are_refused_with_nothing_written(context):
+    case = CASES[0]
+    host, device, arena = _problem(context, case)
+    before = arena.buffer.contents.copy()
+    q = device["q"]
+    item = q.dtype.itemsize
+    nbytes = int(np.prod(q.shape)) * item
+    for offset in (arena.length - nbytes + item, -item):
+        device["q"] = arena.buffer.array(q.dtype, q.shape, byte_offset=offset)
+        with pytest.raises(mfa_native.MFAError, match="q: the view reaches bytes"):
+            _run(case, device, context)
+        with mfa_native.CommandBuffer(backend=context) as commands:
+            with commands.encoding(), pytest.raises(mfa_native.MFAError, match="q: the view"):
+                _run(case, device, context)
+            commands.commit()
+            commands.wait()
+    np.testing.assert_array_equal(arena.buffer.contents, before)
+    device["q"] = q
+    with pytest.raises(ValueError, match="pass every output"):
+        mfa_native.attention(device["q"], device["k"], device["v"], backend=context)
+    with pytest.raises(ValueError, match="share one"):
+        mfa_native.attention(host[0], device["k"], device["v"], backend=context)
+    arena.buffer.close()
+
+
+def test_command_buffer_states(context):
+    case = CASES[0]
+    host, device, arena = _problem(context, case)
+    commands = mfa_native.CommandBuffer(backend=context)
+    with pytest.raises(mfa_native.MFAError, match="never committed"):
+        commands.wait()
+    commands.commit()
+    with pytest.raises(mfa_native.MFAError, match="already committed"):
+        commands.commit()
+    before = arena.buffer.contents.copy()
+    with commands.encoding(), pytest.raises(mfa_native.MFAError, match="already committed"):
+        _run(case, device, context)
+    np.testing.assert_array_equal(arena.buffer.contents, before)
+    commands.close()
+    # Work never committed is dropped with its command buffer.
+    with mfa_native.CommandBuffer(backend=context) as dropped:
+        with dropped.encoding():
+            _run(case, device, context)
+    np.testing.assert_array_equal(arena.buffer.contents, before)
+    with mfa_native.Context("metal-sim") as other:
+        with mfa_native.CommandBuffer(backend=other) as foreign:
+            with foreign.encoding(), pytest.raises(ValueError, match="another context"):
+                _run(case, device, context)
+    arena.buffer.close()
+
+
+def test_device_buffers_need_a_backend_that_has_them():
+    with mfa_native.Context("cpu") as cpu:
+        with pytest.raises(mfa_native.MFAError, match="MFA_FEATURE_DEVICE_BUFFERS"):
+            mfa_native.DeviceBuffer(64, backend=cpu)
+        with pytest.raises(mfa_native.MFAError, match="MFA_FEATURE_ENCODE"):
+            mfa_native.CommandBuffer(backend=cpu)
