@@ -123,17 +123,15 @@ static mfa_status resolve_device_operand(const mfa_gpu_call* call,
     mfa_gpu_memory whole;
     mfa_status status = device->ops->device_buffer(device->self, view->buffer, &whole);
     if (status != MFA_OK) return status;
-    int64_t first, end;
-    if (__builtin_add_overflow(view->byte_offset, binding->byte_offset, &first) ||
-        __builtin_add_overflow(first, binding->byte_length, &end) || first < 0 ||
-        (uint64_t)end > whole.length) {
-        return mfa_set_error(
-            MFA_ERROR_INVALID_ARGUMENT,
-            "%s: operand %s reaches bytes %lld to %lld of its device buffer "
-            "(byte_offset %lld), outside the buffer's %llu bytes",
-            device->backend, name, (long long)view->byte_offset + binding->byte_offset,
-            (long long)view->byte_offset + binding->byte_offset + binding->byte_length - 1,
-            (long long)view->byte_offset, (unsigned long long)whole.length);
+    /* In 128 bits: a view's offsets were checked to fit 64, their sum need not. */
+    const __int128 first = (__int128)view->byte_offset + binding->byte_offset;
+    const __int128 end = first + binding->byte_length;
+    if (first < 0 || end > (__int128)whole.length) {
+        return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
+                             "%s: operand %s reaches bytes %lld to %lld of its device buffer "
+                             "(byte_offset %lld), outside the buffer's %llu bytes",
+                             device->backend, name, (long long)first, (long long)(end - 1),
+                             (long long)view->byte_offset, (unsigned long long)whole.length);
     }
     out->buffer = whole.buffer;
     out->offset = whole.offset + (uint64_t)first;
