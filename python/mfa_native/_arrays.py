@@ -313,7 +313,8 @@ class _TorchKind:
                 f"{name} is on the {tensor.device.type!r} device; mfa reads CPU memory (and, "
                 "with the metal backend's device-buffer path, Metal buffers)"
             )
-        _check_alignment(name, address + byte_offset, itemsize)
+        # Metal: the handle is an object, not memory; the offset into the buffer is aligned.
+        _check_alignment(name, address + byte_offset if device == CPU else byte_offset, itemsize)
         return ArrayView(
             self,
             device,
@@ -445,7 +446,8 @@ def _read_dlpack(kind, name, array, dtype):
     address = int(_dlpack.cast(_UINTPTR, tensor.data))
     byte_offset = tensor.byte_offset
     itemsize = numpy_dtype.itemsize
-    _check_alignment(name, address + byte_offset, itemsize)
+    # Metal: the handle is an object, not memory; the offset into the buffer is aligned.
+    _check_alignment(name, address + byte_offset if device == CPU else byte_offset, itemsize)
     if device == CPU:
         address, byte_offset = address + byte_offset, 0
     return ArrayView(

@@ -2,12 +2,14 @@
 offsets through attention and attention_backward, synchronously and encoded into a
 CommandBuffer (nothing written before commit), against the float64 reference; out-of-range
 views refused naming the operand with nothing written; the errors of a command buffer's
-states; Metal memory refused off the metal backend. Skipped without metal-sim."""
+states; DLPack kDLMetal arrays read as a buffer and offset, and refused off the metal backend.
+Skipped without metal-sim."""
 
 import mfa_native
 import numpy as np
 import pytest
 from _backends import Case, check_backward, check_forward
+from mfa_native import _arrays, _attention, _library
 
 pytestmark = pytest.mark.skipif(
     "metal-sim" not in mfa_native.available_backends(), reason="no metal-sim backend"
@@ -179,3 +181,32 @@ def test_device_buffers_need_a_backend_that_has_them():
             mfa_native.DeviceBuffer(64, backend=cpu)
         with pytest.raises(mfa_native.MFAError, match="MFA_FEATURE_ENCODE"):
             mfa_native.CommandBuffer(backend=cpu)
+
+
+class MetalProducer:
+    """A DLPack producer claiming kDLMetal memory (as an MPS tensor or an MLX GPU array does),
+    its data pointer standing for the id<MTLBuffer>."""
+
+    def __init__(self, array):
+        self.array = array
+
+    def __dlpack_device__(self):
+        return (_arrays.METAL, 0)
+
+    def __dlpack__(self, **kwargs):
+        return self.array.__dlpack__(**kwargs)
+
+
+def test_metal_memory_is_read_as_a_buffer_and_offset_and_refused_off_metal(context):
+    q, k, v = CASES[0].inputs(CASES[0].rng())
+    view = _arrays.read_array("q", MetalProducer(q[:, :, 1:]))
+    # DLPack's data is the buffer, byte_offset the view's start in it (numpy folds the slice
+    # into data, so 0 here); both reach mfa_array as buffer + byte_offset, data NULL.
+    assert view.device == _arrays.METAL and view.byte_offset == 0
+    data, buffer, byte_offset = _attention._memory_fields(view)
+    assert data == _library.ffi.NULL and byte_offset == view.byte_offset
+    assert int(_library.ffi.cast("uintptr_t", buffer)) == q[:, :, 1:].ctypes.data
+    before = q.copy()
+    with pytest.raises(NotImplementedError, match="only the metal backend reads, not 'metal-sim'"):
+        mfa_native.attention(*(MetalProducer(x) for x in (q, k, v)), backend=context)
+    np.testing.assert_array_equal(q, before)
