@@ -492,8 +492,8 @@ def _mlx_kind(mx):
 
 
 class _DeviceKind:
-    """Arrays in a DeviceBuffer: read as the buffer plus a byte offset; results are never
-    allocated in device memory, so a call on them takes its outputs explicitly."""
+    """Arrays in a DeviceBuffer: read as the buffer plus a byte offset. Results are never
+    allocated for them (allocate)."""
 
     name = "device"
 
@@ -509,12 +509,6 @@ class _DeviceKind:
             array.strides,
             True,
             array,
-        )
-
-    def empty(self, specs):
-        raise ValueError(
-            "the arrays are in a DeviceBuffer: pass every output (out=, lse=, dq=, ...) as an "
-            "array of a DeviceBuffer; mfa_native allocates no device memory for results"
         )
 
 
@@ -535,7 +529,17 @@ def read_array(name, array, dtype=None):
     return kind.read(name, array, dtype)
 
 
-def allocate(kind, specs):
+def allocate(kind, specs, device=CPU):
     """[(result, view)] of new C-contiguous arrays of the given kind, one for each (shape,
-    numpy dtype) in specs."""
-    return kind.empty(specs) if specs else []
+    numpy dtype) in specs, for a call in `device`'s memory. Results are allocated in CPU memory
+    only: a call in device memory (a DeviceBuffer, kDLMetal) takes every output explicitly,
+    and a ValueError says so before anything is written."""
+    if not specs:
+        return []
+    if device != CPU:
+        raise ValueError(
+            f"the arrays are in {device_name(device)} memory: pass every output (out=, lse=, "
+            "dq=, ...) as an array in the same memory; mfa_native allocates results in CPU "
+            "memory only"
+        )
+    return kind.empty(specs)

@@ -204,11 +204,12 @@ class _Call:
     """The arrays of one library call: each one's C view (shape and strides in the C API's
     axis order) under its role, and the (name, view) pairs that must share one memory kind."""
 
-    __slots__ = ("roles", "named")
+    __slots__ = ("roles", "named", "device")
 
     def __init__(self):
         self.roles = []
         self.named = []
+        self.device = CPU  # of every array, once check_memory has run
 
     def add(self, role, name, view, c_view):
         self.roles.append((role, view, c_view))
@@ -237,6 +238,7 @@ class _Call:
                 )
         if first.device == METAL and context.backend != "metal":
             _refuse_metal_memory(context.backend)
+        self.device = first.device
 
 
 def _memory_fields(view):
@@ -550,6 +552,7 @@ def _forward(q, call, arrays, sizes, options, extra=()):
             q.kind,
             ([(out_shape, q.dtype)] if out is None else [])
             + ([(lse_shape, _F32)] if lse is None and return_lse else []),
+            call.device,
         )
     )
     if out is None:
@@ -601,7 +604,8 @@ def _backward(arrays, sizes, call, operands, options, extra=()):
 
     wanted = ("dq", "dk", "dv", "dsinks") if return_dsinks else ("dq", "dk", "dv")
     missing = [name for name in wanted if results[name] is None]
-    for name, (array, view) in zip(missing, allocate(q.kind, [specs[n][:2] for n in missing])):
+    allocated = allocate(q.kind, [specs[n][:2] for n in missing], call.device)
+    for name, (array, view) in zip(missing, allocated):
         results[name], views[name] = array, view
     for name in ("dq", "dk", "dv"):
         call.add(name, name, views[name], arrays.view(views[name]))
@@ -1388,7 +1392,7 @@ def mask_summary(mask: Array, seq_q: int, seq_k: int, *, backend: Backend = None
     summary_shape = _summary_shape(shape, strides, seq_q, seq_k)
     context = resolve_context(backend)
     call.check_memory(context)
-    ((summary, summary_view),) = allocate(view.kind, [(summary_shape, UINT8)])
+    ((summary, summary_view),) = allocate(view.kind, [(summary_shape, UINT8)], call.device)
     call.add("summary", "summary", summary_view, (summary_shape, summary_view.strides))
     arrays, pointers = call.arrays()
     context._call(lib.mfa_mask_summarize, pointers["mask"], seq_q, seq_k, pointers["summary"])
@@ -1515,6 +1519,7 @@ def merge_attention_states(
             first.kind,
             ([(first.shape, first.dtype)] if out is None else [])
             + ([(lse_shape, _F32)] if lse is None and return_lse else []),
+            call.device,
         )
     )
     if out is None:

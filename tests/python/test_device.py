@@ -144,6 +144,11 @@ def test_views_outside_their_buffer_are_refused_with_nothing_written(context):
     device["q"] = q
     with pytest.raises(ValueError, match="pass every output"):
         mfa_native.attention(device["q"], device["k"], device["v"], backend=context)
+    with pytest.raises(ValueError, match="pass every output"):
+        mfa_native.attention_backward(
+            device["dout"], device["q"], device["k"], device["v"], device["out"], device["lse"],
+            backend=context, dq=device["dq"],
+        )  # fmt: skip
     with pytest.raises(ValueError, match="share one"):
         mfa_native.attention(host[0], device["k"], device["v"], backend=context)
     arena.buffer.close()
