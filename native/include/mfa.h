@@ -236,7 +236,8 @@ mfa_status mfa_context_create(mfa_backend backend, const mfa_context_options* op
                               mfa_context** out);
 
 /* mfa_context_destroy(): release a context and everything it owns. Accepts NULL. The caller
- * must ensure no other thread is using the context. */
+ * must ensure no other thread is using the context, and that no command buffer holds work
+ * encoded on it that has not completed (destroy those, or wait for them, first). */
 void mfa_context_destroy(mfa_context* ctx);
 
 /* mfa_context_backend(): the backend the context runs (never AUTO). */
