@@ -5,6 +5,8 @@ views refused naming the operand with nothing written; the errors of a command b
 states; DLPack kDLMetal arrays read as a buffer and offset, and refused off the metal backend.
 Skipped without metal-sim."""
 
+import threading
+
 import mfa_native
 import numpy as np
 import pytest
@@ -215,3 +217,33 @@ def test_metal_memory_is_read_as_a_buffer_and_offset_and_refused_off_metal(conte
     with pytest.raises(NotImplementedError, match="only the metal backend reads, not 'metal-sim'"):
         mfa_native.attention(*(MetalProducer(x) for x in (q, k, v)), backend=context)
     np.testing.assert_array_equal(q, before)
+
+
+def test_threads_encode_into_their_own_command_buffers(context):
+    """One context, three threads, each encoding into its own command buffer (the encoding
+    target is per thread) while the others run: every result matches the reference."""
+    problems = [_problem(context, case) for case in CASES]
+    errors = []
+
+    def work(case, device):
+        try:
+            with mfa_native.CommandBuffer(backend=context) as commands:
+                with commands.encoding():
+                    _run(case, device, context)
+                commands.commit()
+                commands.wait()
+        except Exception as error:  # reported by the main thread
+            errors.append(error)
+
+    threads = [
+        threading.Thread(target=work, args=(case, device))
+        for case, (_, device, _) in zip(CASES, problems)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    for case, (host, device, arena) in zip(CASES, problems):
+        _check(case, host, device)
+        arena.buffer.close()
