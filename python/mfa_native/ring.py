@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 import torch
 import torch.distributed as dist
@@ -130,6 +130,11 @@ class _Ring:
         # The default group is set once torch.distributed is initialized.
         self.group = cast("ProcessGroup", dist.group.WORLD) if group is None else group
         self.rank = dist.get_rank(self.group)
+        if self.rank < 0:
+            raise ValueError(
+                "this process is not a member of group: ring_attention is called by the ranks "
+                "of the ring only"
+            )
         self.size = dist.get_world_size(self.group)
         self.next = dist.get_global_rank(self.group, (self.rank + 1) % self.size)
         self.previous = dist.get_global_rank(self.group, (self.rank - 1) % self.size)
@@ -264,6 +269,7 @@ def _backward(
     keys = _pack(k, v)
     gradients = torch.zeros(keys.shape, dtype=torch.float32)  # dk, dv of the block in hand
     sends: list[Any] = []
+    sent: list[Tensor] = []  # the accumulators being sent, alive until their sends complete
     for step in range(ring.size):
         transfer: list[Any] = []
         if step + 1 < ring.size:
@@ -295,6 +301,7 @@ def _backward(
         _rows(block_dv, axis, 0, block.key_stop).add_(part_dv)
         if ring.size > 1:
             sends += ring.send(gradients, _GRADIENTS_TAG)
+            sent.append(gradients)
         _wait(transfer)
         if transfer:
             keys = incoming
@@ -354,6 +361,36 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, causal: bool, layout: Layout)
             f"causal ring attention needs the zig-zag split, two equal chunks per rank: the "
             f"local sequence length must be even, got {q.shape[axis]}"
         )
+
+
+@overload
+def ring_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool = ...,
+    scale: float | None = ...,
+    layout: Layout = ...,
+    return_lse: Literal[False] = ...,
+    group: ProcessGroup | None = ...,
+    backend: str | None = ...,
+) -> Tensor: ...
+
+
+@overload
+def ring_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool = ...,
+    scale: float | None = ...,
+    layout: Layout = ...,
+    return_lse: Literal[True],
+    group: ProcessGroup | None = ...,
+    backend: str | None = ...,
+) -> tuple[Tensor, Tensor]: ...
 
 
 def ring_attention(
