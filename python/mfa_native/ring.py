@@ -16,13 +16,15 @@ their owner after the last step.
 With ``causal=True`` the ranks must hold the sequence in the zig-zag order, which balances the
 causal work: of 2W equal chunks of the global sequence (W ranks), rank r holds chunk r followed
 by chunk 2W - 1 - r (:func:`zigzag_shard`, :func:`zigzag_unshard`, :func:`zigzag_indices`).
-Then every step of the ring costs every rank the same, half a block: at the first step the
-local block under the causal mask, later a block from an earlier rank seen whole by the first
-half of its keys (source rank < r), or by the second half of the queries (source rank > r).
-Without ``causal`` the order of the positions does not matter: any split works.
+Then every step of the ring costs every rank the same, half a block: at the first step its
+own block under the causal mask; later, for a block from an earlier rank, all its queries
+against the first half of the keys, and for a block from a later rank, the second half of its
+queries against all the keys. Without ``causal`` the order of the positions does not matter:
+any split works.
 
 Everything here runs in eager mode on CPU tensors (mfa's CPU backend). The communication is
-plain ``torch.distributed`` point-to-point (``batch_isend_irecv``), the same on gloo and NCCL.
+plain ``torch.distributed`` point-to-point (``batch_isend_irecv``); it has run on gloo (NCCL
+carries CUDA tensors, which mfa does not compute on).
 """
 
 from __future__ import annotations
@@ -346,6 +348,11 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, causal: bool, layout: Layout)
                 f"{name} is on {tensor.device}: ring_attention runs on CPU tensors (mfa's CPU "
                 "backend); the device-buffer path for other devices has not landed"
             )
+    if not q.dtype == k.dtype == v.dtype:
+        raise TypeError(
+            f"q, k and v must have one dtype (k and v travel packed together), got {q.dtype}, "
+            f"{k.dtype} and {v.dtype}"
+        )
     if layout not in ("bhsd", "bshd"):
         raise ValueError(f"layout must be 'bhsd' or 'bshd', got {layout!r}")
     if not isinstance(causal, bool):

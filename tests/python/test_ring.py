@@ -235,6 +235,8 @@ def test_ring_attention_refuses_what_the_ring_cannot_take():
         mfa_torch.ring_attention(q[:, :, :5], q[:, :, :5], q[:, :, :5], causal=True)
     with pytest.raises(ValueError, match="k must hold the keys of q's positions"):
         mfa_torch.ring_attention(q, q[:, :, :4], q[:, :, :4])
+    with pytest.raises(TypeError, match="one dtype"):
+        mfa_torch.ring_attention(q, q, q.to(torch.bfloat16))
     with pytest.raises(ValueError, match="rank 4"):
         mfa_torch.ring_attention(q[0], q[0], q[0])
     if not dist.is_initialized():
