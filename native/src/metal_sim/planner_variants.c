@@ -10,7 +10,9 @@
 
 #define MAX_VARIANTS 512
 
-static char printed[MAX_VARIANTS][512];
+#define MAX_LINE 2048
+
+static char printed[MAX_VARIANTS][MAX_LINE];
 static int printed_count;
 
 static void contiguous(mfa_view* view, char* base, int64_t h, int64_t n, int64_t d) {
@@ -51,7 +53,7 @@ static mfa_problem problem_for(mfa_dtype dtype, int64_t d) {
 }
 
 static int print_pass(const mfa_pass_plan* pass) {
-    char line[512];
+    char line[MAX_LINE];
     int used =
         snprintf(line, sizeof line, "{\"kernel\": \"%s\", \"constants\": {", pass->kernel_name);
     for (uint32_t i = 0; i < pass->num_constants; ++i) {
@@ -61,6 +63,10 @@ static int print_pass(const mfa_pass_plan* pass) {
                                  c->index, value)
                       : snprintf(line + used, sizeof line - used, "%s\"%u\": %u", i ? ", " : "",
                                  c->index, c->value);
+    }
+    if (used + 3 > (int)sizeof line) {
+        fprintf(stderr, "planner_variants: a variant longer than %d characters\n", MAX_LINE);
+        return 1;
     }
     snprintf(line + used, sizeof line - used, "}}");
     for (int i = 0; i < printed_count; ++i)
@@ -82,7 +88,7 @@ int main(void) {
     for (int f = 0; f < 3; ++f) {
         for (int t = 0; t < 2; ++t) {
             const mfa_precision_class precision = t ? MFA_PRECISION_16BIT : MFA_PRECISION_F32;
-            for (int kind = 0; kind < MFA_PASS_KIND_COUNT; ++kind) {
+            for (int kind = MFA_PASS_FORWARD; kind <= MFA_PASS_BACKWARD_KEY_VALUE; ++kind) {
                 const mfa_block_table table =
                     mfa_block_table_for(families[f], precision, (mfa_pass_kind)kind);
                 for (uint32_t r = 0; r < table.num_rows; ++r) {
