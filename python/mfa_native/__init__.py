@@ -13,10 +13,14 @@ the declarations come from the installed ``mfa.h`` at import.
 Arrays are float32, float16 or ``ml_dtypes.bfloat16``, laid out ``[B, H, N, D]`` (or
 ``[B, N, H, D]`` with ``layout="bshd"``), any strides; they are never copied.
 
-Functions: :func:`attention`, :func:`attention_backward`, :func:`empty`, :func:`info`,
-:func:`available_backends`. Classes: :class:`Context`, :class:`MFAError`; the dictionaries
-:class:`Info` and :class:`Capabilities` describe what :func:`info` and
-:attr:`Context.capabilities` return.
+Functions: :func:`attention` and :func:`attention_backward` (with masks, softcap, ALiBi and
+attention sinks, and an initial state to accumulate into), :func:`attention_varlen` and
+:func:`attention_varlen_backward` (packed sequences of different lengths),
+:func:`attention_with_kvcache` (paged KV caches), :func:`merge_attention_states` (partial
+results over disjoint keys), :func:`mask_summary` (block summaries that let calls skip hidden
+tiles), :func:`empty`, :func:`info`, :func:`available_backends`. Classes: :class:`Context`,
+:class:`MFAError`; the dictionaries :class:`Info` and :class:`Capabilities` describe what
+:func:`info` and :attr:`Context.capabilities` return.
 Framework adapters, each imported only when asked for: :mod:`mfa_native.torch` (custom
 operators with autograd and torch.compile, PyTorch's SDPA), :mod:`mfa_native.flash_attn`
 (flash-attn's functions), :mod:`mfa_native.mlx` (MLX's SDPA with a fused backward).
@@ -40,7 +44,15 @@ from __future__ import annotations
 
 from typing import TypedDict
 
-from ._attention import attention, attention_backward
+from ._attention import (
+    attention,
+    attention_backward,
+    attention_varlen,
+    attention_varlen_backward,
+    attention_with_kvcache,
+    mask_summary,
+    merge_attention_states,
+)
 from ._context import Capabilities, Context, MFAError, available_backends
 from ._context import resolve_context as _resolve_context
 from ._library import ffi as _ffi
@@ -52,6 +64,11 @@ from ._memory import empty
 __all__ = [
     "attention",
     "attention_backward",
+    "attention_varlen",
+    "attention_varlen_backward",
+    "attention_with_kvcache",
+    "mask_summary",
+    "merge_attention_states",
     "Capabilities",
     "Context",
     "Info",

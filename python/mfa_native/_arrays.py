@@ -25,7 +25,17 @@ import numpy as np
 
 from ._context import DTYPES
 
-__all__ = ["CPU", "METAL", "ArrayView", "read_array", "allocate", "device_name"]
+__all__ = [
+    "CPU",
+    "METAL",
+    "BOOL",
+    "INT32",
+    "UINT8",
+    "ArrayView",
+    "read_array",
+    "allocate",
+    "device_name",
+]
 
 # DLPack device types (dlpack.h, DLDeviceType).
 CPU = 1
@@ -80,6 +90,7 @@ _dlpack.cdef(
     """
 )
 _MANAGED = _dlpack.typeof("DLManagedTensor*")
+_UINTPTR = _dlpack.typeof("uintptr_t")
 _MANAGED_VERSIONED = _dlpack.typeof("DLManagedTensorVersioned*")
 _FLAG_READ_ONLY = 1  # DLPACK_FLAG_BITMASK_READ_ONLY
 _VERSIONED_NAME = b"dltensor_versioned"
@@ -93,9 +104,20 @@ _capsule_name.restype = ctypes.c_char_p
 _capsule_name.argtypes = (ctypes.py_object,)
 
 _F32, _F16, _BF16 = np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)
-# (DLDataTypeCode, bits, lanes) -> numpy dtype: the storage dtypes, and float64 so that its
-# rejection names it like numpy's.
-_DLPACK_DTYPES = {(2, 32, 1): _F32, (2, 16, 1): _F16, (4, 16, 1): _BF16, (2, 64, 1): "float64"}
+BOOL, INT32, UINT8 = np.dtype(np.bool_), np.dtype(np.int32), np.dtype(np.uint8)
+# (DLDataTypeCode, bits, lanes) -> numpy dtype: the dtypes libmfa reads (storage dtypes, masks,
+# integer arrays, mask summaries), and a few others so that their rejection names them as numpy
+# does.
+_DLPACK_DTYPES = {
+    (2, 32, 1): _F32,
+    (2, 16, 1): _F16,
+    (4, 16, 1): _BF16,
+    (6, 8, 1): BOOL,
+    (0, 32, 1): INT32,
+    (1, 8, 1): UINT8,
+    (2, 64, 1): np.dtype(np.float64),
+    (0, 64, 1): np.dtype(np.int64),
+}
 
 
 def device_name(device):
@@ -152,7 +174,7 @@ def _numpy_address(array):
     """The address of array's first element. A contiguous array is asked through the buffer
     protocol, which costs half of building its __array_interface__."""
     if array.flags.c_contiguous:
-        return int(_dlpack.cast("uintptr_t", _dlpack.from_buffer(array)))
+        return int(_dlpack.cast(_UINTPTR, _dlpack.from_buffer(array)))
     return array.__array_interface__["data"][0]
 
 
@@ -164,13 +186,19 @@ def _type_error(name, array):
 
 
 def _check_dtype(name, dtype, required):
-    """dtype None accepts any of the storage dtypes; otherwise the array must have exactly it."""
+    """required None accepts any of the storage dtypes, a tuple any of its dtypes; otherwise the
+    array must have exactly the dtype given."""
     if required is None:
         if dtype not in DTYPES:
             raise TypeError(
                 f"{name}.dtype must be float32, float16 or bfloat16 (native byte order), "
                 f"got {dtype}"
             )
+    elif isinstance(required, tuple):
+        if dtype not in required:
+            names = [str(option) for option in required]
+            wanted = ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else names[0]
+            raise TypeError(f"{name}.dtype must be {wanted}, got {dtype}")
     elif dtype != required:
         raise TypeError(f"{name}.dtype must be {required}, got {dtype}")
 
@@ -243,7 +271,14 @@ class _TorchKind:
 
     def __init__(self, torch):
         self.torch = torch
-        self.to_numpy = {torch.float32: _F32, torch.float16: _F16, torch.bfloat16: _BF16}
+        self.to_numpy = {
+            torch.float32: _F32,
+            torch.float16: _F16,
+            torch.bfloat16: _BF16,
+            torch.bool: BOOL,
+            torch.int32: INT32,
+            torch.uint8: UINT8,
+        }
         self.from_numpy = {value: key for key, value in self.to_numpy.items()}
 
     def read(self, name, tensor, dtype):
@@ -305,7 +340,14 @@ class _MlxKind:
 
     def __init__(self, mx):
         self.mx = mx
-        self.from_numpy = {_F32: mx.float32, _F16: mx.float16, _BF16: mx.bfloat16}
+        self.from_numpy = {
+            _F32: mx.float32,
+            _F16: mx.float16,
+            _BF16: mx.bfloat16,
+            BOOL: mx.bool_,
+            INT32: mx.int32,
+            UINT8: mx.uint8,
+        }
 
     def read(self, name, array, dtype):
         return _read_dlpack(self, name, array, dtype)
@@ -390,7 +432,7 @@ def _read_dlpack(kind, name, array, dtype):
         if tensor.strides != _dlpack.NULL
         else _contiguous_strides(shape)
     )
-    address = int(_dlpack.cast("uintptr_t", tensor.data))
+    address = int(_dlpack.cast(_UINTPTR, tensor.data))
     byte_offset = tensor.byte_offset
     itemsize = numpy_dtype.itemsize
     _check_alignment(name, address + byte_offset, itemsize)
@@ -439,7 +481,8 @@ def read_array(name, array, dtype=None):
     """Check one array argument and view it in place.
 
     Raises TypeError for something that is not an array, or of the wrong dtype (dtype None
-    accepts any storage dtype, otherwise exactly the one given), and ValueError for strides
+    accepts any storage dtype, a tuple any of its dtypes, otherwise exactly the one given), and
+    ValueError for strides
     that are not whole elements, misaligned data, or memory libmfa cannot reach.
     """
     kind = _KINDS.get(type(array)) or _kind_of(type(array))

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import numbers
+import os
 import threading
+import weakref
 from typing import Any, Callable, TypedDict, TypeVar
 
 import ml_dtypes
@@ -95,6 +97,10 @@ def available_backends() -> list[str]:
     ]
 
 
+def _feature_names(bits: int) -> list[str]:
+    return [name for bit, name in sorted(_FEATURE_NAMES.items()) if bits & bit]
+
+
 def _is_integer(value: object) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
 
@@ -105,7 +111,13 @@ class Capabilities(TypedDict):
     dtypes: list[str]
     """numpy dtype names: "float32", "float16", "bfloat16"."""
     features: list[str]
-    """"backward", "lse", "causal", "window", "gqa", "value_head_dim", "strides"."""
+    """What the forward can do: "backward" (there is a backward pass), "lse", "causal",
+    "window", "gqa", "value_head_dim", "strides", and the score modifiers and layouts "mask",
+    "block_mask", "softcap", "alibi", "sinks", "varlen", "paged_kv", "initial_state"; and
+    "device_buffers", "encode" (device memory and command buffers, for both directions)."""
+    backward_features: list[str]
+    """What the backward can do, among "causal" to "initial_state" ("sinks" includes the
+    sinks' gradient); a backend may have a feature's forward before its backward."""
     max_head_dim: int
     """Largest D and Dv."""
     gpu_family: str | None
@@ -149,8 +161,13 @@ class Context:
             raise ValueError(f"backend must be one of {sorted(_BACKENDS)}, got {backend!r}")
         if not _is_integer(num_threads):
             raise TypeError(f"num_threads must be an int, got {type(num_threads).__name__}")
-        if not 0 <= num_threads <= 2**31 - 1:
+        if num_threads < 0:
             raise ValueError(f"num_threads must be >= 0 (0 = one per core), got {num_threads}")
+        if num_threads > 2**31 - 1:
+            # The library states its own, lower limit for what fits the C option.
+            raise ValueError(
+                f"num_threads must fit the C option's int32 (at most 2**31 - 1), got {num_threads}"
+            )
         if gpu_family is not None:
             if gpu_family not in _GPU_FAMILIES:
                 raise ValueError(
@@ -178,6 +195,7 @@ class Context:
         self._users = 0
         self._closed = False
         self._state = threading.Condition()
+        _live_contexts.add(self)
 
     def _acquire(self) -> Any:
         with self._state:
@@ -247,10 +265,13 @@ class Context:
         Returns
         -------
         Capabilities
-            ``dtypes``: list of numpy dtype names; ``features``: list of feature names
-            ("backward", "lse", "causal", "window", "gqa", "value_head_dim", "strides");
-            ``max_head_dim``: largest D and Dv; ``gpu_family``: "apple7".."apple9" or None;
-            ``num_threads``: worker threads (0 for metal).
+            ``dtypes``: list of numpy dtype names; ``features``: list of feature names of
+            the forward ("backward", "lse", "causal", "window", "gqa", "value_head_dim",
+            "strides", "mask", "block_mask", "softcap", "alibi", "sinks", "varlen",
+            "paged_kv", "initial_state", "device_buffers", "encode"); ``backward_features``:
+            those the backward supports; ``max_head_dim``: largest D and Dv; ``gpu_family``:
+            "apple7".."apple9" or None; ``num_threads``: worker threads (0 for metal). A call
+            using a feature its direction lacks raises MFAError ``UNSUPPORTED``, naming it.
         """
         caps = ffi.new("mfa_capabilities*")
         caps.struct_size = ffi.sizeof("mfa_capabilities")
@@ -260,9 +281,8 @@ class Context:
             "dtypes": [
                 name for value, name in sorted(_DTYPE_NAMES.items()) if caps.dtypes >> value & 1
             ],
-            "features": [
-                name for bit, name in sorted(_FEATURE_NAMES.items()) if caps.features & bit
-            ],
+            "features": _feature_names(caps.features),
+            "backward_features": _feature_names(caps.backward_features),
             "max_head_dim": int(caps.max_head_dim),
             "gpu_family": families.get(int(caps.gpu_family)),
             "num_threads": int(caps.num_threads),
@@ -297,6 +317,23 @@ class Context:
 
 _shared_contexts: dict[str, Context] = {}
 _shared_contexts_lock = threading.Lock()
+_live_contexts: weakref.WeakSet[Context] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """A lock another thread held when this process forked stays held in the child, and the
+    calls other threads had in flight never end there: give every Context fresh locks and no
+    calls in flight, so that the child can use and close the contexts it inherited. (libmfa
+    makes its own state safe across fork() the same way.)"""
+    global _shared_contexts_lock
+    _shared_contexts_lock = threading.Lock()
+    for context in list(_live_contexts):
+        context._state = threading.Condition()
+        context._users = 0
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def resolve_context(backend: Context | str | None) -> Context:

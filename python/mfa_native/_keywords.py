@@ -10,12 +10,6 @@ __all__ = ["keyword_hints", "MFA_NAMES"]
 
 F = TypeVar("F", bound=Callable)
 
-_NO_MASKS = (
-    "mfa_native has no mask argument yet: causal= and window= express causal and "
-    "sliding-window masks; arbitrary masks are not supported yet"
-)
-_NOT_YET = "mfa_native does not support {} yet"
-
 # The names PyTorch (scaled_dot_product_attention), flash-attn and MLX use, and what
 # mfa_native.attention / attention_backward take instead.
 MFA_NAMES = {
@@ -28,10 +22,8 @@ MFA_NAMES = {
         "mfa_native's name for it is window= (the same (left, right) pair; -1 or None leaves "
         "a side unbounded)"
     ),
-    "attn_mask": _NO_MASKS,
-    "mask": (
-        "mfa_native's name for MLX's mask='causal' is causal=True (bottom-right, the default "
-        "causal_alignment); array masks are not supported yet"
+    "attn_mask": (
+        "mfa_native's name for it is mask= (boolean: True keeps a pair, as in PyTorch; or additive)"
     ),
     "return_attn_probs": (
         "mfa_native's name for returning the log-sum-exp is return_lse=; probabilities are "
@@ -44,9 +36,9 @@ MFA_NAMES = {
     ),
     "deterministic": "mfa_native needs no such flag: its backward pass is always deterministic",
     "dropout_p": "mfa_native has no dropout",
-    "softcap": _NOT_YET.format("softcap"),
-    "alibi_slopes": _NOT_YET.format("ALiBi (alibi_slopes)"),
-    "sinks": _NOT_YET.format("attention sinks"),
+    "return_dsinks": "only the backward functions return dsinks",
+    "k_new": "mfa_native's name for the new keys is k= (attention_with_kvcache)",
+    "v_new": "mfa_native's name for the new values is v= (attention_with_kvcache)",
     "query": "mfa_native's name for it is q (positional)",
     "key": "mfa_native's name for it is k (positional)",
     "value": "mfa_native's name for it is v (positional)",

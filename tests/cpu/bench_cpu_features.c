@@ -49,7 +49,8 @@ static float uniform(void) {
     rng_state ^= rng_state >> 12;
     rng_state ^= rng_state << 25;
     rng_state ^= rng_state >> 27;
-    return (float)((double)((rng_state * 0x2545F4914F6CDD1Dull) >> 11) * (2.0 / 9007199254740992.0) -
+    return (float)((double)((rng_state * 0x2545F4914F6CDD1Dull) >> 11) *
+                       (2.0 / 9007199254740992.0) -
                    1.0);
 }
 
@@ -280,9 +281,9 @@ static void bench_mask(void) {
 static const int64_t lengths[SEQUENCES] = {256, 1792, 512, 1280, 768, 1536, 1024, 1024};
 
 typedef struct varlen_bench {
-    call packed;            /* [1, H, 8192, D] with offsets */
+    call packed;              /* [1, H, 8192, D] with offsets */
     call separate[SEQUENCES]; /* one dense call per sequence */
-    call padded;            /* B 8 at the longest length */
+    call padded;              /* B 8 at the longest length */
     buffer cu;
     int backward;
 } varlen_bench;
@@ -321,9 +322,8 @@ static void bench_varlen(void) {
                 cu[0] = 0;
                 for (int s = 0; s < SEQUENCES; ++s) cu[s + 1] = cu[s] + (int32_t)lengths[s];
                 /* The packed view: [1, H, total, D] in [total, H, D] memory, as flash-attn packs. */
-                buffer* packed[] = {&v.packed.q,    &v.packed.k,  &v.packed.v,
-                                    &v.packed.out,  &v.packed.dout, &v.packed.dq,
-                                    &v.packed.dk,   &v.packed.dv};
+                buffer* packed[] = {&v.packed.q,    &v.packed.k,  &v.packed.v,  &v.packed.out,
+                                    &v.packed.dout, &v.packed.dq, &v.packed.dk, &v.packed.dv};
                 for (size_t i = 0; i < sizeof packed / sizeof packed[0]; ++i) {
                     mfa_array* a = &packed[i]->a;
                     a->strides[3] = 1, a->strides[1] = a->shape[3];
@@ -409,8 +409,8 @@ static void bench_paged(void) {
                     p.paged.args.cache_seqlens = &p.lengths.a;
                     double ms[2];
                     time_variants(run_paged, &p, 2, ms);
-                    const double bytes = 2.0 * (double)(B * nk * hkv * d) *
-                                         (double)mfa_dtype_size(dtypes[t]);
+                    const double bytes =
+                        2.0 * (double)(B * nk * hkv * d) * (double)mfa_dtype_size(dtypes[t]);
                     printf("%-6s %3lld %6lld %6lld %10.3f %10.3f %7.3fx %9.1f\n",
                            mfa_dtype_name(dtypes[t]), (long long)B, (long long)nk, (long long)bs,
                            1e3 * ms[0], 1e3 * ms[1], ms[1] / ms[0], bytes / ms[0] * 1e-9);
@@ -449,8 +449,8 @@ static void bench_decode(void) {
             d.four.args.k = &d.one.k.a, d.four.args.v = &d.one.v.a;
             double ms[2];
             time_variants(run_decode, &d, 2, ms);
-            const double bytes = 2.0 * (double)(keys[ki] * 8 * 128) *
-                                 (double)mfa_dtype_size(dtypes[t]);
+            const double bytes =
+                2.0 * (double)(keys[ki] * 8 * 128) * (double)mfa_dtype_size(dtypes[t]);
             printf("%-6s %6lld %10.3f %10.3f %7.3fx %9.1f %9.1f\n", mfa_dtype_name(dtypes[t]),
                    (long long)keys[ki], 1e3 * ms[0], 1e3 * ms[1], ms[1] / ms[0],
                    bytes / ms[0] * 1e-9, bytes / ms[1] * 1e-9);
@@ -492,8 +492,9 @@ int main(int argc, char** argv) {
         } else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
             only = argv[++i];
         } else {
-            fprintf(stderr, "usage: %s [--repeats N (1-64)] [--only modifiers|mask|varlen|paged|"
-                            "decode]\n",
+            fprintf(stderr,
+                    "usage: %s [--repeats N (1-64)] [--only modifiers|mask|varlen|paged|"
+                    "decode]\n",
                     argv[0]);
             return 2;
         }

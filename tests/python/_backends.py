@@ -6,11 +6,15 @@ import dataclasses
 import functools
 import zlib
 
+import _abi_reference
 import mfa_native
 import ml_dtypes
 import numpy as np
 import pytest
 import reference
+from _errors import raises
+from mfa_native import MFAError
+from mfa_native._library import ffi, lib
 
 DTYPES = {
     "f32": np.dtype(np.float32),
@@ -42,7 +46,16 @@ class Backend:
         return self.name == "metal-sim"
 
     def context(self):
-        return _context(self)
+        # The reference behind the C ABI validates through a cpu context (_abi_reference).
+        return _context(Backend("cpu") if self.name == REFERENCE else self)
+
+    def features(self, direction):
+        """The capability names of a direction ("forward" or "backward")."""
+        if self.name == REFERENCE:
+            capabilities = _abi_reference.CAPABILITIES
+        else:
+            capabilities = self.context().capabilities
+        return set(capabilities["features" if direction == "forward" else "backward_features"])
 
 
 @functools.cache
@@ -66,6 +79,52 @@ def _available_backends():
 
 BACKENDS = _available_backends()
 
+# The float64 reference behind the C ABI (_abi_reference), which has every feature: a run of the
+# 0.2 tests on it checks the Python layer and the tests themselves before any backend has a
+# feature. conftest.py routes the calls of tests given it through the reference.
+REFERENCE = "abi-reference"
+FEATURE_BACKENDS = [Backend(REFERENCE), *BACKENDS]
+
+
+def call_with_features(backend, direction, features, function):
+    """function() if the backend has every feature the call needs in that direction; else
+    check that it raises MFAError UNSUPPORTED naming one of the missing ones (before writing
+    anything, as every error), and return None."""
+    missing = sorted(set(features) - backend.features(direction))
+    if not missing:
+        return function()
+    with raises(MFAError, status="UNSUPPORTED") as caught:
+        function()
+    message = caught.value.message
+    assert any(f"MFA_FEATURE_{name.upper()}" in message for name in missing), message
+    assert message.endswith(f"in the {direction}"), message
+    return None
+
+
+# The arrays of each direction's mfa_attention_args, in mfa_attention_forward's and
+# mfa_attention_backward's order.
+_ROLES = {
+    lib.MFA_FORWARD: ("q", "k", "v", "out", "lse"),
+    lib.MFA_BACKWARD: ("q", "k", "v", "out", "dout", "lse", "dq", "dk", "dv"),
+}
+
+
+def record_addresses(monkeypatch):
+    """A list that receives, for every mfa_attention_compute call from now on, the first-element
+    address of each of its arrays in that order (None where absent)."""
+    calls = []
+    original = mfa_native.Context._call
+
+    def recording_call(self, function, direction, params, args):
+        arrays = [getattr(args, role) for role in _ROLES[direction]]
+        calls.append(
+            [None if a == ffi.NULL else int(ffi.cast("uintptr_t", a.data)) for a in arrays]
+        )
+        return original(self, function, direction, params, args)
+
+    monkeypatch.setattr(mfa_native.Context, "_call", recording_call)
+    return calls
+
 
 # Score-matrix entries (B * Hq * Nq * Nk) above which a case is too slow for metal-sim, which
 # executes every simulated GPU thread on the CPU.
@@ -75,11 +134,7 @@ SIMULATOR_MAX_SCORES = 150_000
 def backend_params(cases, simulator_cases):
     """pytest params (backend, case): `cases` on the native backends; on every metal-sim run,
     `simulator_cases` (chosen for its kernels) and the affordable ones among `cases`."""
-    affordable = [
-        case
-        for case in cases
-        if case.batch * case.query_heads * case.num_queries * case.num_keys <= SIMULATOR_MAX_SCORES
-    ]
+    affordable = [case for case in cases if case.scores <= SIMULATOR_MAX_SCORES]
     on_simulator = list(dict.fromkeys(simulator_cases + affordable))
     return [
         pytest.param(backend, case, id=f"{backend.id}-{case.id}")
@@ -88,9 +143,51 @@ def backend_params(cases, simulator_cases):
     ]
 
 
-def backend_only_params():
+def backend_only_params(backends=BACKENDS):
     """pytest params (backend,) for tests whose problem does not depend on the backend."""
-    return [pytest.param(backend, id=backend.id) for backend in BACKENDS]
+    return [pytest.param(backend, id=backend.id) for backend in backends]
+
+
+def feature_params(cases, simulator_cases=()):
+    """pytest params (backend, case) of the 0.2 tests: the reference behind the C ABI and every
+    backend (on metal-sim the affordable cases and simulator_cases, as backend_params)."""
+    reference_run = [pytest.param(FEATURE_BACKENDS[0], case, id=f"{REFERENCE}-{case.id}")
+                     for case in cases]  # fmt: skip
+    return reference_run + backend_params(cases, list(simulator_cases))
+
+
+def _bool_mask(case, rng):
+    """[B, Hq, Nq, Nk], 70 % of the pairs kept: some rows of small Nk keep none."""
+    return rng.random((case.batch, case.query_heads, case.num_queries, case.num_keys)) < 0.7
+
+
+def _bool_keys_mask(case, rng):
+    """A key-padding mask: [B, 1, 1, Nk] in memory, passed as a [B, Hq, Nq, Nk] view with
+    stride 0 over heads and queries."""
+    keep = rng.random((case.batch, 1, 1, case.num_keys)) < 0.8
+    return np.broadcast_to(keep, (case.batch, case.query_heads, case.num_queries, case.num_keys))
+
+
+def _additive(case, rng, shape, dtype):
+    """Additive values of the scores' size with 15 % -inf, rounded to dtype."""
+    values = 2.0 * rng.standard_normal(shape)
+    values[rng.random(shape) < 0.15] = -np.inf
+    return values.astype(dtype)
+
+
+# name -> function(case, rng) giving the mask of Case.mask == name.
+MASKS = {
+    "bool": _bool_mask,
+    "bool-keys": _bool_keys_mask,
+    # Additive in q's dtype, the same for every batch and head: rank 2, [Nq, Nk].
+    "additive": lambda case, rng: _additive(
+        case, rng, (case.num_queries, case.num_keys), DTYPES[case.dtype]
+    ),
+    # Additive float32 per head, [1, Hq, Nq, Nk]: broadcast over the batch by size 1.
+    "additive-f32": lambda case, rng: _additive(
+        case, rng, (1, case.query_heads, case.num_queries, case.num_keys), np.float32
+    ),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +206,12 @@ class Case:
     window: tuple = None
     scale: float = None
     dtype: str = "f32"
+    # Score modifiers (see modifiers()): a mask kind of MASKS, a softcap, ALiBi slopes per
+    # "heads" or per "batch" and head, sinks.
+    mask: str = None
+    softcap: float = None
+    alibi: str = None
+    sinks: bool = False
 
     @property
     def id(self):
@@ -124,7 +227,46 @@ class Case:
             text += f"-w{self.window[0]},{self.window[1]}"
         if self.scale is not None:
             text += f"-s{self.scale}"
+        if self.mask is not None:
+            text += f"-mask:{self.mask}"
+        if self.softcap is not None:
+            text += f"-cap{self.softcap}"
+        if self.alibi is not None:
+            text += f"-alibi:{self.alibi}"
+        if self.sinks:
+            text += "-sinks"
         return text
+
+    @property
+    def scores(self):
+        """Entries of the score matrix: the work of the problem."""
+        return self.batch * self.query_heads * self.num_queries * self.num_keys
+
+    @property
+    def features(self):
+        """The capability names (Context.capabilities) that the case's modifiers need."""
+        wanted = {"mask": self.mask, "softcap": self.softcap, "alibi": self.alibi}
+        return {name for name, value in wanted.items() if value is not None} | (
+            {"sinks"} if self.sinks else set()
+        )
+
+    def modifiers(self, rng):
+        """The keyword arguments of the case's score modifiers, arrays drawn from rng (after
+        inputs()), shared by the library call and the reference."""
+        modifiers = {}
+        if self.mask is not None:
+            modifiers["mask"] = MASKS[self.mask](self, rng)
+        if self.softcap is not None:
+            modifiers["softcap"] = self.softcap
+        if self.alibi is not None:
+            shape = (self.query_heads,) if self.alibi == "heads" else (self.batch, self.query_heads)
+            # Slopes of real models' size: a key 100 positions away loses 1 to 30 in its score.
+            modifiers["alibi_slopes"] = rng.uniform(0.01, 0.3, shape).astype(np.float32)
+        if self.sinks:
+            # Logits of a row's size (its lse is about log Nk), so that the sink takes a share.
+            centre = np.log(max(self.num_keys, 1))
+            modifiers["sinks"] = rng.normal(centre, 1.5, self.query_heads).astype(np.float32)
+        return modifiers
 
     @property
     def options(self):
@@ -193,6 +335,8 @@ def assert_close(name, actual, expected, allowed):
     )
     error = np.abs(np.subtract(actual, expected, out=np.zeros_like(actual), where=finite))
     excess = np.where(finite, error - allowed, -np.inf)
+    if excess.size == 0:  # an empty sequence's queries or keys
+        return
     worst = np.unravel_index(np.argmax(excess), excess.shape)
     assert excess[worst] <= 0, (
         f"{name}: got {actual[worst]!r} at {worst}, expected {expected[worst]!r} within "
@@ -201,13 +345,15 @@ def assert_close(name, actual, expected, allowed):
     )
 
 
-def check_forward(case, out, lse, q, k, v):
-    """Compare (out, lse) of a backend with the reference for inputs q, k, v ([B, H, N, D])."""
-    expected_out, expected_lse = reference.attention_forward(q, k, v, **case.options)
-    out_magnitude, score_size = reference.forward_magnitudes(q, k, v, **case.options)
+def check_forward(case, out, lse, q, k, v, modifiers=None):
+    """Compare (out, lse) of a backend with the reference for inputs q, k, v ([B, H, N, D]),
+    with the case's options and the given modifiers (Case.modifiers)."""
+    options = {**case.options, **(modifiers or {})}
+    expected_out, expected_lse = reference.attention_forward(q, k, v, **options)
+    out_magnitude, score_size = reference.forward_magnitudes(q, k, v, **options)
     # Scores sum over the head dimension, out over the visible keys.
     reduction_length = case.head_dim + case.num_keys
-    largest_score = np.max(score_size)
+    largest_score = np.max(score_size, initial=0.0)
     assert_close(
         "out",
         out,
@@ -222,15 +368,23 @@ def check_forward(case, out, lse, q, k, v):
         expected_lse,
         allowed_error("f32", expected_lse, lse_magnitude, reduction_length, 0.0),
     )
-    empty_rows = np.isneginf(expected_lse)
+    empty_rows = ~reference.visible_pairs(q, k, **options).any(axis=-1)
     assert np.all(out[empty_rows] == 0), "rows that see no key must be exactly 0"
 
 
-def check_backward(case, gradients, dout, q, k, v, out):
-    """Compare (dq, dk, dv) of a backend with the reference taken around the given out."""
-    expected = reference.attention_backward(dout, q, k, v, out=out, **case.options)
-    magnitudes = reference.gradient_magnitudes(dout, q, k, v, out=out, **case.options)
-    _, score_size = reference.forward_magnitudes(q, k, v, **case.options)
+def check_backward(case, gradients, dout, q, k, v, out, modifiers=None):
+    """Compare (dq, dk, dv), and dsinks when gradients has a fourth entry, of a backend with
+    the reference taken around the given out."""
+    options = {**case.options, **(modifiers or {})}
+    with_dsinks = len(gradients) == 4
+    expected = reference.attention_backward(
+        dout, q, k, v, out=out, return_dsinks=with_dsinks, **options
+    )
+    magnitudes = reference.gradient_magnitudes(
+        dout, q, k, v, out=out, return_dsinks=with_dsinks, **options
+    )
+    _, score_size = reference.forward_magnitudes(q, k, v, **options)
+    largest_score = np.max(score_size, initial=0.0)
     # dq sums over keys, dk and dv over queries and the query heads of a group; dP, delta and
     # the scores over a head dimension.
     group = case.query_heads // case.kv_heads
@@ -240,19 +394,28 @@ def check_backward(case, gradients, dout, q, k, v, out):
             name,
             actual,
             wanted,
-            allowed_error(case.dtype, wanted, magnitude, reduction_length, np.max(score_size)),
+            allowed_error(case.dtype, wanted, magnitude, reduction_length, largest_score),
         )
+    if with_dsinks:
+        # A float32 sum over every batch and row of p_sink delta, delta over Dv products of
+        # exact inputs; p_sink = exp(t - lse) is as good as the scores and the given lse.
+        _, expected_lse = reference.attention_forward(q, k, v, **options)
+        size = largest_score + np.max(np.abs(expected_lse[np.isfinite(expected_lse)]), initial=0)
+        assert_close(
+            "dsinks",
+            gradients[3],
+            expected[3],
+            allowed_error(
+                "f32", expected[3], magnitudes[3], case.batch * case.num_queries + case.value_dim,
+                size,
+            ),
+        )  # fmt: skip
     # Exact zeros: queries that see no key (the contract), keys that no query sees (no terms).
-    visible = reference.visible_keys(
-        case.num_queries,
-        case.num_keys,
-        causal=case.causal,
-        causal_alignment=case.causal_alignment,
-        window=case.window,
-    )
-    dq, dk, dv = gradients
-    assert np.all(dq[:, :, ~visible.any(axis=1)] == 0), "queries without keys need dq = 0"
-    unseen_keys = ~visible.any(axis=0)
-    assert np.all(dk[:, :, unseen_keys] == 0) and np.all(dv[:, :, unseen_keys] == 0), (
+    visible = reference.visible_pairs(q, k, **options)
+    dq, dk, dv = gradients[:3]
+    assert np.all(dq[~visible.any(axis=-1)] == 0), "queries without keys need dq = 0"
+    shape = (case.batch, case.kv_heads, group, case.num_queries, case.num_keys)
+    unseen_keys = ~visible.reshape(shape).any(axis=(2, 3))
+    assert np.all(dk[unseen_keys] == 0) and np.all(dv[unseen_keys] == 0), (
         "keys that no query sees need dk = dv = 0"
     )

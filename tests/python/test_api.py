@@ -577,6 +577,8 @@ def test_context_properties():
     modifiers = {"mask", "block_mask", "softcap", "alibi", "sinks", "varlen", "paged_kv"}
     every = base | modifiers | {"initial_state", "device_buffers", "encode"}
     assert base <= set(capabilities["features"]) <= every
+    assert base - {"backward", "lse"} <= set(capabilities["backward_features"])
+    assert set(capabilities["backward_features"]) <= every - {"backward", "lse", "paged_kv"}
     assert capabilities["max_head_dim"] >= 512
     assert capabilities["gpu_family"] is None
     assert capabilities["num_threads"] == 2
@@ -605,6 +607,7 @@ _BAD_CONTEXTS = [
     (("gpu",), {}, ValueError, "backend must be one of"),
     ((None,), {}, ValueError, "backend must be one of"),
     (("cpu",), dict(num_threads=-1), ValueError, "num_threads must be >= 0"),
+    (("cpu",), dict(num_threads=2**31), ValueError, "num_threads must fit the C option's int32"),
     (("cpu",), dict(num_threads=2.0), TypeError, "num_threads must be an int, got float"),
     (("cpu",), dict(num_threads=True), TypeError, "num_threads must be an int, got bool"),
     (("metal-sim",), dict(gpu_family="apple6"), ValueError, "gpu_family must be None or one of"),

@@ -6,9 +6,8 @@ import mfa_native
 import numpy as np
 import pytest
 import reference
-from _backends import Case, check_backward, check_forward
+from _backends import Case, check_backward, check_forward, record_addresses
 from mfa_native import _arrays
-from mfa_native._library import ffi
 
 mx = pytest.importorskip("mlx.core")
 mfa_mlx = pytest.importorskip("mfa_native.mlx")
@@ -160,14 +159,7 @@ def test_the_module_docstring_example_runs():
 def test_results_are_the_arrays_mfa_wrote(monkeypatch):
     """No copy on the way out: what the custom function, stop_gradient and mx.grad return
     share the buffers libmfa wrote."""
-    written = []
-    call = mfa_native.Context._call
-
-    def recording_call(self, function, params, *tensors):
-        written.append([int(ffi.cast("uintptr_t", t.data)) for t in tensors if t != ffi.NULL])
-        return call(self, function, params, *tensors)
-
-    monkeypatch.setattr(mfa_native.Context, "_call", recording_call)
+    written = record_addresses(monkeypatch)
     q = mx.random.normal((1, 2, 5, 8))
     out = mfa_mlx.scaled_dot_product_attention(q, q, q, scale=0.3)
     assert _arrays.read_array("out", out).address == written[-1][3]

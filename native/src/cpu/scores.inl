@@ -172,14 +172,17 @@ static inline scores_row_fn scores_row_for(const score_modifiers& m, bool bias) 
  * P = e^(score - lse) with the score of a hidden column taken as -inf. That gives 0 there, and
  * NaN where the query's lse is NaN, so a NaN row reaches every gradient of its group as the
  * contract says. A row that sees no key carries lse = +inf, which gives 0 whatever x is; the
- * exponent is formed in natural units, so nothing overflows where the logits fit. With softcap
- * the derivative of the score by the scaled dot product, 1 - tanh^2, goes to softcap_grad.
- * `distance` is p(i0) - j. */
+ * exponent is formed in natural units, so nothing overflows where the logits fit. A probability
+ * is at most 1: where logits are so large that their f32 rounding exceeds 1, a score recomputed
+ * here may round above the lse the forward stored, and its P is taken as 1 instead of
+ * e^(rounding). (A NaN exponent compares false and stays NaN.) With softcap the derivative of
+ * the score by the scaled dot product, 1 - tanh^2, goes to softcap_grad. `distance` is
+ * p(i0) - j. */
 template <int KINDS>
 static void probabilities_row(float* x, int64_t n, const score_modifiers& m, int64_t distance,
                               const float* bias, const float* lse, visible_range range,
                               float* softcap_grad) {
-    const vf hidden = vsplat(-__builtin_inff()), log2e = vsplat(kLog2e);
+    const vf hidden = vsplat(-__builtin_inff()), log2e = vsplat(kLog2e), zero = vsplat(0.0f);
     const score_vectors mv = vectors_of(m);
     vf dist = vsplat((float)distance) + lane_offsets();
     for (int64_t c = 0; c < n; c += W) {
@@ -189,7 +192,8 @@ static void probabilities_row(float* x, int64_t n, const score_modifiers& m, int
         if (KINDS & kAlibi) dist += vsplat((float)W);
         if (c < range.begin || c + W > range.end)
             v = vselect(lanes_within(c, range.begin, range.end), v, hidden);
-        vstore(x + c, vexp2((v - vload(lse + c)) * log2e));
+        const vf exponent = v - vload(lse + c);
+        vstore(x + c, vexp2(vselect(exponent > zero, zero, exponent) * log2e));
     }
 }
 
