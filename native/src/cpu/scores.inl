@@ -52,11 +52,11 @@ enum { kSoftcap = 1, kAlibi = 2, kBias = 4 };
 
 struct score_modifiers {
     float scale;
-    float softcap;              /* 0: none */
-    float tanh_factor;          /* -2 log2(e) / softcap (vtanh_scaled), at least -FLT_MAX */
-    float neg_slope;            /* -slope(b, h) with ALiBi */
-    int kinds;                  /* kSoftcap | kAlibi */
-    int64_t diag;               /* p(i) = i + diag */
+    float softcap;     /* 0: none */
+    float tanh_factor; /* -2 log2(e) / softcap (vtanh_scaled), at least -FLT_MAX */
+    float neg_slope;   /* -slope(b, h) with ALiBi */
+    int kinds;         /* kSoftcap | kAlibi */
+    int64_t diag;      /* p(i) = i + diag */
 };
 
 static inline float f32_at(const mfa_view& view, int64_t b, int64_t h) {

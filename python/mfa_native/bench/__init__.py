@@ -10,8 +10,8 @@ of the machine measured in the same run.
 
 The package: ``cases`` (a problem and the named grids), ``peers`` (mfa and what it is compared
 with), ``timing`` (interleaved rounds, agreement, memory), ``roof`` (the native probes),
-``report`` (progress line, table, plot), ``features`` (the studies below), ``naive`` (the naive numpy attention, shared with
-``python -m mfa_native demo``) and ``cli``.
+``report`` (progress line, table, plot), ``features`` (the studies below), ``naive`` (the naive
+numpy attention, shared with ``python -m mfa_native demo``) and ``cli``.
 
 Grids (``--grid``, several allowed; ``cases.GRIDS``):
 
