@@ -19,6 +19,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 namespace {
 
@@ -287,6 +288,34 @@ static inline uint8_t summary_code(const mfa_view& summary, int64_t b, int64_t h
               i / MFA_MASK_BLOCK * summary.stride[2] + j / MFA_MASK_BLOCK * summary.stride[3]];
 }
 
+/* A boolean mask's tile with contiguous rows, classified eight bytes at a time, without
+ * writing anything: kTileHidden (every byte 0), kTilePlain (every byte nonzero: true, with
+ * nothing added) or kTileBias (mixed, to be read). Most tiles of masks like documents' or
+ * padding's are one or the other, and this costs a fraction of reading them into floats. */
+static mask_tile_kind classify_bool_tile(const mfa_view& mask, int64_t b, int64_t h, int64_t i0,
+                                         int64_t nq, int64_t j0, int64_t nk) {
+    const uint64_t ones = 0x0101010101010101ull, highs = 0x8080808080808080ull;
+    const char* origin =
+        mask.data + b * mask.stride[0] + h * mask.stride[1] + i0 * mask.stride[2] + j0;
+    uint64_t any = 0, zero_bytes = 0; /* zero_bytes: nonzero once a byte 0 was seen */
+    for (int64_t q = 0; q < nq; ++q) {
+        const char* row = origin + q * mask.stride[2];
+        int64_t k = 0;
+        for (; k + 8 <= nk; k += 8) {
+            uint64_t word;
+            memcpy(&word, row + k, 8);
+            any |= word;
+            zero_bytes |= (word - ones) & ~word & highs; /* nonzero iff word has a zero byte */
+        }
+        for (; k < nk; ++k) {
+            any |= (uint8_t)row[k];
+            zero_bytes |= row[k] == 0;
+        }
+        if (any && zero_bytes) return kTileBias;
+    }
+    return zero_bytes ? kTileHidden : kTilePlain;
+}
+
 /* The mask over queries [i0, i0 + nq) and keys [j0, j0 + nk) of sequence b, query head h (local
  * indices), into a tile of `ld` floats per row: query rows (key_major false: bias[q * ld + k])
  * or key rows (bias[k * ld + q]). The rows' columns past nk (or nq) up to `width` are set to 0.
@@ -325,6 +354,10 @@ static mask_tile_kind mask_tile(const mfa_cpu_plan* plan, int64_t b, int64_t h, 
                     fill_rect(rect, qn, kn, q_step, k_step, code == 0 ? -__builtin_inff() : 0.0f);
             }
     } else {
+        if (p->mask_dtype == MFA_DTYPE_BOOL && p->mask.stride[3] == 1) {
+            const mask_tile_kind kind = classify_bool_tile(p->mask, b, h, i0, nq, j0, nk);
+            if (kind != kTileBias) return kind;
+        }
         visible = read_mask_values(p, b, h, i0, nq, j0, nk, bias, q_step, k_step, &zero);
         if (zero) return kTilePlain;
     }
