@@ -501,7 +501,9 @@ static void test_varlen(void) {
          attach(&c));
     CASE("out aliases offsets", varlen, INVALID, "out overlaps args.cu_seqlens_q",
          c.x[OUT].a.data = c.x[CU_Q].storage);
-    CASE("dk aliases offsets", varlen_backward, INVALID, "dk overlaps args.cu_seqlens_k",
+    /* dk reaches past the offsets' few bytes, into whatever the heap placed after them (the
+     * other offsets, on some runs): the message names one of the two. */
+    CASE("dk aliases offsets", varlen_backward, INVALID, "dk overlaps args.cu_seqlens_",
          c.x[DK].a.data = c.x[CU_K].storage);
     VALID("empty sequences", varlen, MFA_FEATURE_VARLEN, "packed sequences (args.cu_seqlens_q, _k",
           set_i32(&c, CU_K, 1, 0);
@@ -635,14 +637,11 @@ static void test_device_entry_points(void) {
 }
 
 int main(void) {
-    const mfa_backend backends[] = {MFA_BACKEND_CPU, MFA_BACKEND_METAL_SIM, MFA_BACKEND_METAL};
-    for (size_t i = 0; i < sizeof backends / sizeof backends[0]; ++i) {
-        if (!mfa_backend_available(backends[i])) continue;
-        mfa_context_options options;
-        mfa_context_options_init(&options);
-        options.num_threads = 1;
-        ctx = test_context(backends[i], backends[i] == MFA_BACKEND_METAL ? NULL : &options,
-                           mfa_backend_name(backends[i]));
+    mfa_context_options options;
+    mfa_context_options_init(&options);
+    options.num_threads = 1;
+    for (int i = 0; i < TEST_BACKEND_COUNT; ++i) {
+        ctx = test_backend_context(i, &options);
         if (!ctx) continue;
         caps.struct_size = sizeof caps;
         mfa_context_capabilities(ctx, &caps);
