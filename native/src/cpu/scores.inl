@@ -137,7 +137,8 @@ static float scores_row(float* x, int64_t n, const score_modifiers& m, int64_t d
     vf top = hidden, unused;
     vi nan = vi{};
     for (int64_t c = 0; c < n; c += W) {
-        vf v = score_of<KINDS, false>(vload(x + c), mv, dist, bias + c, &unused);
+        vf v = score_of<KINDS, false>(vload(x + c), mv, dist, (KINDS & kBias) ? bias + c : nullptr,
+                                      &unused);
         if (KINDS & kAlibi) dist -= vsplat((float)W);
         if (c < range.begin || c + W > range.end)
             v = vselect(lanes_within(c, range.begin, range.end), v, hidden);
@@ -188,7 +189,8 @@ static void probabilities_row(float* x, int64_t n, const score_modifiers& m, int
     vf dist = vsplat((float)distance) + lane_offsets();
     for (int64_t c = 0; c < n; c += W) {
         vf sech2 = vf{};
-        vf v = score_of<KINDS, true>(vload(x + c), mv, dist, bias + c, &sech2);
+        vf v = score_of<KINDS, true>(vload(x + c), mv, dist, (KINDS & kBias) ? bias + c : nullptr,
+                                     &sech2);
         if (KINDS & kSoftcap) vstore(softcap_grad + c, sech2);
         if (KINDS & kAlibi) dist += vsplat((float)W);
         if (c < range.begin || c + W > range.end)
