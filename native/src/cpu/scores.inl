@@ -19,6 +19,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 namespace {
 
@@ -52,10 +53,11 @@ enum { kSoftcap = 1, kAlibi = 2, kBias = 4 };
 
 struct score_modifiers {
     float scale;
-    float softcap, inv_softcap; /* softcap 0: none */
-    float neg_slope;            /* -slope(b, h) with ALiBi */
-    int kinds;                  /* kSoftcap | kAlibi */
-    int64_t diag;               /* p(i) = i + diag */
+    float softcap;     /* 0: none */
+    float tanh_factor; /* -2 log2(e) / softcap (vtanh_scaled), at least -FLT_MAX */
+    float neg_slope;   /* -slope(b, h) with ALiBi */
+    int kinds;         /* kSoftcap | kAlibi */
+    int64_t diag;      /* p(i) = i + diag */
 };
 
 static inline float f32_at(const mfa_view& view, int64_t b, int64_t h) {
@@ -71,13 +73,14 @@ static inline score_modifiers modifiers_of(const mfa_cpu_plan* plan, const mfa_c
     m.scale = p->scale;
     m.softcap = p->softcap;
     m.kinds = 0;
-    /* 1 / softcap overflows for a subnormal softcap; the largest float keeps 0 at 0 there and
-     * still sends every other score to tanh's ends, where such a softcap puts them anyway. */
-    m.inv_softcap = 0.0f;
+    m.tanh_factor = 0.0f;
     if (p->softcap > 0.0f) {
         m.kinds |= kSoftcap;
-        const float inverse = 1.0f / p->softcap;
-        m.inv_softcap = inverse < 3.4028235e38f ? inverse : 3.4028235e38f;
+        /* The quotient overflows for a subnormal softcap; the most negative float keeps 0 at 0
+         * there and still sends every other score to tanh's ends, where such a softcap puts
+         * them anyway. */
+        const float factor = -2.0f * kLog2e / p->softcap;
+        m.tanh_factor = factor > -3.4028235e38f ? factor : -3.4028235e38f;
     }
     m.neg_slope = 0.0f;
     if (mfa_view_present(&p->alibi_slopes)) {
@@ -94,17 +97,28 @@ static inline float sink_of(const mfa_cpu_plan* plan, int64_t h) {
     return mfa_view_present(&p->sinks) ? f32_at(p->sinks, 0, h) : -__builtin_inff();
 }
 
+/* A row's modifiers as vectors, made once per row. */
+struct score_vectors {
+    vf scale, softcap, tanh_factor, neg_slope;
+};
+
+static inline score_vectors vectors_of(const score_modifiers& m) {
+    score_vectors v = {vsplat(m.scale), vsplat(m.softcap), vsplat(m.tanh_factor),
+                       vsplat(m.neg_slope)};
+    return v;
+}
+
 /* One score from a dot product, before the band: steps 1 to 4 of mfa.h. The scale multiplies
  * the finished dot product, never an operand, so the scores are finite wherever the logits are
- * (softcap divides the scaled score, for the same reason). `distance` holds p(i) - j per lane;
- * with SECH2, the derivative of the softcapped score by the scaled one goes to *sech2. */
+ * (softcap divides the scaled score inside the tanh, for the same reason). `distance` holds
+ * p(i) - j per lane; with SECH2, the derivative of the softcapped score by the scaled one goes
+ * to *sech2. */
 template <int KINDS, bool SECH2>
-static inline vf score_of(vf dot, const score_modifiers& m, vf distance, const float* bias,
+static inline vf score_of(vf dot, const score_vectors& m, vf distance, const float* bias,
                           vf* sech2) {
-    vf v = dot * vsplat(m.scale);
-    if (KINDS & kSoftcap)
-        v = vsplat(m.softcap) * vtanh_with<SECH2>(v * vsplat(m.inv_softcap), sech2);
-    if (KINDS & kAlibi) v += vsplat(m.neg_slope) * vabs(distance);
+    vf v = dot * m.scale;
+    if (KINDS & kSoftcap) v = m.softcap * vtanh_scaled<SECH2>(v, m.tanh_factor, sech2);
+    if (KINDS & kAlibi) v += m.neg_slope * vabs(distance);
     if (KINDS & kBias) v += vload(bias);
     return v;
 }
@@ -118,11 +132,13 @@ template <int KINDS>
 static float scores_row(float* x, int64_t n, const score_modifiers& m, int64_t distance,
                         const float* bias, visible_range range) {
     const vf hidden = vsplat(-__builtin_inff());
+    const score_vectors mv = vectors_of(m);
     vf dist = vsplat((float)distance) - lane_offsets();
     vf top = hidden, unused;
     vi nan = vi{};
     for (int64_t c = 0; c < n; c += W) {
-        vf v = score_of<KINDS, false>(vload(x + c), m, dist, bias + c, &unused);
+        vf v = score_of<KINDS, false>(vload(x + c), mv, dist, (KINDS & kBias) ? bias + c : nullptr,
+                                      &unused);
         if (KINDS & kAlibi) dist -= vsplat((float)W);
         if (c < range.begin || c + W > range.end)
             v = vselect(lanes_within(c, range.begin, range.end), v, hidden);
@@ -169,10 +185,12 @@ static void probabilities_row(float* x, int64_t n, const score_modifiers& m, int
                               const float* bias, const float* lse, visible_range range,
                               float* softcap_grad) {
     const vf hidden = vsplat(-__builtin_inff()), log2e = vsplat(kLog2e), zero = vsplat(0.0f);
+    const score_vectors mv = vectors_of(m);
     vf dist = vsplat((float)distance) + lane_offsets();
     for (int64_t c = 0; c < n; c += W) {
         vf sech2 = vf{};
-        vf v = score_of<KINDS, true>(vload(x + c), m, dist, bias + c, &sech2);
+        vf v = score_of<KINDS, true>(vload(x + c), mv, dist, (KINDS & kBias) ? bias + c : nullptr,
+                                     &sech2);
         if (KINDS & kSoftcap) vstore(softcap_grad + c, sech2);
         if (KINDS & kAlibi) dist += vsplat((float)W);
         if (c < range.begin || c + W > range.end)
@@ -272,6 +290,34 @@ static inline uint8_t summary_code(const mfa_view& summary, int64_t b, int64_t h
               i / MFA_MASK_BLOCK * summary.stride[2] + j / MFA_MASK_BLOCK * summary.stride[3]];
 }
 
+/* A boolean mask's tile with contiguous rows, classified eight bytes at a time, without
+ * writing anything: kTileHidden (every byte 0), kTilePlain (every byte nonzero: true, with
+ * nothing added) or kTileBias (mixed, to be read). Most tiles of masks like documents' or
+ * padding's are one or the other, and this costs a fraction of reading them into floats. */
+static mask_tile_kind classify_bool_tile(const mfa_view& mask, int64_t b, int64_t h, int64_t i0,
+                                         int64_t nq, int64_t j0, int64_t nk) {
+    const uint64_t ones = 0x0101010101010101ull, highs = 0x8080808080808080ull;
+    const char* origin =
+        mask.data + b * mask.stride[0] + h * mask.stride[1] + i0 * mask.stride[2] + j0;
+    uint64_t any = 0, zero_bytes = 0; /* zero_bytes: nonzero once a byte 0 was seen */
+    for (int64_t q = 0; q < nq; ++q) {
+        const char* row = origin + q * mask.stride[2];
+        int64_t k = 0;
+        for (; k + 8 <= nk; k += 8) {
+            uint64_t word;
+            memcpy(&word, row + k, 8);
+            any |= word;
+            zero_bytes |= (word - ones) & ~word & highs; /* nonzero iff word has a zero byte */
+        }
+        for (; k < nk; ++k) {
+            any |= (uint8_t)row[k];
+            zero_bytes |= row[k] == 0;
+        }
+        if (any && zero_bytes) return kTileBias;
+    }
+    return zero_bytes ? kTileHidden : kTilePlain;
+}
+
 /* The mask over queries [i0, i0 + nq) and keys [j0, j0 + nk) of sequence b, query head h (local
  * indices), into a tile of `ld` floats per row: query rows (key_major false: bias[q * ld + k])
  * or key rows (bias[k * ld + q]). The rows' columns past nk (or nq) up to `width` are set to 0.
@@ -310,6 +356,10 @@ static mask_tile_kind mask_tile(const mfa_cpu_plan* plan, int64_t b, int64_t h, 
                     fill_rect(rect, qn, kn, q_step, k_step, code == 0 ? -__builtin_inff() : 0.0f);
             }
     } else {
+        if (p->mask_dtype == MFA_DTYPE_BOOL && p->mask.stride[3] == 1) {
+            const mask_tile_kind kind = classify_bool_tile(p->mask, b, h, i0, nq, j0, nk);
+            if (kind != kTileBias) return kind;
+        }
         visible = read_mask_values(p, b, h, i0, nq, j0, nk, bias, q_step, k_step, &zero);
         if (zero) return kTilePlain;
     }

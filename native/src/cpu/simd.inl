@@ -43,14 +43,20 @@ static inline vf vselect(vi mask, vf if_set, vf if_clear) {
 static inline vf vmax(vf a, vf b) { return vselect(a > b, a, b); }
 static inline vf vmin(vf a, vf b) { return vselect(a < b, a, b); }
 
-static inline float hmax(vf x) {
-    float m = x[0];
-    for (int i = 1; i < W; ++i) m = x[i] > m ? x[i] : m;
-    return m;
+/* Horizontal reductions by halving, so that one costs log2(W) shuffles and operations. */
+typedef float vf4 __attribute__((vector_size(16)));
+typedef int32_t vi4 __attribute__((vector_size(16)));
+
+static inline vf4 vmax4(vf4 a, vf4 b) {
+    const vi4 pick = a > b;
+    return (vf4)((pick & (vi4)a) | (~pick & (vi4)b));
 }
 
-/* Horizontal sums by halving, so that a reduction costs log2(W) shuffles and adds. */
-typedef float vf4 __attribute__((vector_size(16)));
+static inline float hmax4(vf4 x) {
+    x = vmax4(x, __builtin_shufflevector(x, x, 2, 3, 0, 1));
+    x = vmax4(x, __builtin_shufflevector(x, x, 1, 0, 3, 2));
+    return x[0];
+}
 
 static inline float hsum4(vf4 x) {
     x += __builtin_shufflevector(x, x, 2, 3, 0, 1);
@@ -60,12 +66,29 @@ static inline float hsum4(vf4 x) {
 
 #if MFA_CPU_VECTOR_BYTES >= 32
 typedef float vf8 __attribute__((vector_size(32)));
+typedef int32_t vi8 __attribute__((vector_size(32)));
 
 static inline float hsum8(vf8 x) {
     return hsum4(__builtin_shufflevector(x, x, 0, 1, 2, 3) +
                  __builtin_shufflevector(x, x, 4, 5, 6, 7));
 }
 #endif
+
+/* The largest lane (NaN lanes are the callers' to look for). */
+static inline float hmax(vf x) {
+#if MFA_CPU_VECTOR_BYTES == 64
+    const vf8 half = __builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7);
+    const vf8 other = __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15);
+    const vf8 m8 = (vf8)(((half > other) & (vi8)half) | (~(half > other) & (vi8)other));
+    return hmax4(vmax4(__builtin_shufflevector(m8, m8, 0, 1, 2, 3),
+                       __builtin_shufflevector(m8, m8, 4, 5, 6, 7)));
+#elif MFA_CPU_VECTOR_BYTES == 32
+    return hmax4(vmax4(__builtin_shufflevector(x, x, 0, 1, 2, 3),
+                       __builtin_shufflevector(x, x, 4, 5, 6, 7)));
+#else
+    return hmax4(x);
+#endif
+}
 
 static inline float hsum(vf x) {
 #if MFA_CPU_VECTOR_BYTES == 64
@@ -139,20 +162,47 @@ static inline vf lane_offsets() {
     return lane;
 }
 
-/* tanh(x), relative error below 4e-7 over the whole range (odd, so computed on |x|):
+/* x rounded to an integer (|x| < 2^22), and integer-valued n as 2^n for n in [-127, 127] with
+ * 2^-127 built as 0. */
+#if MFA_CPU_VECTOR_BYTES == 64 && defined(__AVX512F__)
+static inline vf vround(vf x) {
+    return (vf)_mm512_roundscale_ps((__m512)x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+static inline vf vpow2(vf n) {
+    /* scalef gives 2^-127 as a subnormal; the contract (and tanh below) wants it 0. */
+    const __mmask16 normal = _mm512_cmp_ps_mask((__m512)n, _mm512_set1_ps(-127.0f), _CMP_GT_OQ);
+    return (vf)_mm512_maskz_scalef_ps(normal, _mm512_set1_ps(1.0f), (__m512)n);
+}
+/* 1 / d to f32 accuracy (the estimate's 2^-14 squared by one Newton step): the divider runs 512
+ * bits at a fraction of the multipliers' rate. */
+static inline vf vreciprocal(vf d) {
+    const vf r = (vf)_mm512_rcp14_ps((__m512)d);
+    return r * (2.0f - d * r);
+}
+#else
+static inline vf vreciprocal(vf d) { return 1.0f / d; }
+static inline vf vround(vf x) {
+    const vf round_shift = vsplat(12582912.0f); /* 1.5 * 2^23: adding it rounds to integer */
+    return (x + round_shift) - round_shift;
+}
+static inline vf vpow2(vf n) { return (vf)((__builtin_convertvector(n, vi) + 127) << 23); }
+#endif
+
+/* tanh(x c) for c > 0, given as k = -2 log2(e) c (finite: see tanh_factor), relative error
+ * below 4e-7 over the whole range (odd, so computed on |x| c):
  * tanh(a) = -m / (2 + m) with m = e^(-2a) - 1, where m comes without cancellation near 0: with
  * -2a = (n + f) / log2(e), |f| <= 1/2, m = 2^n * f * q(f) + (2^n - 1), q(f) = (2^f - 1) / f from
- * its Taylor series (truncated after f^6: error below 2e-8). |x| is clamped at 44, where 2^n
- * reaches 2^-127 and is built as 0: tanh is +-1 and 1 - tanh^2 exactly 0 from there on (it would
- * be below 2^-124). NaN stays NaN. With SECH2, also 1 - tanh(x)^2 = 4 e / (2 + m)^2 with e = 2^n (1 + f q(f))
- * into *sech2, to the same relative accuracy: 1 - t * t from a rounded t would cancel where tanh
- * nears +-1 (at |x| = 5 it would lose three digits). */
+ * its Taylor series (truncated after f^6: error below 2e-8). -2a log2(e) is clamped at -126.9
+ * (a = 44), where 2^n is built as 0: tanh is +-1 and 1 - tanh^2 exactly 0 from there on (it
+ * would be below 2^-124). NaN stays NaN: the clamp keeps it, and it flows through the rest. With
+ * SECH2, also 1 - tanh^2 = 4 e / (2 + m)^2 with e = 2^n (1 + f q(f)) into *sech2, to the same
+ * relative accuracy: 1 - t * t from a rounded t would cancel where tanh nears +-1 (at |x c| = 5
+ * it would lose three digits). */
 template <bool SECH2>
-static inline vf vtanh_with(vf x, vf* sech2) {
-    const vf a = vmin(vabs(x), vsplat(44.0f));
-    const vf z = a * vsplat(-2.0f * kLog2e);
-    const vf round_shift = vsplat(12582912.0f);
-    const vf n = (z + round_shift) - round_shift;
+static inline vf vtanh_scaled(vf x, vf k, vf* sech2) {
+    const vf scaled = vabs(x) * k;
+    const vf z = vselect(scaled < vsplat(-126.9f), vsplat(-126.9f), scaled);
+    const vf n = vround(z);
     const vf f = z - n;
     vf q = vsplat(1.5252734e-5f);
     q = q * f + 1.5403530e-4f;
@@ -161,20 +211,17 @@ static inline vf vtanh_with(vf x, vf* sech2) {
     q = q * f + 5.5504109e-2f;
     q = q * f + 2.4022651e-1f;
     q = q * f + 6.9314718e-1f;
-    const vf power = (vf)((__builtin_convertvector(n, vi) + 127) << 23); /* n >= -127 */
+    const vf power = vpow2(n);
     const vf fq = f * q;
     const vf m = power * fq + (power - 1.0f);
-    const vf denominator = m + 2.0f;
-    const vf t = -m / denominator;
+    const vf inverse = vreciprocal(-2.0f - m); /* of a value in [-2, -1] */
     if (SECH2) {
         const vf e = power * fq + power;
-        *sech2 = vselect(x != x, x, 4.0f * e / (denominator * denominator));
+        *sech2 = 4.0f * e * (inverse * inverse);
     }
-    const vf signed_t = (vf)((vi)t | ((vi)x & (vi)vsplat(-0.0f)));
-    return vselect(x != x, x, signed_t);
+    const vf t = m * inverse;
+    return (vf)((vi)t | ((vi)x & (vi)vsplat(-0.0f)));
 }
-
-static inline vf vtanh(vf x) { return vtanh_with<false>(x, (vf*)0); }
 
 /* Lanes c0 .. c0 + W - 1 that lie in [begin, end). */
 static inline vi lanes_within(int64_t c0, int64_t begin, int64_t end) {

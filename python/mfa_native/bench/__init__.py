@@ -10,8 +10,8 @@ of the machine measured in the same run.
 
 The package: ``cases`` (a problem and the named grids), ``peers`` (mfa and what it is compared
 with), ``timing`` (interleaved rounds, agreement, memory), ``roof`` (the native probes),
-``report`` (progress line, table, plot), ``naive`` (the naive numpy attention, shared with
-``python -m mfa_native demo``) and ``cli``.
+``report`` (progress line, table, plot), ``features`` (the studies below), ``naive`` (the naive
+numpy attention, shared with ``python -m mfa_native demo``) and ``cli``.
 
 Grids (``--grid``, several allowed; ``cases.GRIDS``):
 
@@ -25,6 +25,23 @@ decode
 shapes
     D 80, 96 and 256 at N 1024 and 2048; GQA prefill (Hq 32, Hkv 8, N 2048, D 128); small N
     with a large batch (B 8, N 128 and 256, D 64 and 128); B 4 at N 2048, D 64.
+
+Studies (also ``--grid``; ``features.STUDIES``, whose docstring says each one's shapes and
+targets): each times a few calls that answer one question against each other, interleaved, and
+prints their paired ratios beside the target, with torch's alternative where it has one
+(``--flex`` adds a compiled FlexAttention):
+
+modifiers
+    softcap, ALiBi and sinks against the same call without them (target: at most 15 % more).
+block-mask
+    8 documents' block-diagonal boolean mask, with and without its ``mask_summary``, against
+    an all-true mask at N 4096 (target: 4x faster).
+decode-roof
+    decode Hq 32 / Hkv 8 against torch SDPA (2x) and the read roof (60 %), 1 thread against 2.
+varlen
+    8 packed sequences (8k tokens) against the 8 dense calls (within 10 %) and padding.
+paged
+    paged decoding against the dense decode at the same lengths (within 15 %).
 
 ``--dtypes``, ``--seq`` (key rows, and query rows), ``--seq-q``, ``--head-dims``, ``--batch``,
 ``--heads``, ``--kv-heads``, ``--causal`` and ``--window`` replace the grids' own values. These

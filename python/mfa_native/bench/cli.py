@@ -8,7 +8,7 @@ import time
 
 import mfa_native
 from mfa_native.bench import cases as grids
-from mfa_native.bench import report, roof, timing
+from mfa_native.bench import features, report, roof, timing
 from mfa_native.bench.peers import FACTORIES, MfaPeer, cpu_count, inputs, make_peers
 
 __all__ = ["main", "DEFAULTS"]
@@ -114,7 +114,9 @@ def _parser():
         "the machine's measured roofs. Several defaults depend on the backend (auto: the one "
         "it resolves to).",
         epilog="grids: "
-        + "; ".join(f"{grid.name}: {grid.summary}" for grid in grids.GRIDS.values()),
+        + "; ".join(f"{grid.name}: {grid.summary}" for grid in grids.GRIDS.values())
+        + "; studies: "
+        + "; ".join(f"{study.name}: {study.summary}" for study in features.STUDIES.values()),
     )
     parser.add_argument(
         "--quick",
@@ -127,8 +129,15 @@ def _parser():
         "--grid",
         nargs="+",
         default=["readme"],
-        choices=list(grids.GRIDS),
-        help="named grids of shapes to run, in order (default readme; see below)",
+        choices=list(grids.GRIDS) + list(features.STUDIES),
+        help="named grids of shapes and studies of features to run, in order (default "
+        "readme; see below)",
+    )
+    parser.add_argument(
+        "--flex",
+        action="store_true",
+        help="add torch.compile'd FlexAttention to the modifiers and block-mask studies "
+        "(compiles a kernel per case: minutes)",
     )
     parser.add_argument(
         "--threads",
@@ -309,7 +318,10 @@ def main(argv=None):
         arguments.roof = False
     try:
         plan = []
+        studies = [name for name in dict.fromkeys(arguments.grid) if name in features.STUDIES]
         for name in dict.fromkeys(arguments.grid):
+            if name in features.STUDIES:
+                continue
             grid = grids.GRIDS[name]
             selected = grids.cases(grid, _axis_defaults(arguments), overrides, arguments.quick)
             settings = timing.Settings(
@@ -354,6 +366,22 @@ def main(argv=None):
             rows += timing.run(selected, peers, settings, progress, grid=name)
     finally:
         progress.close()
+    study_rows = []
+    if studies:
+        torch_module = next((peer.torch for peer in peers if peer.name == "torch"), None)
+        single = mfa_native.Context(mfa.backend, num_threads=1)
+        setup = features.Setup(
+            context=mfa.context,
+            single_thread=single,
+            torch=torch_module,
+            roofs=roofs_before,
+            repeats=arguments.repeats,
+            warmups=arguments.warmups,
+            quick=arguments.quick,
+            flex=arguments.flex,
+        )
+        study_rows = features.run(studies, setup)
+        single.close()
     roofs = roof.combine(roofs_before, _roofs(arguments, threads)[0] if roofs_before else {})
     for line in report.roof_lines(roofs, missing, threads):
         print(line)
@@ -366,7 +394,10 @@ def main(argv=None):
             shown.append(peer.name)
         elif entries:
             print(f"{peer.name} ran no row: {entries[0]['skipped']}")
-    print(report.table(rows, shown, tera=mfa.backend == "metal"))
+    if rows:
+        print(report.table(rows, shown, tera=mfa.backend == "metal"))
+    for line in features.table(study_rows):
+        print(line)
     for row in rows:
         for name, result in row["results"].items():
             if "error" in result:
@@ -408,6 +439,7 @@ def main(argv=None):
             "roofs": {name: r.as_dict() for name, r in roofs.items()},
             "roofs_missing": missing,
             "rows": rows,
+            "studies": study_rows,
             "memory_targets": memory,
         }
         with open(arguments.json, "w") as stream:
