@@ -9,7 +9,16 @@ import mfa_native
 import numpy as np
 import pytest
 import reference
-from _backends import Case, allowed_error, assert_close, check_backward, check_forward
+from _backends import (
+    Case,
+    adapter_backends,
+    allowed_error,
+    assert_close,
+    check_backward,
+    check_forward,
+    run_or_skip,
+)
+from _errors import raises
 
 torch = pytest.importorskip("torch")
 mfa_torch = pytest.importorskip("mfa_native.torch")
@@ -23,6 +32,9 @@ from _torch_support import (  # noqa: E402  (needs torch, which may be absent)
 )
 
 F = torch.nn.functional
+# The operators' leading options (mask, block mask, slopes, sinks, packed offsets and bounds)
+# for a dense call without modifiers; the scalar options follow.
+NO_TENSOR_OPTIONS = (None, None, None, None, None, None, 0, 0)
 
 # Every dtype; GQA and MQA; causal both ways, windows, both; decoding; rows that see no key
 # (bottom-right with Nq > Nk); Dv != D. Small, as the kernels themselves are tested elsewhere:
@@ -112,7 +124,7 @@ def test_the_operator_called_directly_records_autograd_too():
     gradients = []
     for function in (
         lambda q, k, v: torch.ops.mfa_native.attention_forward(
-            q, k, v, True, "top_left", 2, -1, 0.5, "bhsd", None
+            q, k, v, *NO_TENSOR_OPTIONS, True, "top_left", 2, -1, 0.5, None, "bhsd", None
         )[0],
         lambda q, k, v: mfa_torch.attention(
             q, k, v, causal=True, causal_alignment="top_left", window=(2, None), scale=0.5
@@ -162,7 +174,7 @@ def test_opcheck_of_both_operators():
     q = torch.randn(2, 6, 4, 8).transpose(1, 2).requires_grad_()
     k = torch.randn(2, 2, 9, 8, requires_grad=True)
     v = torch.randn(2, 2, 9, 5, requires_grad=True)
-    options = (True, "bottom_right", 3, -1, None, "bhsd", None)
+    options = (*NO_TENSOR_OPTIONS, True, "bottom_right", 3, -1, None, None, "bhsd", None)
     torch.library.opcheck(torch.ops.mfa_native.attention_forward.default, (q, k, v, *options))
     with torch.no_grad():
         out, lse = torch.ops.mfa_native.attention_forward(q, k, v, *options)
@@ -279,10 +291,76 @@ def test_sdpa_matches_pytorch(shapes_and_options):
         assert_close(f"{name} vs torch", to_numpy(mine), to_numpy(torch_gradient), 1e-5 * scale_of)
 
 
+def sdpa_masks(generator, dtype):
+    """(name, attn_mask) of PyTorch's kinds for query [2, 4, 9, .] and key [2, 2, 13, .]:
+    boolean (True: the pair takes part) full or broadcast, float in q's dtype (added to the
+    scores, -inf hiding pairs). Every row keeps key 0, as PyTorch gives NaN for a row its mask
+    hides entirely (mfa gives 0)."""
+    keep = torch.rand(2, 4, 9, 13, generator=generator) < 0.6
+    keep[..., 0] = True
+    additive = torch.randn(9, 13, generator=generator, dtype=torch.float64) * 2
+    additive[torch.rand(9, 13, generator=generator) < 0.2] = float("-inf")
+    additive[:, 0] = 0.0
+    return [
+        ("bool", keep),
+        ("bool [2, 1, 1, 13]", keep[:, :1, :1]),
+        ("float [9, 13]", additive.to(dtype)),
+        ("float [1, 4, 9, 13]", additive.to(dtype).expand(1, 4, 9, 13)),
+    ]
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("index", range(4))
+@pytest.mark.parametrize("backend", adapter_backends())
+def test_sdpa_attn_mask_matches_pytorch(backend, index, dtype):
+    """mfa's SDPA with each kind of attn_mask against PyTorch's (its math backend on CPU: an
+    independent implementation), forward and gradients. Both round like the float32 path
+    (bf16 inputs and outputs), so they agree within the sum of their bounds: 2 allowed_error
+    of the reference, forward and backward."""
+    generator = torch.Generator().manual_seed(5 + index)
+    torch_dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    query = torch.randn(2, 4, 9, 16, generator=generator).to(torch_dtype)
+    key, value = (torch.randn(2, 2, 13, 16, generator=generator).to(torch_dtype) for _ in "kv")
+    name, mask = sdpa_masks(generator, torch_dtype)[index]
+    dout = torch.randn(2, 4, 9, 16, generator=generator).to(torch_dtype)
+    results = []
+    for function in (mfa_torch.scaled_dot_product_attention, F.scaled_dot_product_attention):
+        inputs = [x.clone().requires_grad_() for x in (query, key, value)]
+
+        def call(function=function, inputs=inputs):
+            return function(*inputs, attn_mask=mask, enable_gqa=True)
+
+        out = run_or_skip(backend, "forward", {"mask"}, call) if not results else call()
+        out.backward(dout)
+        results.append([out, *(x.grad for x in inputs)])
+    arrays = [to_numpy(x) for x in (query, key, value)]
+    modifiers = {"mask": mask.numpy() if mask.dtype == torch.bool else to_numpy(mask)}
+    expected, _ = reference.attention_forward(*arrays, **modifiers)
+    magnitude, score_size = reference.forward_magnitudes(*arrays, **modifiers)
+    bound = allowed_error(dtype, expected, magnitude, 16 + 13, score_size.max())
+    assert_close(
+        f"out ({name}) vs torch", to_numpy(results[0][0]), to_numpy(results[1][0]), 2 * bound
+    )
+    gradients = reference.attention_backward(to_numpy(dout), *arrays, **modifiers)
+    magnitudes = reference.gradient_magnitudes(to_numpy(dout), *arrays, **modifiers)
+    for position, label in enumerate(("dq", "dk", "dv"), start=1):
+        bound = allowed_error(dtype, gradients[position - 1], magnitudes[position - 1],
+                              16 + 16 + 13 + 9 * 2, score_size.max())  # fmt: skip
+        assert_close(f"{label} ({name}) vs torch", to_numpy(results[0][position]),
+                     to_numpy(results[1][position]), 2 * bound)  # fmt: skip
+
+
 def test_sdpa_refuses_what_it_cannot_do():
     q = torch.randn(1, 2, 5, 8)
-    with pytest.raises(NotImplementedError, match="attn_mask"):
-        mfa_torch.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(5, 5, dtype=bool))
+    keep = torch.ones(5, 5, dtype=bool)
+    with raises(ValueError, "attn_mask and is_causal=True are given together"):
+        mfa_torch.scaled_dot_product_attention(q, q, q, attn_mask=keep, is_causal=True)
+    with raises(NotImplementedError, "attn_mask requires grad: mfa does not differentiate"):
+        mfa_torch.scaled_dot_product_attention(
+            q, q, q, attn_mask=torch.zeros(5, 5).requires_grad_()
+        )
+    with raises(TypeError, "mask requires grad, but mfa does not differentiate masks"):
+        mfa_torch.attention(q, q, q, mask=torch.zeros(5, 5).requires_grad_())
     with pytest.raises(
         NotImplementedError, match="dropout_p=0.1\\) is not supported: mfa has no dropout"
     ):
@@ -325,8 +403,8 @@ def test_enable_routes_and_disable_restores():
         assert mfa_torch.is_enabled()
         assert _ran_mfa(F.scaled_dot_product_attention(q, q, q, is_causal=True))
         # Refused, not silently computed by PyTorch.
-        with pytest.raises(NotImplementedError, match="attn_mask"):
-            F.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(5, 5, dtype=bool))
+        with pytest.raises(NotImplementedError, match="dropout"):
+            F.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
     finally:
         mfa_torch.disable()
     assert F.scaled_dot_product_attention is original and not mfa_torch.is_enabled()
