@@ -40,8 +40,7 @@ typedef struct mfa_kernel_params {
     int32_t band_lo;
     int32_t band_hi;
     int32_t out_blocks; /* threadgroups sharing one row block, each owning block_out columns */
-    float scale;        /* multiplies Q K^T (natural units) */
-    float scale_log2;   /* scale * log2(e): scores are exponentiated with exp2 */
+    float scale;        /* multiplies Q K^T */
 } mfa_kernel_params;
 
 /* C and MSL must agree on the layout; both sides assert this size. */

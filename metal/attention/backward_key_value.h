@@ -1,6 +1,6 @@
 // Backward-key-value: one threadgroup per block of key rows (and per block of output columns
 // for wide heads) walks the query blocks of every query head that shares its key/value head:
-//   P^T = exp2(K Q^T - L),  dV += P^T dO,  dP^T = V dO^T,  dS^T = P^T * (dP^T - delta),
+//   P^T = exp(scale K Q^T - L),  dV += P^T dO,  dP^T = V dO^T,  dS^T = P^T * (dP^T - delta),
 //   dK += scale * dS^T Q.
 // Summing over the group inside the threadgroup is what makes GQA need no atomics.
 #ifndef MFA_ATTENTION_BACKWARD_KEY_VALUE_H
@@ -18,8 +18,8 @@ inline void attention_backward_key_value(device const uchar* q, device const uch
                                          ushort lane) {
     threadgroup float* parallel_tile = staging;
     threadgroup float* traversal_tile = staging + fc_block_parallel * fc_block_head;
-    threadgroup float* query_lse2 = traversal_tile + fc_block_traversal * fc_block_head;
-    threadgroup float* query_delta = query_lse2 + fc_block_traversal;
+    threadgroup float* query_lse = traversal_tile + fc_block_traversal * fc_block_head;
+    threadgroup float* query_delta = query_lse + fc_block_traversal;
 
     const uint out_block = group.x % uint(p.out_blocks);
     const int key0 = int(group.x / uint(p.out_blocks) * fc_block_parallel);
@@ -59,29 +59,30 @@ inline void attention_backward_key_value(device const uchar* q, device const uch
             grads.row0 = query0;
 
             // The block's L and delta, read by every simdgroup; the barrier keeps the previous
-            // block's readers ahead of these writes.
+            // block's readers ahead of these writes. Queries past the end read as rows that saw
+            // no key: every probability 0.
             threadgroup_barrier(mem_flags::mem_threadgroup);
             for (uint i = thread_index; i < fc_block_traversal; i += fc_threads) {
                 const int query = query0 + int(i);
                 const bool real = query < p.seq_q;
-                query_lse2[i] =
-                    real ? log_sum_exp2_from_stored(l[l_slice.at(query, 0)]) : kEmptyRowLogSumExp2;
+                query_lse[i] =
+                    real ? l[l_slice.at(query, 0)] : as_type<float>(kEmptyRowLogSumExpBits);
                 query_delta[i] = real ? delta[delta_slice.at(query, 0)] : 0.0f;
             }
 
-            // P^T = exp2(K Q^T - L): rows are keys, columns queries.
+            // P^T = exp(scale K Q^T - L): rows are keys, columns queries.
             simd_fragment probs[MFA_TRAVERSAL_FRAGMENTS];
             compute_scores(probs, k_cache, fc_cache_parallel, parallel_tile, keys, traversal_tile,
                            queries, thread_index, simd_index);
             const bool edge = !block_fully_visible(p, query0, query0 + int(fc_block_traversal) - 1,
                                                    key0, key_last);
-            to_log2_scores(probs, p, edge, score_orientation::key_rows, key, query0, lane);
+            to_scores(probs, p, edge, score_orientation::key_rows, key, query0, lane);
             const uint col = fragment_col(lane);
 #pragma unroll
             for (uint t = 0; t < fc_traversal_fragments; ++t)
                 for (ushort e = 0; e < 2; ++e)
-                    probs[t].thread_elements()[e] = probability_from_lse2(
-                        probs[t].thread_elements()[e], query_lse2[t * 8 + col + e]);
+                    probs[t].thread_elements()[e] = probability_from_stored_lse(
+                        probs[t].thread_elements()[e], query_lse[t * 8 + col + e]);
 
             // dP^T = V dO^T
             simd_fragment dprobs[MFA_TRAVERSAL_FRAGMENTS];

@@ -1,5 +1,5 @@
 // Backward-query: delta = rowsum(dO * O) (saved for backward-key-value) and
-//   dQ = scale * sum_j dS_ij K_j,   dS = P * (dP - delta),   P = exp2(S - L),   dP = dO V^T
+//   dQ = scale * sum_j dS_ij K_j,   dS = P * (dP - delta),   P = exp(S - L),   dP = dO V^T
 // one threadgroup per block of query rows (and per block of dQ columns for wide D).
 #ifndef MFA_ATTENTION_BACKWARD_QUERY_H
 #define MFA_ATTENTION_BACKWARD_QUERY_H
@@ -49,9 +49,9 @@ inline void attention_backward_query(device const uchar* q, device const uchar* 
         output_gradient_dot(o, slice_of(p.o, batch, head), dout, grads.slice, row, p.seq_q, lane);
     if (out_block == 0 && fragment_row_quarter(lane) == 0 && row < p.seq_q)
         delta_out[slice_of(p.delta, batch, head).at(row, 0)] = delta;
-    const float lse2 = row < p.seq_q
-                           ? log_sum_exp2_from_stored(l[slice_of(p.l, batch, head).at(row, 0)])
-                           : kEmptyRowLogSumExp2;
+    // Rows past the end read as rows that saw no key: every probability 0.
+    const float lse = row < p.seq_q ? l[slice_of(p.l, batch, head).at(row, 0)]
+                                    : as_type<float>(kEmptyRowLogSumExpBits);
 
     simd_fragment q_cache[MFA_CACHED_FRAGMENTS];
     if (fc_cache_parallel) cache_slab(q_cache, parallel_tile, queries, thread_index, simd_index);
@@ -67,13 +67,13 @@ inline void attention_backward_query(device const uchar* q, device const uchar* 
         keys.row0 = key0;
         values.row0 = key0;
 
-        // P = exp2(S - L) with the forward's log-sum-exp: no running statistics needed.
+        // P = exp(S - L) with the forward's log-sum-exp: no running statistics needed.
         simd_fragment probs[MFA_TRAVERSAL_FRAGMENTS];
         compute_scores(probs, q_cache, fc_cache_parallel, parallel_tile, queries, traversal_tile,
                        keys, thread_index, simd_index);
         const bool edge =
             !block_fully_visible(p, row0, row_last, key0, key0 + int(fc_block_traversal) - 1);
-        to_log2_scores(probs, p, edge, score_orientation::query_rows, row, key0, lane);
+        to_scores(probs, p, edge, score_orientation::query_rows, row, key0, lane);
 
         simd_fragment dprobs[MFA_TRAVERSAL_FRAGMENTS];
         compute_scores(dprobs, dout_cache, fc_cache_parallel2, parallel_tile, grads, traversal_tile,
@@ -83,7 +83,7 @@ inline void attention_backward_query(device const uchar* q, device const uchar* 
 #pragma unroll
         for (uint t = 0; t < fc_traversal_fragments; ++t)
             for (ushort e = 0; e < 2; ++e) {
-                const float prob = probability_from_lse2(probs[t].thread_elements()[e], lse2);
+                const float prob = probability_from_stored_lse(probs[t].thread_elements()[e], lse);
                 dprobs[t].thread_elements()[e] = prob * (dprobs[t].thread_elements()[e] - delta);
             }
         accumulate_product(dq_acc, dprobs, traversal_tile, keys, out_cols.begin, out_cols.end,

@@ -67,16 +67,16 @@ inline void attention_forward(device const uchar* q, device const uchar* k, devi
         keys.row0 = key0;
         values.row0 = key0;
 
-        // S = Q K^T, then P = exp2(S - m) with the running max m.
+        // S = scale Q K^T, then P = exp(S - m) with the running max m.
         simd_fragment scores[MFA_TRAVERSAL_FRAGMENTS];
         compute_scores(scores, q_cache, fc_cache_parallel, parallel_tile, queries, traversal_tile,
                        keys, thread_index, simd_index);
         const bool edge = !block_fully_visible(p, query_first, query_last, key0,
                                                key0 + int(fc_block_traversal) - 1);
-        to_log2_scores(scores, p, edge, score_orientation::query_rows, query, key0, lane);
+        to_scores(scores, p, edge, score_orientation::query_rows, query, key0, lane);
         const float correction = softmax_row_update(stats, scores, fc_traversal_fragments);
 
-        // O = O * exp2(m_old - m_new) + P V
+        // O = O * exp(m_old - m_new) + P V
         scale_fragments(out, fc_out_fragments, correction);
         accumulate_product(out, scores, traversal_tile, values, out_cols.begin, out_cols.end,
                            thread_index);

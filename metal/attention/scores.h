@@ -1,4 +1,4 @@
-// Raw dot products -> scores in log2 units, with the band applied on edge blocks only.
+// Raw dot products -> scores, scale * (q . k), with the band applied on edge blocks only.
 #ifndef MFA_ATTENTION_SCORES_H
 #define MFA_ATTENTION_SCORES_H
 
@@ -9,15 +9,17 @@
 // queries in rows and keys in columns; backward-key-value holds the transpose.
 enum class score_orientation { query_rows, key_rows };
 
-// scores[t] *= scale_log2, and, when `edge`, masked where the (query, key) pair is invisible.
+// scores[t] *= scale, and, when `edge`, masked where the (query, key) pair is invisible. The
+// dot products are computed unscaled, so a scale that multiplies an operand past FLT_MAX
+// (q = 1e38, scale = 10) cannot spoil a logit that fits.
 // row: this lane's row index in the sequence; column0: index of the slab's column 0.
-inline void to_log2_scores(thread simd_fragment* scores, constant mfa_kernel_params& p, bool edge,
-                           score_orientation orientation, int row, int column0, ushort lane) {
+inline void to_scores(thread simd_fragment* scores, constant mfa_kernel_params& p, bool edge,
+                      score_orientation orientation, int row, int column0, ushort lane) {
     const int column = column0 + int(fragment_col(lane));
 #pragma unroll
     for (uint t = 0; t < fc_traversal_fragments; ++t)
         for (ushort e = 0; e < 2; ++e) {
-            float s = scores[t].thread_elements()[e] * p.scale_log2;
+            float s = scores[t].thread_elements()[e] * p.scale;
             if (edge) {
                 const int other = column + int(t * 8 + e);
                 const bool seen = orientation == score_orientation::query_rows

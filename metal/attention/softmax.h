@@ -1,6 +1,9 @@
-// Online softmax in the exp2 domain. Scores are kept in log2 units, s * scale * log2(e), so
-// every exponential is one exp2. Masked scores are a finite sentinel, not -inf: Metal compiles
-// with fast math, which may assume no infinities.
+// Online softmax. Scores are kept in natural units, scale * (q . k), and every exponential is
+// exp2((s - m) * log2(e)): the difference of two scores times a constant, never a score times
+// scale * log2(e). Nothing here can overflow while the logits themselves fit in f32, where
+// folding log2(e) into the scale (scale * log2(e) overflows for scale > FLT_MAX / log2(e))
+// or into the scores (for logits beyond FLT_MAX / log2(e)) could. Masked scores are a finite
+// sentinel, not -inf: Metal compiles with fast math, which may assume no infinities.
 //
 // Non-finite inputs. A NaN score must reach its row's sum, output and log-sum-exp, and a NaN
 // log-sum-exp every probability the backward recomputes from it (masked ones too: the float64
@@ -15,15 +18,18 @@
 //   - "the row saw no key" is read from the bits of its sum (integer compares, which fast math
 //     leaves alone), not from `sum > 0`, which a NaN sum may answer either way;
 //   - a factor that may be 0 is computed, never selected: fast math may fold x * (c ? 0 : y)
-//     into c ? 0 : x * y, dropping a NaN x;
+//     into c ? 0 : x * y, dropping a NaN x. One select of 0 is deliberate: the backward's
+//     probabilities of a row whose stored lse is -inf (probability_from_stored_lse), decided
+//     on the lse's bits; dropping a NaN score there is the contract, as masking drops one;
 //   - the one float compare left (softmax_reference) keeps a NaN whichever way it goes.
 // On Metal this is a construction, not a language guarantee: under fast math the result of NaN
 // arithmetic is formally unspecified, and only compiling without it (MTLCompileOptions, a host
 // decision) would make it one. It relies on the GPU's exp2, add, multiply and fma returning NaN
 // for a NaN operand, and on exp2 of -inf or of a hugely negative argument being 0, as it must
-// be for ordinary scores far below the row maximum. The simulator compiles the same source with
-// IEEE semantics and no fast-math folding: it checks the data flow (tests/edge/
-// test_edge_numerics.c, section nonfinite), not what Apple's compiler may fold.
+// be for ordinary scores far below the row maximum (and for masked ones: the difference of
+// kMaskedScore and a large maximum, times log2(e), may round to -inf). The simulator compiles
+// the same source with IEEE semantics and no fast-math folding: it checks the data flow
+// (tests/edge/test_edge_numerics.c, section nonfinite), not what Apple's compiler may fold.
 #ifndef MFA_ATTENTION_SOFTMAX_H
 #define MFA_ATTENTION_SOFTMAX_H
 
@@ -32,16 +38,18 @@
 // Any masked score (set on edge blocks only). Also the running maximum of a row that has seen
 // nothing but masked scores, so every finite score, however negative, still counts.
 constant float kMaskedScore = -FLT_MAX;
-// A finite stand-in for the -inf log-sum-exp of a row that saw no key. All of such a row's
-// scores are masked, and exp2(kMaskedScore - it) must be exactly 0 for them.
-constant float kEmptyRowLogSumExp2 = 0.0f;
 constant float kLog2E = 1.4426950408889634f;
 constant float kLn2 = 0.6931471805599453f;
+// The bits of the stored log-sum-exp of a row that saw no key (-inf).
+constant uint kEmptyRowLogSumExpBits = 0xff800000u;
+
+// exp(difference), for a difference of two scores (<= 0 but for rounding).
+inline float exp_of_difference(float difference) { return exp2(difference * kLog2E); }
 
 // Running statistics of one row, held identically by the four lanes that share it.
 struct softmax_row {
-    float max_score; // log2 units; kMaskedScore until the row sees a key
-    float sum;       // sum of exp2(score - max_score) so far
+    float max_score; // kMaskedScore until the row sees a key
+    float sum;       // sum of exp(score - max_score) so far
 };
 
 inline softmax_row softmax_row_start() {
@@ -53,7 +61,7 @@ inline softmax_row softmax_row_start() {
 
 // What a row's exponentials are taken relative to: its running maximum, except while that is
 // still kMaskedScore (the row has seen only masked, -inf or NaN scores), where
-// exp2(kMaskedScore - kMaskedScore) = 1 would count masked scores. Any finite value far above
+// exp(kMaskedScore - kMaskedScore) = 1 would count masked scores. Any finite value far above
 // kMaskedScore makes them exactly 0 and keeps NaN scores NaN, so masking costs one test per row
 // and block instead of one per element.
 inline float softmax_reference(float max_score) {
@@ -65,8 +73,8 @@ inline float softmax_reference(float max_score) {
 // a NaN sum, and a row a NaN reached is not empty.
 inline bool softmax_row_is_empty(softmax_row row) { return as_type<uint>(row.sum) == 0u; }
 
-// Replaces the scores of one 8 x (8 * count) slab by exp2(score - new max) and returns the
-// factor exp2(old max - new max) by which earlier partial results must be rescaled.
+// Replaces the scores of one 8 x (8 * count) slab by exp(score - new max) and returns the
+// factor exp(old max - new max) by which earlier partial results must be rescaled.
 inline float softmax_row_update(thread softmax_row& row, thread simd_fragment* scores, uint count) {
     float block_max = kMaskedScore;
 #pragma unroll
@@ -80,13 +88,13 @@ inline float softmax_row_update(thread softmax_row& row, thread simd_fragment* s
 #pragma unroll
     for (uint t = 0; t < count; ++t)
         for (ushort e = 0; e < 2; ++e) {
-            const float p = exp2(scores[t].thread_elements()[e] - reference);
+            const float p = exp_of_difference(scores[t].thread_elements()[e] - reference);
             scores[t].thread_elements()[e] = p;
             block_sum += p;
         }
     // No test for a row that has seen no key: what it holds (zeros, NaNs) needs no rescaling,
-    // and exp2(kMaskedScore - new_max) is 1 or exactly 0 (see softmax_reference).
-    const float correction = exp2(row.max_score - new_max);
+    // and exp(kMaskedScore - new_max) is 1 or exactly 0 (see softmax_reference).
+    const float correction = exp_of_difference(row.max_score - new_max);
     row.sum = row.sum * correction + row_sum(block_sum);
     row.max_score = new_max;
     return correction;
@@ -94,8 +102,8 @@ inline float softmax_row_update(thread softmax_row& row, thread simd_fragment* s
 
 // Natural-log log-sum-exp of the row, -inf when it saw no key, NaN when a NaN reached it.
 inline float softmax_row_log_sum_exp(softmax_row row) {
-    return softmax_row_is_empty(row) ? as_type<float>(0xff800000u)
-                                     : (row.max_score + log2(row.sum)) * kLn2;
+    return softmax_row_is_empty(row) ? as_type<float>(kEmptyRowLogSumExpBits)
+                                     : row.max_score + log2(row.sum) * kLn2;
 }
 
 // 1 / sum, or 0 for a row that saw no key, whose output accumulator is exactly 0.
@@ -103,18 +111,19 @@ inline float softmax_row_normalizer(softmax_row row) {
     return softmax_row_is_empty(row) ? 0.0f : 1.0f / row.sum;
 }
 
-// Log2-unit log-sum-exp for the backward from the stored natural-log value; -inf (a row that
-// saw nothing) becomes kEmptyRowLogSumExp2, tested on the bits because fast math may fold
-// comparisons with infinity.
-inline float log_sum_exp2_from_stored(float stored) {
-    return as_type<uint>(stored) == 0xff800000u ? kEmptyRowLogSumExp2 : stored * kLog2E;
+// The backward's P = exp(score - lse) from the stored natural-log lse of the score's row.
+//   - lse = -inf (tested on the bits: fast math may fold comparisons with infinity): the row
+//     is one that saw no key, or one its caller declares so (mfa.h); all of its probabilities
+//     are 0, whatever its scores, so it gets dq = 0 and adds nothing to dk and dv. Selecting
+//     the 0 drops a NaN score of such a row, as masking drops those of a row that saw no key.
+//   - otherwise masked scores need no test: the lse of a row that saw a key is at least its
+//     largest score, and every float above kMaskedScore is at least 2^104 above it, so the
+//     exponential is exactly 0. A NaN lse (a NaN reached the row in the forward) makes all of
+//     the row's probabilities NaN, masked ones too, as exp(-inf - NaN) does in the reference.
+inline float probability_from_stored_lse(float score, float stored_lse) {
+    const bool empty = as_type<uint>(stored_lse) == kEmptyRowLogSumExpBits;
+    const float p = exp_of_difference(score - (empty ? 0.0f : stored_lse));
+    return empty ? 0.0f : p;
 }
-
-// The backward's P = exp2(score - lse2). Masked scores need no test: the lse2 of a row that saw
-// a key is at least its largest score, and every float above kMaskedScore is at least 2^104
-// above it, so exp2 gives exactly 0, as it does for kEmptyRowLogSumExp2. A NaN lse2 (a NaN
-// reached the row in the forward) makes all of the row's probabilities NaN, masked ones too,
-// as exp(-inf - NaN) does in the reference.
-inline float probability_from_lse2(float score, float lse2) { return exp2(score - lse2); }
 
 #endif

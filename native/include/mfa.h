@@ -12,9 +12,11 @@
  * Conventions used by every function below:
  *   - Functions that can fail return an mfa_status. On failure nothing has been written to any
  *     output, and mfa_last_error() returns a message for the calling thread naming what was
- *     wrong (which argument, which dimension, expected vs got). One exception: when a GPU fails
- *     while running the work (MFA_ERROR_DEVICE or MFA_ERROR_OUT_OF_MEMORY from the metal
- *     backend), outputs it writes in place may hold partial results.
+ *     wrong (which argument, which dimension, expected vs got). This holds for running out of
+ *     memory too: what a call needs is reserved before it writes. One exception: when a GPU
+ *     fails while running the work (MFA_ERROR_DEVICE or MFA_ERROR_OUT_OF_MEMORY from the metal
+ *     backend, or MFA_ERROR_DEVICE from metal-sim, which reports a fault of a kernel: a bug),
+ *     outputs it writes in place may hold partial results.
  *   - Sizes and strides are int64_t and counted in elements, not bytes.
  *   - Structs that may grow carry their own size in `struct_size`; fill them with the matching
  *     *_init function, which sets struct_size and every default. Fields are only ever appended,
@@ -30,6 +32,11 @@
  *     mfa_attention_args_init takes the caller's struct_size instead.
  *     mfa_capabilities, an output, is written only up to the caller's struct_size.
  *   - A context may be used by many threads at once. All per-call state lives in the call.
+ *   - fork(): a process may fork while other threads are inside calls. The child may use the
+ *     cpu and metal-sim contexts it inherited (their worker threads are started again on its
+ *     first call) and create new ones; calls in flight on other threads do not exist in the
+ *     child. metal contexts must not be used in a forked child (Apple's frameworks do not
+ *     support fork() without exec()).
  *
  * This header is parsed by the Python bindings (cffi, ABI mode): keep it plain C declarations,
  * with integer-literal #defines only and no macros inside declarations.
@@ -168,7 +175,9 @@ typedef enum mfa_alignment { MFA_ALIGN_BOTTOM_RIGHT = 0, MFA_ALIGN_TOP_LEFT = 1 
  * A query row that sees no key gets out = 0, lse = -inf and zero gradients. */
 typedef struct mfa_attention_params {
     size_t struct_size;      /* sizeof(mfa_attention_params), set by mfa_attention_params_init */
-    float scale;             /* multiplies Q K^T; 0 selects 1/sqrt(D). Must be finite. */
+    float scale;             /* multiplies Q K^T; 0 selects 1/sqrt(D). Must be finite. Applied
+                                to each dot product, so only the logits need to fit in f32 (not
+                                q * scale or scale * log2(e)). */
     int32_t causal;          /* 0 or 1 */
     mfa_alignment alignment; /* anchors causal and the window; default bottom-right */
     int64_t window_left;     /* keys before p(i) that stay visible; -1 = unbounded (default) */
@@ -302,11 +311,18 @@ mfa_status mfa_attention_forward(mfa_context* ctx, const mfa_attention_params* p
 
 /* mfa_attention_backward(): gradients of the forward pass with the same params.
  *   q, k, v, out, lse  as given to and returned by mfa_attention_forward (lse is required).
+ *                      A row whose lse is -inf is a row that saw no key, whatever its scores:
+ *                      its dq is 0 and it adds nothing to dk and dv. The forward gives such
+ *                      rows -inf; a caller may set it to leave a row out.
  *   dout               gradient of the loss with respect to out; q's dtype.
  *   dq, dk, dv         outputs, shaped like q, k and v, q's dtype. With GQA, dk and dv sum
  *                      over the query heads that share each key/value head.
  * Runs delta = rowsum(dout * out), then one pass parallel over query rows (dq) and one parallel
- * over key rows (dk, dv): no atomics and no N x N buffer. O(B * Hq * Nq) scratch. */
+ * over key rows (dk, dv): no atomics and no N x N buffer. O(B * Hq * Nq) scratch.
+ * Accuracy: P = exp(scores - lse) is recomputed from f32 scores and the f32 lse, so the gradients
+ * are accurate only while the logits' f32 rounding is far below 1 (|logits| up to a few
+ * thousand). Beyond that the call still succeeds and writes every gradient, but their values
+ * may be wrong, and no error says so. */
 mfa_status mfa_attention_backward(mfa_context* ctx, const mfa_attention_params* params,
                                   const mfa_tensor* q, const mfa_tensor* k, const mfa_tensor* v,
                                   const mfa_tensor* out, const mfa_tensor* dout,

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import numbers
+import os
 import threading
+import weakref
 from typing import Any, Callable, TypedDict, TypeVar
 
 import ml_dtypes
@@ -159,8 +161,13 @@ class Context:
             raise ValueError(f"backend must be one of {sorted(_BACKENDS)}, got {backend!r}")
         if not _is_integer(num_threads):
             raise TypeError(f"num_threads must be an int, got {type(num_threads).__name__}")
-        if not 0 <= num_threads <= 2**31 - 1:
+        if num_threads < 0:
             raise ValueError(f"num_threads must be >= 0 (0 = one per core), got {num_threads}")
+        if num_threads > 2**31 - 1:
+            # The library states its own, lower limit for what fits the C option.
+            raise ValueError(
+                f"num_threads must fit the C option's int32 (at most 2**31 - 1), got {num_threads}"
+            )
         if gpu_family is not None:
             if gpu_family not in _GPU_FAMILIES:
                 raise ValueError(
@@ -188,6 +195,7 @@ class Context:
         self._users = 0
         self._closed = False
         self._state = threading.Condition()
+        _live_contexts.add(self)
 
     def _acquire(self) -> Any:
         with self._state:
@@ -309,6 +317,23 @@ class Context:
 
 _shared_contexts: dict[str, Context] = {}
 _shared_contexts_lock = threading.Lock()
+_live_contexts: weakref.WeakSet[Context] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """A lock another thread held when this process forked stays held in the child, and the
+    calls other threads had in flight never end there: give every Context fresh locks and no
+    calls in flight, so that the child can use and close the contexts it inherited. (libmfa
+    makes its own state safe across fork() the same way.)"""
+    global _shared_contexts_lock
+    _shared_contexts_lock = threading.Lock()
+    for context in list(_live_contexts):
+        context._state = threading.Condition()
+        context._users = 0
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def resolve_context(backend: Context | str | None) -> Context:

@@ -62,10 +62,18 @@ static void test_cpu_context(void) {
     CHECK(mfa_context_capabilities(ctx, &caps) == MFA_OK, "%s", mfa_last_error());
     CHECK(caps.struct_size == sizeof caps, "struct_size must be preserved");
     CHECK(caps.dtypes == 7u, "cpu dtypes mask %u, expected f32|f16|bf16", caps.dtypes);
+    const uint32_t modifiers = MFA_FEATURE_MASK | MFA_FEATURE_BLOCK_MASK | MFA_FEATURE_SOFTCAP |
+                               MFA_FEATURE_ALIBI | MFA_FEATURE_SINKS;
     const uint32_t all = MFA_FEATURE_BACKWARD | MFA_FEATURE_LSE | MFA_FEATURE_CAUSAL |
                          MFA_FEATURE_WINDOW | MFA_FEATURE_GQA | MFA_FEATURE_VALUE_HEAD_DIM |
-                         MFA_FEATURE_STRIDES;
+                         MFA_FEATURE_STRIDES | modifiers | MFA_FEATURE_VARLEN |
+                         MFA_FEATURE_PAGED_KV | MFA_FEATURE_INITIAL_STATE;
+    const uint32_t backward = MFA_FEATURE_CAUSAL | MFA_FEATURE_WINDOW | MFA_FEATURE_GQA |
+                              MFA_FEATURE_VALUE_HEAD_DIM | MFA_FEATURE_STRIDES | modifiers |
+                              MFA_FEATURE_VARLEN;
     CHECK(caps.features == all, "cpu features %u, expected %u", caps.features, all);
+    CHECK(caps.backward_features == backward, "cpu backward features %u, expected %u",
+          caps.backward_features, backward);
     CHECK(caps.max_head_dim >= 512, "cpu max head dim %lld < 512", (long long)caps.max_head_dim);
     CHECK(caps.gpu_family == MFA_GPU_FAMILY_NONE, "cpu has no gpu family");
     CHECK(caps.num_threads == 3, "cpu threads %d, expected the 3 asked for", caps.num_threads);

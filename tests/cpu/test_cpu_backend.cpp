@@ -1,18 +1,24 @@
 /*
  * White-box test of the CPU backend: the dtype conversions against independent float64
- * arithmetic, then every kernel build this CPU can run (AVX-512, AVX2, the portable one) through
- * the backend's entry points against a float64 reference written here, then concurrent callers
- * on one context. The backend is hidden inside libmfa, so this compiles its sources itself, with
- * the core's error recording (core/errors.c); it stands in for the one other core function they
- * call, mfa_dtype_size.
+ * arithmetic and the merge of partial states, then every kernel build this CPU can run (AVX-512
+ * + BF16, AVX-512, AVX2, the portable one; NEON + BF16 and NEON on arm64) through the backend's
+ * entry points against the float64 reference of test_reference.h: dense problems with every
+ * score modifier (masks of each kind and broadcast, with and without their block summaries,
+ * softcap, ALiBi in both alignments, sinks and their gradient), packed sequences (forward and
+ * backward), paged caches with appended keys, initial states, decoding with split keys in each
+ * layout; then concurrent callers on one context. The backend is hidden inside libmfa, so this
+ * compiles its sources itself, with the core's error recording (core/errors.c), and builds the
+ * problems the core would hand it; it stands in for the one other core function they call,
+ * mfa_dtype_size.
  */
 #include "core/backend.h"
-#include "core/validate.h"
 #include "cpu/convert.h"
 #include "cpu/merge.h"
 
+#include "check.h"
+#include "test_reference.h"
+
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,18 +29,15 @@
 #include <thread>
 #include <vector>
 
-extern "C" size_t mfa_dtype_size(mfa_dtype dtype) { return dtype == MFA_DTYPE_F32 ? 4 : 2; }
-
-static int failures = 0;
-
-static void fail(const char* format, ...) {
-    if (++failures > 25) return;
-    va_list args;
-    va_start(args, format);
-    printf("  FAIL: ");
-    vprintf(format, args);
-    printf("\n");
-    va_end(args);
+extern "C" size_t mfa_dtype_size(mfa_dtype dtype) {
+    switch (dtype) {
+        case MFA_DTYPE_F32:
+        case MFA_DTYPE_I32: return 4;
+        case MFA_DTYPE_F16:
+        case MFA_DTYPE_BF16: return 2;
+        case MFA_DTYPE_BOOL: return 1;
+    }
+    return 0;
 }
 
 /* ---- Conversions ---------------------------------------------------------------------------- */
@@ -73,11 +76,11 @@ static void test_conversions() {
         const uint16_t h = (uint16_t)bits;
         const double want = half_value(h);
         const float got = mfa_cpu_f16_to_f32(h);
-        if (isnan(want) ? !isnan(got) : (got != want || signbit(got) != signbit(want)))
-            fail("f16 0x%04x -> %g, want %g", bits, (double)got, want);
+        CHECK(isnan(want) ? isnan(got) : (got == want && signbit(got) == signbit(want)),
+              "f16 0x%04x -> %g, want %g", bits, (double)got, want);
         const float widened = mfa_cpu_bf16_to_f32(h);
-        if (mfa_cpu_f32_bits(widened) != bits << 16)
-            fail("bf16 0x%04x widened to bits 0x%08x", bits, mfa_cpu_f32_bits(widened));
+        CHECK(mfa_cpu_f32_bits(widened) == bits << 16, "bf16 0x%04x widened to bits 0x%08x", bits,
+              mfa_cpu_f32_bits(widened));
     }
 
     /* f32 -> f16 / bf16 over a stride of all bit patterns plus every halfway case near 1. */
@@ -99,16 +102,16 @@ static void test_conversions() {
             const float half = mfa_cpu_f16_to_f32(mfa_cpu_f32_to_f16(x));
             const float brain = mfa_cpu_bf16_to_f32(mfa_cpu_f32_to_bf16(x));
             if (isnan(x)) {
-                if (!isnan(half) || !isnan(brain))
-                    fail("NaN 0x%08x not kept NaN (f16 %g, bf16 %g)", bits ^ sign, half, brain);
+                CHECK(isnan(half) && isnan(brain), "NaN 0x%08x not kept NaN (f16 %g, bf16 %g)",
+                      bits ^ sign, half, brain);
                 continue;
             }
             const double want_half = reference_round(x, 10, -14, 65504.0);
             const double want_brain = reference_round(x, 7, -126, ldexp(255.0, 120));
-            if (half != want_half || signbit(half) != signbit(x))
-                fail("f32 %a -> f16 %a, want %a", (double)x, (double)half, want_half);
-            if (brain != want_brain || signbit(brain) != signbit(x))
-                fail("f32 %a -> bf16 %a, want %a", (double)x, (double)brain, want_brain);
+            CHECK(half == want_half && signbit(half) == signbit(x), "f32 %a -> f16 %a, want %a",
+                  (double)x, (double)half, want_half);
+            CHECK(brain == want_brain && signbit(brain) == signbit(x), "f32 %a -> bf16 %a, want %a",
+                  (double)x, (double)brain, want_brain);
         }
     }
 }
@@ -144,29 +147,28 @@ static void test_merge() {
         double peak = -INFINITY, total = 0;
         for (int j = 0; j < keys; ++j) peak = std::max(peak, score[j]);
         for (int j = 0; j < keys; ++j) total += exp(score[j] - peak);
-        if (!(fabs(lse - (peak + log(total))) <= 2e-6 * (1 + fabs(peak))))
-            fail("merge: lse %g, want %g", lse, peak + log(total));
+        CHECK(fabs(lse - (peak + log(total))) <= 2e-6 * (1 + fabs(peak)), "merge: lse %g, want %g",
+              lse, peak + log(total));
         for (int x = 0; x < width; ++x) {
             double want = 0;
             for (int j = 0; j < keys; ++j) want += exp(score[j] - peak) / total * value[j][x];
             /* An empty part's out is NaN here: weight 0 must keep it out of the sum. */
-            if (!(fabs(out[x] - want) <= 1e-6))
-                fail("merge: out[%d] = %g, want %g", x, out[x], want);
+            CHECK(fabs(out[x] - want) <= 1e-6, "merge: out[%d] = %g, want %g", x, out[x], want);
         }
     }
     float lse[3] = {-INFINITY, -INFINITY, -INFINITY}, weights[3], rows[3] = {7, 8, 9}, out[1];
-    if (mfa_cpu_merge_weights(lse, 1, 3, weights) != -INFINITY)
-        fail("merge: parts that saw no key do not give lse -inf");
+    CHECK(mfa_cpu_merge_weights(lse, 1, 3, weights) == -INFINITY,
+          "merge: parts that saw no key do not give lse -inf");
     mfa_cpu_merge_rows(rows, 1, 3, weights, 1, out);
-    if (out[0] != 0) fail("merge: parts that saw no key give out %g, not 0", out[0]);
+    CHECK(out[0] == 0, "merge: parts that saw no key give out %g, not 0", out[0]);
     lse[1] = NAN;
     lse[2] = 1;
-    if (!isnan(mfa_cpu_merge_weights(lse, 1, 3, weights))) fail("merge: a NaN lse was dropped");
+    CHECK(isnan(mfa_cpu_merge_weights(lse, 1, 3, weights)), "merge: a NaN lse was dropped");
     mfa_cpu_merge_rows(rows, 1, 3, weights, 1, out);
-    if (!isnan(out[0])) fail("merge: a NaN lse did not reach out");
+    CHECK(isnan(out[0]), "merge: a NaN lse did not reach out");
 }
 
-/* ---- Attention against float64 ------------------------------------------------------------- */
+/* ---- Tensors, masks and modifiers ----------------------------------------------------------- */
 
 /* A rank-4 tensor in one of several memory layouts, read and written through its view. */
 struct Tensor {
@@ -177,9 +179,10 @@ struct Tensor {
 
     /* layout 0: [B,H,N,D]; 1: [B,N,H,D]; 2: padded strides with every other element;
      * reverse: the sequence axis runs backwards (negative stride). */
-    Tensor(mfa_dtype type, int64_t b, int64_t h, int64_t n, int64_t d, int layout, bool reverse)
+    Tensor(mfa_dtype type, int64_t b, int64_t h, int64_t n, int64_t d, int layout = 0,
+           bool reverse = false)
         : dtype(type), shape{b, h, n, d} {
-        int64_t s[4];
+        int64_t s[4] = {0, 0, 0, 0};
         if (layout == 0) {
             s[3] = 1, s[2] = d, s[1] = n * d, s[0] = h * n * d;
         } else if (layout == 1) {
@@ -189,14 +192,21 @@ struct Tensor {
         }
         int64_t span = 1;
         for (int i = 0; i < 4; ++i) span += (shape[i] - 1) * s[i];
-        memory.assign((size_t)span * mfa_dtype_size(dtype), 0);
+        memory.assign((size_t)std::max<int64_t>(span, 1) * mfa_dtype_size(dtype), 0);
+        view = mfa_view{};
         view.data = memory.data();
         for (int i = 0; i < 4; ++i) view.stride[i] = s[i];
-        if (reverse) {
+        if (reverse && n > 0) {
             view.data += (n - 1) * s[2] * (int64_t)mfa_dtype_size(dtype);
             view.stride[2] = -s[2];
         }
     }
+
+    /* Moves keep the memory, and so the view; copies would not. */
+    Tensor(Tensor&&) = default;
+    Tensor& operator=(Tensor&&) = default;
+    Tensor(const Tensor&) = delete;
+    Tensor& operator=(const Tensor&) = delete;
 
     char* at(int64_t b, int64_t h, int64_t n, int64_t d) {
         return view.data +
@@ -205,7 +215,11 @@ struct Tensor {
     }
 
     double get(int64_t b, int64_t h, int64_t n, int64_t d) {
-        const char* p = at(b, h, n, d);
+        return test_get_value(at(b, h, n, d));
+    }
+
+    double test_get_value(const char* p) const {
+        if (dtype == MFA_DTYPE_BOOL) return *p != 0;
         if (dtype == MFA_DTYPE_F32) {
             float x;
             memcpy(&x, p, 4);
@@ -218,6 +232,10 @@ struct Tensor {
 
     void set(int64_t b, int64_t h, int64_t n, int64_t d, float x) {
         char* p = at(b, h, n, d);
+        if (dtype == MFA_DTYPE_BOOL) {
+            *p = x != 0;
+            return;
+        }
         if (dtype == MFA_DTYPE_F32) {
             memcpy(p, &x, 4);
             return;
@@ -235,7 +253,249 @@ struct Tensor {
                     for (int64_t d = 0; d < shape[3]; ++d)
                         set(b, h, n, d, (float)(normal(rng) * magnitude));
     }
+
+    void fill(float x) {
+        for (int64_t b = 0; b < shape[0]; ++b)
+            for (int64_t h = 0; h < shape[1]; ++h)
+                for (int64_t n = 0; n < shape[2]; ++n)
+                    for (int64_t d = 0; d < shape[3]; ++d) set(b, h, n, d, x);
+    }
+
+    /* The same elements as the reference reads them. */
+    mfa_tensor tensor() const { return sub(0, shape[0], 0, shape[2]); }
+
+    /* Batches [b0, b0 + nb) and rows [s0, s0 + ns) of every head. */
+    mfa_tensor sub(int64_t b0, int64_t nb, int64_t s0, int64_t ns) const {
+        mfa_tensor t;
+        t.data = view.data +
+                 (int64_t)mfa_dtype_size(dtype) * (b0 * view.stride[0] + s0 * view.stride[2]);
+        t.dtype = dtype;
+        t.shape[0] = nb, t.shape[1] = shape[1], t.shape[2] = ns, t.shape[3] = shape[3];
+        for (int i = 0; i < 4; ++i) t.strides[i] = view.stride[i];
+        return t;
+    }
 };
+
+enum MaskKind { kNoMask, kBoolMask, kAdditiveF32, kAdditiveDtype };
+enum Summary { kNoSummary, kSummary, kLyingSummary };
+/* Axes along which a mask has size 1 (broadcast). */
+enum { kOneBatch = 1, kOneHead = 2, kOneQuery = 4, kOneKey = 8 };
+
+/* The modifiers of a case. alibi: 0 none, 1 slopes [1, Hq], 2 slopes [B, Hq]. */
+struct Modifiers {
+    MaskKind mask = kNoMask;
+    int broadcast = 0;
+    Summary summary = kNoSummary;
+    float softcap = 0;
+    int alibi = 0;
+    bool sinks = false;
+};
+
+/* The view of a tensor as the core hands it over: zero strides along size-1 axes. */
+static mfa_view broadcast_view(const Tensor& t) {
+    mfa_view v = t.view;
+    for (int i = 0; i < 4; ++i)
+        if (t.shape[i] == 1) v.stride[i] = 0;
+    return v;
+}
+
+/* A mask over documents: a pair is visible when query and key fall into the same document
+ * (90 positions, shifted per batch and head); odd documents have holes and a few rows that see
+ * nothing, even ones are whole, with additive value 0. So a mask has blocks of all three
+ * summary codes. Additive values elsewhere are drawn from [-1.5, 1.5]. */
+struct Mask {
+    mfa_dtype dtype = MFA_DTYPE_BOOL;
+    Tensor values;
+    std::vector<uint8_t> summary;
+    int64_t summary_shape[4] = {0, 0, 0, 0};
+    Tensor effective; /* what a lying summary makes of the mask: the reference's mask */
+    bool lying = false;
+
+    Mask() : values(MFA_DTYPE_BOOL, 1, 1, 1, 1), effective(MFA_DTYPE_BOOL, 1, 1, 1, 1) {}
+
+    mfa_view view() const { return broadcast_view(values); }
+    const Tensor& reference() const { return lying ? effective : values; }
+
+    mfa_view summary_view() {
+        mfa_view v = {};
+        v.data = (char*)summary.data();
+        v.stride[3] = 1;
+        v.stride[2] = summary_shape[3];
+        v.stride[1] = summary_shape[2] * summary_shape[3];
+        v.stride[0] = summary_shape[1] * v.stride[1];
+        for (int i = 0; i < 2; ++i)
+            if (summary_shape[i] == 1) v.stride[i] = 0;
+        return v;
+    }
+};
+
+static double mask_value(const Tensor& m, int64_t b, int64_t h, int64_t i, int64_t j) {
+    mfa_tensor t = m.tensor();
+    return ref_mask_at(&t, b, h, i, j);
+}
+
+static bool pair_visible(mfa_dtype dtype, double value) {
+    return dtype == MFA_DTYPE_BOOL ? value != 0 : value != -INFINITY;
+}
+
+/* The summary code of the pairs [i0, i1) x [j0, j1), from mfa.h's definition. */
+static uint8_t summary_code_of(const Tensor& m, int64_t b, int64_t h, int64_t i0, int64_t i1,
+                               int64_t j0, int64_t j1) {
+    bool any_visible = false, all_plain = true;
+    for (int64_t i = i0; i < i1; ++i)
+        for (int64_t j = j0; j < j1; ++j) {
+            const double x = mask_value(m, b, h, i, j);
+            const bool visible = pair_visible(m.dtype, x);
+            any_visible |= visible;
+            all_plain &= visible && (m.dtype == MFA_DTYPE_BOOL || x == 0);
+        }
+    return all_plain ? 2 : any_visible ? 1 : 0;
+}
+
+static Mask make_mask(MaskKind kind, mfa_dtype dtype, int64_t batch, int64_t heads, int64_t nq,
+                      int64_t nk, int broadcast, Summary summary, std::mt19937& rng) {
+    Mask mask;
+    mask.dtype = kind == kBoolMask ? MFA_DTYPE_BOOL : kind == kAdditiveF32 ? MFA_DTYPE_F32 : dtype;
+    const int64_t mb = broadcast & kOneBatch ? 1 : batch, mh = broadcast & kOneHead ? 1 : heads;
+    const int64_t mq = broadcast & kOneQuery ? 1 : nq, mk = broadcast & kOneKey ? 1 : nk;
+    mask.values = Tensor(mask.dtype, mb, mh, mq, mk);
+    std::uniform_real_distribution<float> uniform(-1.5f, 1.5f);
+    std::uniform_int_distribution<int> hole(0, 9);
+    for (int64_t b = 0; b < mb; ++b)
+        for (int64_t h = 0; h < mh; ++h) {
+            const int64_t shift = (b * 7 + h * 13) % 50;
+            for (int64_t i = 0; i < mq; ++i)
+                for (int64_t j = 0; j < mk; ++j) {
+                    const int64_t di = (i + shift) / 90, dj = (j + shift) / 90;
+                    const bool odd = di % 2 == 1;
+                    const bool visible =
+                        di == dj && !(odd && i % 41 == 3) && !(odd && hole(rng) == 0);
+                    float value = visible ? 1.0f : 0.0f;
+                    if (kind != kBoolMask) value = !visible ? -INFINITY : odd ? uniform(rng) : 0.0f;
+                    mask.values.set(b, h, i, j, value);
+                }
+        }
+    if (summary == kNoSummary) return mask;
+    const int64_t bs = MFA_MASK_BLOCK;
+    const int64_t rows = (nq + bs - 1) / bs, cols = (nk + bs - 1) / bs;
+    const int64_t shape[4] = {mb, mh, rows, cols};
+    memcpy(mask.summary_shape, shape, sizeof shape);
+    mask.summary.assign((size_t)(mb * mh * rows * cols), 0);
+    int lies = 0;
+    for (int64_t b = 0; b < mb; ++b)
+        for (int64_t h = 0; h < mh; ++h)
+            for (int64_t r = 0; r < rows; ++r)
+                for (int64_t c = 0; c < cols; ++c) {
+                    uint8_t code =
+                        summary_code_of(mask.values, b, h, r * bs, std::min((r + 1) * bs, nq),
+                                        c * bs, std::min((c + 1) * bs, nk));
+                    /* A lying summary: the backend must trust it, skipping a mixed block it
+                     * marks hidden and adding nothing where it says so, without reading. */
+                    if (summary == kLyingSummary && code == 1) code = (uint8_t)(lies++ % 3);
+                    mask.summary[(size_t)(((b * mh + h) * rows + r) * cols + c)] = code;
+                }
+    if (summary != kLyingSummary) return mask;
+    mask.lying = true;
+    mask.effective = Tensor(mask.dtype, mb, mh, nq, nk);
+    for (int64_t b = 0; b < mb; ++b)
+        for (int64_t h = 0; h < mh; ++h)
+            for (int64_t i = 0; i < nq; ++i)
+                for (int64_t j = 0; j < nk; ++j) {
+                    const uint8_t code =
+                        mask.summary[(size_t)(((b * mh + h) * rows + i / bs) * cols + j / bs)];
+                    const double original = mask_value(mask.values, b, h, i, j);
+                    const double hidden = mask.dtype == MFA_DTYPE_BOOL ? 0.0 : -INFINITY;
+                    const double plain = mask.dtype == MFA_DTYPE_BOOL ? 1.0 : 0.0;
+                    mask.effective.set(b, h, i, j,
+                                       (float)(code == 0   ? hidden
+                                               : code == 2 ? plain
+                                                           : original));
+                }
+    return mask;
+}
+
+/* A call's modifiers: their arrays, the problem's views of them, and the reference's copies. */
+struct ModifierArrays {
+    Mask mask;
+    std::vector<float> slopes, sinks, dsinks;
+    std::vector<double> slopes_ref, sinks_ref;
+    mfa_tensor mask_ref;
+
+    /* Set up for B sequences (or batches), Hq query heads, and a mask over nq x nk. */
+    void make(const Modifiers& m, mfa_dtype dtype, int64_t batch, int64_t heads, int64_t nq,
+              int64_t nk, std::mt19937& rng) {
+        if (m.mask != kNoMask) {
+            mask = make_mask(m.mask, dtype, batch, heads, nq, nk, m.broadcast, m.summary, rng);
+            mask_ref = mask.reference().tensor();
+        }
+        if (m.alibi) {
+            const int64_t rows = m.alibi == 2 ? batch : 1;
+            for (int64_t b = 0; b < rows; ++b)
+                for (int64_t h = 0; h < heads; ++h)
+                    slopes.push_back((float)((b + 1) * exp2(-8.0 * (h + 1) / (double)heads)));
+            for (int64_t b = 0; b < batch; ++b)
+                for (int64_t h = 0; h < heads; ++h)
+                    slopes_ref.push_back(slopes[(size_t)((m.alibi == 2 ? b : 0) * heads + h)]);
+        }
+        if (m.sinks) {
+            for (int64_t h = 0; h < heads; ++h) {
+                sinks.push_back(h % 3 == 2 ? 4.0f : 0.7f * (float)h - 1.0f);
+                sinks_ref.push_back(sinks.back());
+            }
+            dsinks.assign((size_t)heads, NAN);
+        }
+    }
+
+    /* Into a problem with `heads` query heads. */
+    void attach(const Modifiers& m, int64_t heads, mfa_problem* p) {
+        p->softcap = m.softcap;
+        if (m.mask != kNoMask) {
+            p->mask = mask.view();
+            p->mask_dtype = mask.dtype;
+            if (m.summary != kNoSummary) p->block_mask = mask.summary_view();
+        }
+        if (m.alibi) {
+            p->alibi_slopes.data = (char*)slopes.data();
+            p->alibi_slopes.stride[0] = m.alibi == 2 ? heads : 0;
+            p->alibi_slopes.stride[1] = 1;
+        }
+        if (m.sinks) {
+            p->sinks.data = (char*)sinks.data();
+            p->sinks.stride[1] = 1;
+            p->dsinks.data = (char*)dsinks.data();
+            p->dsinks.stride[1] = 1;
+        }
+    }
+
+    /* Into the reference of sequence b (0 for a dense problem of all batches). */
+    void refer(const Modifiers& m, int64_t b, int64_t heads, ref_problem* r) {
+        r->softcap = m.softcap;
+        r->alibi = m.alibi ? slopes_ref.data() + b * heads : NULL;
+        r->sinks = m.sinks ? sinks_ref.data() : NULL;
+        r->mask = m.mask != kNoMask ? &mask_ref : NULL;
+    }
+};
+
+/* A library result against the reference. */
+static void check_result(const char* label, const char* what, const mfa_tensor& got,
+                         mfa_dtype dtype, const double* want, const double* magnitude,
+                         int64_t reduction, double max_score) {
+    char why[256];
+    CHECK(ref_compare(&got, dtype, want, magnitude, reduction, max_score, why, sizeof why),
+          "%s: %s: %s", label, what, why);
+}
+
+/* dsinks (f32 [Hq]) against the reference's, summed over the sequences' references. */
+static void check_dsinks(const char* label, const std::vector<float>& got,
+                         const std::vector<double>& want, const std::vector<double>& magnitude,
+                         int64_t rows, double max_score) {
+    Tensor t(MFA_DTYPE_F32, 1, (int64_t)got.size(), 1, 1);
+    for (size_t h = 0; h < got.size(); ++h) t.set(0, (int64_t)h, 0, 0, got[h]);
+    check_result(label, "dsinks", t.tensor(), MFA_DTYPE_F32, want.data(), magnitude.data(), rows,
+                 max_score);
+}
+
+/* ---- Dense problems against float64 --------------------------------------------------------- */
 
 /* What a case asserts beyond the forward: every gradient against the reference (the default),
  * none (the reference gradient itself overflows f32), or only that each gradient is finite
@@ -256,7 +516,25 @@ struct Case {
     Gradients gradients = kCheckGradients;
     /* A NaN in one key of batch 0, key/value head 0: every output of that group depends on it. */
     bool nan_key = false;
+    Modifiers mods = Modifiers();
 };
+
+static Modifiers with_mask(MaskKind kind, int broadcast = 0, Summary summary = kNoSummary) {
+    Modifiers m;
+    m.mask = kind;
+    m.broadcast = broadcast;
+    m.summary = summary;
+    return m;
+}
+
+static Modifiers with(Modifiers m, float softcap, int alibi, bool sinks) {
+    m.softcap = softcap;
+    m.alibi = alibi;
+    m.sinks = sinks;
+    return m;
+}
+
+static const Modifiers kPlain = Modifiers();
 
 static const Case cases[] = {
     {"tiny, no mask", MFA_DTYPE_F32, 1, 2, 1, 7, 5, 3, 3, -1, -1, true, 0, false},
@@ -322,36 +600,439 @@ static const Case cases[] = {
      kCheckGradients, true},
     {"decode NaN key, split keys", MFA_DTYPE_F32, 1, 4, 2, 1, 2000, 16, 16, -1, -1, true, 0, false,
      1, 1, 0, kCheckGradients, true},
+    /* Score modifiers, pairwise over mask kind and broadcast x summary x causal / window x GQA x
+     * softcap x ALiBi (both alignments, both slope shapes) x sinks x dtype x path. */
+    {"bool mask, causal, GQA",
+     MFA_DTYPE_F32,
+     2,
+     4,
+     2,
+     150,
+     200,
+     32,
+     24,
+     -1,
+     0,
+     true,
+     0,
+     false,
+     1,
+     1,
+     0,
+     kCheckGradients,
+     false,
+     with_mask(kBoolMask)},
+    {"bool mask + summary, window, heads broadcast",
+     MFA_DTYPE_BF16,
+     1,
+     2,
+     1,
+     200,
+     200,
+     64,
+     64,
+     80,
+     20,
+     true,
+     1,
+     false,
+     1,
+     1,
+     0,
+     kCheckGradients,
+     false,
+     with_mask(kBoolMask, kOneHead, kSummary)},
+    {"lying summary, additive f32, batch broadcast",
+     MFA_DTYPE_F32,
+     2,
+     2,
+     2,
+     130,
+     260,
+     16,
+     16,
+     -1,
+     -1,
+     true,
+     2,
+     true,
+     1,
+     1,
+     0,
+     kCheckGradients,
+     false,
+     with_mask(kAdditiveF32, kOneBatch, kLyingSummary)},
+    {"additive f16 mask, softcap 5, queries broadcast",
+     MFA_DTYPE_F16,
+     1,
+     4,
+     4,
+     100,
+     140,
+     48,
+     48,
+     -1,
+     -1,
+     true,
+     0,
+     false,
+     1,
+     1,
+     0,
+     kCheckGradients,
+     false,
+     with(with_mask(kAdditiveDtype, kOneQuery), 5.0f, 0, false)},
+    {"softcap 3, ALiBi [Hq], causal, Nq < Nk",
+     MFA_DTYPE_F32,
+     1,
+     4,
+     1,
+     70,
+     200,
+     40,
+     40,
+     -1,
+     0,
+     true,
+     1,
+     false,
+     2,
+     2,
+     0,
+     kCheckGradients,
+     false,
+     with(kPlain, 3.0f, 1, false)},
+    {"ALiBi [B, Hq] top-left causal, Nq > Nk",
+     MFA_DTYPE_BF16,
+     2,
+     2,
+     2,
+     150,
+     90,
+     32,
+     32,
+     -1,
+     0,
+     false,
+     0,
+     false,
+     1,
+     1,
+     0,
+     kCheckGradients,
+     false,
+     with(kPlain, 0.0f, 2, false)},
+    {"ALiBi bottom-right window, Nq < Nk",
+     MFA_DTYPE_F32,
+     1,
+     3,
+     3,
+     60,
+     170,
+     16,
+     16,
+     30,
+     10,
+     true,
+     2,
+     false,
+     1,
+     1,
+     0,
+     kCheckGradients,
+     false,
+     with(kPlain, 0.0f, 1, false)},
+    {"sinks, Nq > Nk causal: rows see only the sink",
+     MFA_DTYPE_F32,
+     1,
+     6,
+     2,
+     100,
+     60,
+     24,
+     24,
+     -1,
+     0,
+     true,
+     0,
+     false,
+     1,
+     1,
+     0,
+     kCheckGradients,
+     false,
+     with(kPlain, 0.0f, 0, true)},
+    {"sinks, softcap 2, bool mask + summary, ALiBi",
+     MFA_DTYPE_BF16,
+     2,
+     4,
+     2,
+     180,
+     150,
+     64,
+     32,
+     -1,
+     -1,
+     true,
+     1,
+     true,
+     1,
+     1,
+     0,
+     kCheckGradients,
+     false,
+     with(with_mask(kBoolMask, 0, kSummary), 2.0f, 2, true)},
+    {"everything f16: additive q-dtype mask + summary, window",
+     MFA_DTYPE_F16,
+     1,
+     4,
+     1,
+     140,
+     170,
+     32,
+     40,
+     60,
+     15,
+     false,
+     0,
+     false,
+     1,
+     1,
+     0,
+     kCheckGradients,
+     false,
+     with(with_mask(kAdditiveDtype, kOneBatch, kSummary), 8.0f, 1, true)},
+    {"mask broadcast on keys: whole rows hidden",
+     MFA_DTYPE_F32,
+     2,
+     2,
+     1,
+     120,
+     100,
+     16,
+     16,
+     -1,
+     -1,
+     true,
+     0,
+     false,
+     1,
+     1,
+     0,
+     kCheckGradients,
+     false,
+     with(with_mask(kBoolMask, kOneKey), 0, 0, true)},
+    {"softcap 1e-3 saturates, softcap 1e4 is linear",
+     MFA_DTYPE_F32,
+     1,
+     2,
+     2,
+     70,
+     80,
+     16,
+     16,
+     -1,
+     -1,
+     true,
+     0,
+     false,
+     1,
+     1,
+     0,
+     kCheckGradients,
+     false,
+     with(kPlain, 1e-3f, 0, false)},
+    {"softcap 1e4",
+     MFA_DTYPE_BF16,
+     1,
+     2,
+     2,
+     70,
+     80,
+     16,
+     16,
+     -1,
+     0,
+     true,
+     0,
+     false,
+     1,
+     1,
+     0,
+     kCheckGradients,
+     false,
+     with(kPlain, 1e4f, 1, false)},
+    {"softcap with scale 3e38: every score at +-softcap",
+     MFA_DTYPE_F32,
+     1,
+     2,
+     1,
+     20,
+     30,
+     8,
+     8,
+     -1,
+     -1,
+     true,
+     0,
+     false,
+     1e-30,
+     1,
+     3e38f,
+     kCheckGradients,
+     false,
+     with(kPlain, 4.0f, 0, true)},
+    /* Decoding with modifiers: split keys, masks read per row through their summaries. */
+    {"decode bool mask + summary, sinks, split keys",
+     MFA_DTYPE_F32,
+     1,
+     8,
+     2,
+     2,
+     3000,
+     64,
+     64,
+     -1,
+     -1,
+     true,
+     0,
+     false,
+     1,
+     1,
+     0,
+     kCheckGradients,
+     false,
+     with(with_mask(kBoolMask, kOneBatch, kSummary), 0, 0, true)},
+    {"decode additive bf16 mask, ALiBi, softcap",
+     MFA_DTYPE_BF16,
+     2,
+     4,
+     4,
+     1,
+     1500,
+     128,
+     128,
+     -1,
+     -1,
+     true,
+     1,
+     false,
+     1,
+     1,
+     0,
+     kCheckGradients,
+     false,
+     with(with_mask(kAdditiveDtype, kOneHead), 10.0f, 2, false)},
+    {"decode f16 lying summary, causal, GQA 4 x Nq 4",
+     MFA_DTYPE_F16,
+     1,
+     8,
+     2,
+     4,
+     1300,
+     40,
+     24,
+     -1,
+     0,
+     true,
+     2,
+     false,
+     1,
+     1,
+     0,
+     kCheckGradients,
+     false,
+     with(with_mask(kAdditiveF32, 0, kLyingSummary), 0, 1, true)},
+    {"decode 16 rows in lanes, window, sinks",
+     MFA_DTYPE_BF16,
+     1,
+     8,
+     1,
+     2,
+     2500,
+     64,
+     64,
+     900,
+     0,
+     false,
+     1,
+     false,
+     1,
+     1,
+     0,
+     kCheckGradients,
+     false,
+     with(kPlain, 0.0f, 0, true)},
+    {"decode f32 16 rows, bool mask, softcap",
+     MFA_DTYPE_F32,
+     1,
+     4,
+     1,
+     4,
+     1800,
+     128,
+     32,
+     -1,
+     -1,
+     true,
+     0,
+     false,
+     1,
+     1,
+     0,
+     kCheckGradients,
+     false,
+     with(with_mask(kBoolMask, kOneQuery, kSummary), 6.0f, 0, false)},
 };
 
-/* Relative error bound of a result element, scaled by (1 + |reference|). f32: accumulation over
- * up to a few thousand terms in f32 (~1e-6 each) with margin. f16/bf16: the reference is computed
- * from the same rounded inputs, so what remains is the output's own rounding (2^-11, 2^-8)
- * plus f32 accumulation; gradients combine several rounded products, hence twice the bound. */
-static double tolerance(mfa_dtype dtype) {
-    return dtype == MFA_DTYPE_F32 ? 2e-5 : dtype == MFA_DTYPE_F16 ? 2e-3 : 1.6e-2;
+/* The reference problem of a dense case, as the core resolves it. */
+static ref_problem reference_problem(int64_t batch, int64_t heads_q, int64_t heads_kv,
+                                     int64_t seq_q, int64_t seq_k, int64_t dim, int64_t dim_v,
+                                     float scale, int64_t window_left, int64_t window_right,
+                                     bool bottom_right) {
+    ref_problem r;
+    memset(&r, 0, sizeof r);
+    r.batch = batch, r.heads_q = heads_q, r.heads_kv = heads_kv;
+    r.seq_q = seq_q, r.seq_k = seq_k, r.head_dim = dim, r.head_dim_v = dim_v;
+    r.scale = scale;
+    r.causal = 0;
+    r.alignment = bottom_right ? MFA_ALIGN_BOTTOM_RIGHT : MFA_ALIGN_TOP_LEFT;
+    r.window_left = window_left;
+    r.window_right = window_right;
+    return r;
 }
 
-static void expect_close(const char* what, double got, double want, double bound, int64_t b,
-                         int64_t h, int64_t n, int64_t d) {
-    if (isnan(want) ? !isnan(got) : !(fabs(got - want) <= bound * (1.0 + fabs(want))))
-        fail("%s[%lld,%lld,%lld,%lld] = %.9g, want %.9g", what, (long long)b, (long long)h,
-             (long long)n, (long long)d, got, want);
+static void fill_problem_shape(mfa_problem* p, mfa_dtype dtype, int64_t batch, int64_t heads_q,
+                               int64_t heads_kv, int64_t seq_q, int64_t seq_k, int64_t dim,
+                               int64_t dim_v, float scale, int64_t window_left,
+                               int64_t window_right, bool bottom_right) {
+    memset(p, 0, sizeof *p);
+    p->dtype = dtype;
+    p->batch = batch, p->heads_q = heads_q, p->heads_kv = heads_kv, p->group = heads_q / heads_kv;
+    p->seq_q = seq_q, p->seq_k = seq_k, p->head_dim = dim, p->head_dim_v = dim_v;
+    p->scale = scale;
+    p->alignment = bottom_right ? MFA_ALIGN_BOTTOM_RIGHT : MFA_ALIGN_TOP_LEFT;
+    p->window_left = window_left;
+    p->window_right = window_right;
+    mfa_problem_band(p, seq_q, seq_k, &p->band_lo, &p->band_hi);
 }
 
-static void check_gradient(const Case& c, const char* what, double got, double want, double bound,
-                           int64_t b, int64_t h, int64_t n, int64_t d) {
-    if (c.gradients == kCheckGradients) {
-        expect_close(what, got, want, bound, b, h, n, d);
-    } else if (c.gradients == kFiniteGradients && !isfinite(got)) {
-        fail("%s[%lld,%lld,%lld,%lld] = %g, want a finite value", what, (long long)b, (long long)h,
-             (long long)n, (long long)d, got);
-    }
+static void check_finite(const char* label, const char* what, Tensor& t) {
+    for (int64_t b = 0; b < t.shape[0]; ++b)
+        for (int64_t h = 0; h < t.shape[1]; ++h)
+            for (int64_t n = 0; n < t.shape[2]; ++n)
+                for (int64_t d = 0; d < t.shape[3]; ++d)
+                    if (!isfinite(t.get(b, h, n, d))) {
+                        CHECK(false, "%s: %s[%lld, %lld, %lld, %lld] = %g, want a finite value",
+                              label, what, (long long)b, (long long)h, (long long)n, (long long)d,
+                              t.get(b, h, n, d));
+                        return;
+                    }
 }
 
 static void run_case(const mfa_backend_ops* ops, void* state, const Case& c, std::mt19937& rng) {
     const int64_t B = c.batch, Hq = c.heads_q, Hkv = c.heads_kv, Nq = c.seq_q, Nk = c.seq_k;
-    const int64_t D = c.dim, Dv = c.dim_v, group = Hq / Hkv;
+    const int64_t D = c.dim, Dv = c.dim_v;
     Tensor q(c.dtype, B, Hq, Nq, D, c.layout, c.reverse);
     Tensor k(c.dtype, B, Hkv, Nk, D, (c.layout + 1) % 3, false);
     Tensor v(c.dtype, B, Hkv, Nk, Dv, c.layout, c.reverse);
@@ -365,95 +1046,558 @@ static void run_case(const mfa_backend_ops* ops, void* state, const Case& c, std
     k.fill_normal(rng, c.k_magnitude);
     v.fill_normal(rng);
     dout.fill_normal(rng);
+    /* Outputs start as NaN, so an element the backend does not write shows. */
+    for (Tensor* t : {&out, &lse, &dq, &dk, &dv}) t->fill(NAN);
     if (c.nan_key) k.set(0, 0, Nk / 2, 0, NAN);
+    ModifierArrays mods;
+    mods.make(c.mods, c.dtype, B, Hq, Nq, Nk, rng);
 
     mfa_problem p;
-    memset(&p, 0, sizeof p);
-    p.dtype = c.dtype;
-    p.batch = B, p.heads_q = Hq, p.heads_kv = Hkv, p.group = group;
-    p.seq_q = Nq, p.seq_k = Nk, p.head_dim = D, p.head_dim_v = Dv;
-    p.scale = c.scale != 0 ? c.scale : 1.3f / sqrtf((float)D);
-    const int64_t diag_offset = c.bottom_right ? Nk - Nq : 0;
-    mfa_visibility_band(Nq, Nk, diag_offset, c.window_left, c.window_right, &p.band_lo, &p.band_hi);
+    const float scale = c.scale != 0 ? c.scale : 1.3f / sqrtf((float)D);
+    fill_problem_shape(&p, c.dtype, B, Hq, Hkv, Nq, Nk, D, Dv, scale, c.window_left, c.window_right,
+                       c.bottom_right);
     p.q = q.view, p.k = k.view, p.v = v.view, p.out = out.view, p.lse = lse.view;
     p.dout = dout.view, p.dq = dq.view, p.dk = dk.view, p.dv = dv.view;
+    mods.attach(c.mods, Hq, &p);
     if (ops->forward(state, &p) != MFA_OK || ops->backward(state, &p) != MFA_OK) {
-        fail("%s: call failed: %s", c.name, mfa_last_error());
+        CHECK(false, "%s: call failed: %s", c.name, mfa_last_error());
         return;
     }
 
-    const double bound = tolerance(c.dtype);
-    std::vector<double> dk_want((size_t)(B * Hkv * Nk * D)), dv_want((size_t)(B * Hkv * Nk * Dv));
-    std::vector<double> weight((size_t)Nk);
-    for (int64_t b = 0; b < B; ++b)
-        for (int64_t h = 0; h < Hq; ++h) {
-            const int64_t hk = h / group;
-            for (int64_t i = 0; i < Nq; ++i) {
-                /* Row i's softmax in float64 from the (rounded) inputs as stored. */
-                const int64_t aligned = i + diag_offset;
-                double peak = -INFINITY;
-                for (int64_t j = 0; j < Nk; ++j) {
-                    const bool visible = (c.window_left < 0 || j >= aligned - c.window_left) &&
-                                         (c.window_right < 0 || j <= aligned + c.window_right);
-                    double score = 0;
-                    for (int64_t x = 0; x < D; ++x) score += q.get(b, h, i, x) * k.get(b, hk, j, x);
-                    weight[j] = visible ? score * p.scale : -INFINITY;
-                    peak = std::max(peak, weight[j]);
-                }
-                double total = 0;
-                for (int64_t j = 0; j < Nk; ++j) {
-                    weight[j] = weight[j] == -INFINITY ? 0.0 : exp(weight[j] - peak);
-                    total += weight[j];
-                }
-                if (total == 0) {
-                    if (lse.get(b, h, i, 0) != -INFINITY)
-                        fail("%s: lse of a row that sees nothing = %g", c.name,
-                             lse.get(b, h, i, 0));
-                } else {
-                    expect_close("lse", lse.get(b, h, i, 0), peak + log(total), 2e-6, b, h, i, 0);
-                }
-                double row_dot = 0;
-                for (int64_t x = 0; x < Dv; ++x) {
-                    double o = 0;
-                    for (int64_t j = 0; j < Nk; ++j) o += weight[j] * v.get(b, hk, j, x);
-                    o = total == 0 ? 0 : o / total;
-                    expect_close("out", out.get(b, h, i, x), o, bound, b, h, i, x);
-                    row_dot += dout.get(b, h, i, x) * o;
-                }
-                std::vector<double> dq_want((size_t)D, 0.0);
-                for (int64_t j = 0; j < Nk; ++j) {
-                    if (weight[j] == 0) continue;
-                    const double prob = weight[j] / total;
-                    double dp = 0;
-                    for (int64_t x = 0; x < Dv; ++x) {
-                        dp += dout.get(b, h, i, x) * v.get(b, hk, j, x);
-                        dv_want[(size_t)(((b * Hkv + hk) * Nk + j) * Dv + x)] +=
-                            prob * dout.get(b, h, i, x);
-                    }
-                    const double ds = prob * (dp - row_dot) * p.scale;
-                    for (int64_t x = 0; x < D; ++x) {
-                        dq_want[(size_t)x] += ds * k.get(b, hk, j, x);
-                        dk_want[(size_t)(((b * Hkv + hk) * Nk + j) * D + x)] +=
-                            ds * q.get(b, h, i, x);
-                    }
-                }
-                for (int64_t x = 0; x < D; ++x)
-                    check_gradient(c, "dq", dq.get(b, h, i, x), dq_want[(size_t)x], 2 * bound, b, h,
-                                   i, x);
-            }
+    ref_problem r = reference_problem(B, Hq, Hkv, Nq, Nk, D, Dv, scale, c.window_left,
+                                      c.window_right, c.bottom_right);
+    mods.refer(c.mods, 0, Hq, &r);
+    const mfa_tensor tq = q.tensor(), tk = k.tensor(), tv = v.tensor(), tout = out.tensor();
+    const mfa_tensor tlse = lse.tensor(), tdout = dout.tensor();
+    ref_result f = ref_forward(&r, &tq, &tk, &tv);
+    check_result(c.name, "out", tout, c.dtype, f.out, f.out_mag, Nk, f.max_score);
+    check_result(c.name, "lse", tlse, MFA_DTYPE_F32, f.lse, f.lse_mag, Nk, f.max_score);
+    if (c.gradients == kCheckGradients) {
+        /* The gradients of the forward as stored, which is what the backward reads. */
+        ref_result g = ref_backward(&r, &tq, &tk, &tv, &tout, &tdout, &tlse, NULL);
+        const int64_t longest = std::max(Nq, Nk);
+        check_result(c.name, "dq", dq.tensor(), c.dtype, g.dq, g.dq_mag, longest, g.max_score);
+        check_result(c.name, "dk", dk.tensor(), c.dtype, g.dk, g.dk_mag, longest * Hq, g.max_score);
+        check_result(c.name, "dv", dv.tensor(), c.dtype, g.dv, g.dv_mag, longest * Hq, g.max_score);
+        if (c.mods.sinks)
+            check_dsinks(c.name, mods.dsinks, std::vector<double>(g.dsinks, g.dsinks + Hq),
+                         std::vector<double>(g.dsinks_mag, g.dsinks_mag + Hq), B * Nq * Nk,
+                         g.max_score);
+        ref_free(&g);
+    } else if (c.gradients == kFiniteGradients) {
+        check_finite(c.name, "dq", dq);
+        check_finite(c.name, "dk", dk);
+        check_finite(c.name, "dv", dv);
+    }
+    ref_free(&f);
+}
+
+/* ---- Packed sequences ------------------------------------------------------------------------
+ * q [1, Hq, total_q, D] and k, v [1, Hkv, total_k, .] with offsets cu_q, cu_k; each sequence
+ * against the dense reference of its own rows (its lengths, its band, its row of the mask and of
+ * the slopes). Sequences of length 0 and 1 included, and bounds max_seqlen_q / _k above the
+ * longest sequence, as callers give them. */
+struct VarlenCase {
+    const char* name;
+    mfa_dtype dtype;
+    int64_t heads_q, heads_kv, dim, dim_v;
+    std::vector<int64_t> lengths_q, lengths_k;
+    int64_t window_left, window_right;
+    bool bottom_right;
+    int layout;
+    Modifiers mods;
+};
+
+static const VarlenCase varlen_cases[] = {
+    {"varlen causal, GQA, empty and single sequences",
+     MFA_DTYPE_F32,
+     4,
+     2,
+     32,
+     32,
+     {70, 0, 1, 200, 33, 5},
+     {70, 9, 1, 200, 40, 0},
+     -1,
+     0,
+     true,
+     0,
+     Modifiers()},
+    {"varlen bshd, window, ALiBi [B, Hq], sinks",
+     MFA_DTYPE_BF16,
+     2,
+     1,
+     64,
+     48,
+     {130, 17, 256},
+     {120, 30, 256},
+     40,
+     8,
+     true,
+     1,
+     with(kPlain, 0.0f, 2, true)},
+    {"varlen bool mask + summary, softcap, top-left",
+     MFA_DTYPE_F16,
+     2,
+     2,
+     16,
+     16,
+     {90, 140, 3},
+     {150, 60, 80},
+     -1,
+     0,
+     false,
+     0,
+     with(with_mask(kBoolMask, kOneHead, kSummary), 4.0f, 0, false)},
+    {"varlen additive mask, batch broadcast",
+     MFA_DTYPE_F32,
+     3,
+     3,
+     24,
+     8,
+     {50, 75},
+     {75, 50},
+     -1,
+     -1,
+     true,
+     1,
+     with_mask(kAdditiveF32, kOneBatch)},
+    /* Decoding rows (group x longest query <= 16): split keys per sequence. */
+    {"varlen decode, sinks, split keys",
+     MFA_DTYPE_BF16,
+     8,
+     2,
+     64,
+     64,
+     {1, 2, 0, 1},
+     {2000, 700, 300, 1},
+     -1,
+     0,
+     true,
+     0,
+     with(kPlain, 0.0f, 1, true)},
+    {"varlen decode f32, lying summary",
+     MFA_DTYPE_F32,
+     4,
+     4,
+     32,
+     32,
+     {3, 1},
+     {1500, 2100},
+     -1,
+     -1,
+     true,
+     1,
+     with_mask(kBoolMask, 0, kLyingSummary)},
+};
+
+static void run_varlen_case(const mfa_backend_ops* ops, void* state, const VarlenCase& c,
+                            std::mt19937& rng) {
+    const int64_t B = (int64_t)c.lengths_q.size(), Hq = c.heads_q, Hkv = c.heads_kv;
+    const int64_t D = c.dim, Dv = c.dim_v;
+    std::vector<int32_t> cu_q(1, 0), cu_k(1, 0);
+    int64_t longest_q = 0, longest_k = 0;
+    for (int64_t b = 0; b < B; ++b) {
+        cu_q.push_back(cu_q.back() + (int32_t)c.lengths_q[(size_t)b]);
+        cu_k.push_back(cu_k.back() + (int32_t)c.lengths_k[(size_t)b]);
+        longest_q = std::max(longest_q, c.lengths_q[(size_t)b]);
+        longest_k = std::max(longest_k, c.lengths_k[(size_t)b]);
+    }
+    const int64_t max_q = longest_q + 5, max_k = longest_k + 3;
+    const int64_t total_q = cu_q.back(), total_k = cu_k.back();
+    Tensor q(c.dtype, 1, Hq, total_q, D, c.layout), k(c.dtype, 1, Hkv, total_k, D, c.layout);
+    Tensor v(c.dtype, 1, Hkv, total_k, Dv, c.layout), out(c.dtype, 1, Hq, total_q, Dv, c.layout);
+    Tensor lse(MFA_DTYPE_F32, 1, Hq, total_q, 1), dout(c.dtype, 1, Hq, total_q, Dv, c.layout);
+    Tensor dq(c.dtype, 1, Hq, total_q, D, c.layout), dk(c.dtype, 1, Hkv, total_k, D, c.layout);
+    Tensor dv(c.dtype, 1, Hkv, total_k, Dv, c.layout);
+    for (Tensor* t : {&q, &k, &v, &dout}) t->fill_normal(rng);
+    for (Tensor* t : {&out, &lse, &dq, &dk, &dv}) t->fill(NAN);
+    ModifierArrays mods;
+    mods.make(c.mods, c.dtype, B, Hq, max_q, max_k, rng);
+
+    mfa_problem p;
+    const float scale = 1.1f / sqrtf((float)D);
+    fill_problem_shape(&p, c.dtype, B, Hq, Hkv, max_q, max_k, D, Dv, scale, c.window_left,
+                       c.window_right, c.bottom_right);
+    p.layout = MFA_LAYOUT_VARLEN;
+    p.q = q.view, p.k = k.view, p.v = v.view, p.out = out.view, p.lse = lse.view;
+    p.dout = dout.view, p.dq = dq.view, p.dk = dk.view, p.dv = dv.view;
+    for (mfa_view* view : {&p.q, &p.k, &p.v, &p.out, &p.lse, &p.dout, &p.dq, &p.dk, &p.dv})
+        view->stride[0] = 0;
+    p.varlen.cu_seqlens_q.data = (char*)cu_q.data();
+    p.varlen.cu_seqlens_q.stride[3] = 1;
+    p.varlen.cu_seqlens_k.data = (char*)cu_k.data();
+    p.varlen.cu_seqlens_k.stride[3] = 1;
+    p.varlen.total_q = total_q, p.varlen.total_k = total_k;
+    p.varlen.longest_q = longest_q, p.varlen.longest_k = longest_k;
+    mods.attach(c.mods, Hq, &p);
+    if (ops->forward(state, &p) != MFA_OK || ops->backward(state, &p) != MFA_OK) {
+        CHECK(false, "%s: call failed: %s", c.name, mfa_last_error());
+        return;
+    }
+    std::vector<double> dsinks((size_t)Hq, 0.0), dsinks_mag((size_t)Hq, 0.0);
+    double max_score = 0;
+    for (int64_t b = 0; b < B; ++b) {
+        const int64_t nq = c.lengths_q[(size_t)b], nk = c.lengths_k[(size_t)b];
+        const int64_t q0 = cu_q[(size_t)b], k0 = cu_k[(size_t)b];
+        char label[160];
+        snprintf(label, sizeof label, "%s, sequence %lld", c.name, (long long)b);
+        ref_problem r = reference_problem(1, Hq, Hkv, nq, nk, D, Dv, scale, c.window_left,
+                                          c.window_right, c.bottom_right);
+        mods.refer(c.mods, b, Hq, &r);
+        mfa_tensor mask;
+        if (r.mask) {
+            /* Sequence b's part of the mask: its batch, its local rows and keys. */
+            mask = *r.mask;
+            if (mask.shape[0] > 1)
+                mask.data = (char*)mask.data + mfa_dtype_size(mask.dtype) * b * mask.strides[0];
+            mask.shape[0] = 1;
+            if (mask.shape[2] > 1) mask.shape[2] = nq;
+            if (mask.shape[3] > 1) mask.shape[3] = nk;
+            r.mask = &mask;
         }
+        const mfa_tensor tq = q.sub(0, 1, q0, nq), tk = k.sub(0, 1, k0, nk),
+                         tv = v.sub(0, 1, k0, nk);
+        const mfa_tensor tout = out.sub(0, 1, q0, nq), tlse = lse.sub(0, 1, q0, nq);
+        const mfa_tensor tdout = dout.sub(0, 1, q0, nq);
+        ref_result f = ref_forward(&r, &tq, &tk, &tv);
+        check_result(label, "out", tout, c.dtype, f.out, f.out_mag, nk, f.max_score);
+        check_result(label, "lse", tlse, MFA_DTYPE_F32, f.lse, f.lse_mag, nk, f.max_score);
+        ref_result g = ref_backward(&r, &tq, &tk, &tv, &tout, &tdout, &tlse, NULL);
+        const int64_t longest = std::max(nq, nk);
+        check_result(label, "dq", dq.sub(0, 1, q0, nq), c.dtype, g.dq, g.dq_mag, longest,
+                     g.max_score);
+        check_result(label, "dk", dk.sub(0, 1, k0, nk), c.dtype, g.dk, g.dk_mag, longest * Hq,
+                     g.max_score);
+        check_result(label, "dv", dv.sub(0, 1, k0, nk), c.dtype, g.dv, g.dv_mag, longest * Hq,
+                     g.max_score);
+        for (int64_t h = 0; h < Hq && c.mods.sinks; ++h) {
+            dsinks[(size_t)h] += g.dsinks[h];
+            dsinks_mag[(size_t)h] += g.dsinks_mag[h];
+        }
+        max_score = std::max(max_score, g.max_score);
+        ref_free(&f);
+        ref_free(&g);
+    }
+    if (c.mods.sinks)
+        check_dsinks(c.name, mods.dsinks, dsinks, dsinks_mag, total_q * longest_k, max_score);
+}
+
+/* ---- Paged caches ----------------------------------------------------------------------------
+ * k and v as caches of blocks in flash-attn's memory order ([num_blocks, block_size, Hkv, D]),
+ * blocks dealt to the sequences in a shuffled order, partial last blocks, block table entries
+ * past each sequence's reach set to ids that do not exist (they must not be read), every cache
+ * row no sequence holds set to NaN (a stray read shows), and k_new / v_new appended. Each
+ * sequence against the dense reference of its keys; the caches afterwards hold exactly the new
+ * rows in their places and nothing else changed. */
+struct PagedCase {
+    const char* name;
+    mfa_dtype dtype;
+    int64_t heads_q, heads_kv, seq_q, dim, dim_v;
+    std::vector<int64_t> cached;
+    int64_t new_len, block_size;
+    int64_t window_left, window_right;
+    bool bottom_right;
+    Modifiers mods;
+};
+
+static const PagedCase paged_cases[] = {
+    {"paged decode, GQA, split keys, appended key",
+     MFA_DTYPE_BF16,
+     8,
+     2,
+     1,
+     64,
+     64,
+     {1999, 700, 0, 4095},
+     1,
+     16,
+     -1,
+     0,
+     true,
+     Modifiers()},
+    {"paged decode f32, block 24, sinks, ALiBi",
+     MFA_DTYPE_F32,
+     4,
+     4,
+     2,
+     32,
+     16,
+     {300, 1000},
+     2,
+     24,
+     -1,
+     0,
+     true,
+     with(kPlain, 0.0f, 2, true)},
+    {"paged decode f16, no new keys, bool mask + summary",
+     MFA_DTYPE_F16,
+     2,
+     1,
+     3,
+     16,
+     16,
+     {130, 517, 64},
+     0,
+     8,
+     -1,
+     -1,
+     true,
+     with_mask(kBoolMask, kOneHead, kSummary)},
+    {"paged chunked prefill, causal, softcap",
+     MFA_DTYPE_F32,
+     4,
+     2,
+     40,
+     32,
+     32,
+     {100, 0, 250},
+     40,
+     32,
+     -1,
+     0,
+     true,
+     with(kPlain, 5.0f, 0, false)},
+    {"paged prefill bf16, block 256, window, additive mask",
+     MFA_DTYPE_BF16,
+     2,
+     2,
+     30,
+     64,
+     48,
+     {600, 3},
+     30,
+     256,
+     50,
+     0,
+     true,
+     with_mask(kAdditiveDtype, kOneBatch)},
+};
+
+static void run_paged_case(const mfa_backend_ops* ops, void* state, const PagedCase& c,
+                           std::mt19937& rng) {
+    const int64_t B = (int64_t)c.cached.size(), Hq = c.heads_q, Hkv = c.heads_kv, Nq = c.seq_q;
+    const int64_t D = c.dim, Dv = c.dim_v, bs = c.block_size, N_new = c.new_len;
+    std::vector<int64_t> keys((size_t)B);
+    int64_t longest = 0, needed = 0;
+    for (int64_t b = 0; b < B; ++b) {
+        keys[(size_t)b] = c.cached[(size_t)b] + N_new;
+        longest = std::max(longest, keys[(size_t)b]);
+        needed += (keys[(size_t)b] + bs - 1) / bs;
+    }
+    const int64_t max_blocks = (longest + bs - 1) / bs + 1, num_blocks = needed + 3;
+    std::vector<int32_t> order((size_t)num_blocks), table((size_t)(B * max_blocks), 0);
+    for (int64_t i = 0; i < num_blocks; ++i) order[(size_t)i] = (int32_t)i;
+    std::shuffle(order.begin(), order.end(), rng);
+    std::vector<int32_t> lengths((size_t)B);
+    size_t next = 0;
+    for (int64_t b = 0; b < B; ++b) {
+        lengths[(size_t)b] = (int32_t)c.cached[(size_t)b];
+        const int64_t reached = (keys[(size_t)b] + bs - 1) / bs;
+        for (int64_t i = 0; i < max_blocks; ++i)
+            table[(size_t)(b * max_blocks + i)] = i < reached ? order[next++] : -12345 - (int32_t)i;
+    }
+    auto block_of = [&](int64_t b, int64_t j) { return table[(size_t)(b * max_blocks + j / bs)]; };
+
+    Tensor q(c.dtype, B, Hq, Nq, D), out(c.dtype, B, Hq, Nq, Dv), lse(MFA_DTYPE_F32, B, Hq, Nq, 1);
+    Tensor logical_k(c.dtype, B, Hkv, longest, D), logical_v(c.dtype, B, Hkv, longest, Dv);
+    Tensor k_cache(c.dtype, num_blocks, Hkv, bs, D, 1),
+        v_cache(c.dtype, num_blocks, Hkv, bs, Dv, 1);
+    Tensor k_want(c.dtype, num_blocks, Hkv, bs, D, 1), v_want(c.dtype, num_blocks, Hkv, bs, Dv, 1);
+    Tensor k_new(c.dtype, B, Hkv, N_new, D), v_new(c.dtype, B, Hkv, N_new, Dv);
+    for (Tensor* t : {&q, &logical_k, &logical_v}) t->fill_normal(rng);
+    for (Tensor* t : {&out, &lse, &k_cache, &v_cache, &k_want, &v_want}) t->fill(NAN);
     for (int64_t b = 0; b < B; ++b)
         for (int64_t h = 0; h < Hkv; ++h)
-            for (int64_t j = 0; j < Nk; ++j) {
-                for (int64_t x = 0; x < D; ++x)
-                    check_gradient(c, "dk", dk.get(b, h, j, x),
-                                   dk_want[(size_t)(((b * Hkv + h) * Nk + j) * D + x)], 2 * bound,
-                                   b, h, j, x);
-                for (int64_t x = 0; x < Dv; ++x)
-                    check_gradient(c, "dv", dv.get(b, h, j, x),
-                                   dv_want[(size_t)(((b * Hkv + h) * Nk + j) * Dv + x)], 2 * bound,
-                                   b, h, j, x);
+            for (int64_t j = 0; j < keys[(size_t)b]; ++j) {
+                const bool cached = j < c.cached[(size_t)b];
+                for (int64_t x = 0; x < D; ++x) {
+                    const float value = (float)logical_k.get(b, h, j, x);
+                    if (cached)
+                        k_cache.set(block_of(b, j), h, j % bs, x, value);
+                    else
+                        k_new.set(b, h, j - c.cached[(size_t)b], x, value);
+                    k_want.set(block_of(b, j), h, j % bs, x, value);
+                }
+                for (int64_t x = 0; x < Dv; ++x) {
+                    const float value = (float)logical_v.get(b, h, j, x);
+                    if (cached)
+                        v_cache.set(block_of(b, j), h, j % bs, x, value);
+                    else
+                        v_new.set(b, h, j - c.cached[(size_t)b], x, value);
+                    v_want.set(block_of(b, j), h, j % bs, x, value);
+                }
             }
+    ModifierArrays mods;
+    mods.make(c.mods, c.dtype, B, Hq, Nq, max_blocks * bs, rng);
+
+    mfa_problem p;
+    const float scale = 0.9f / sqrtf((float)D);
+    fill_problem_shape(&p, c.dtype, B, Hq, Hkv, Nq, max_blocks * bs, D, Dv, scale, c.window_left,
+                       c.window_right, c.bottom_right);
+    p.layout = MFA_LAYOUT_PAGED;
+    p.q = q.view, p.k = k_cache.view, p.v = v_cache.view, p.out = out.view, p.lse = lse.view;
+    p.paged.block_size = bs, p.paged.num_blocks = num_blocks, p.paged.max_blocks = max_blocks;
+    p.paged.block_table.data = (char*)table.data();
+    p.paged.block_table.stride[0] = max_blocks;
+    p.paged.block_table.stride[3] = 1;
+    p.paged.cache_seqlens.data = (char*)lengths.data();
+    p.paged.cache_seqlens.stride[0] = 1;
+    if (N_new > 0) p.paged.k_new = k_new.view, p.paged.v_new = v_new.view;
+    p.paged.new_len = N_new;
+    p.paged.longest_k = longest;
+    mods.attach(c.mods, Hq, &p);
+    p.dsinks = mfa_view{};
+    if (ops->forward(state, &p) != MFA_OK) {
+        CHECK(false, "%s: call failed: %s", c.name, mfa_last_error());
+        return;
+    }
+    CHECK(memcmp(k_cache.memory.data(), k_want.memory.data(), k_cache.memory.size()) == 0 &&
+              memcmp(v_cache.memory.data(), v_want.memory.data(), v_cache.memory.size()) == 0,
+          "%s: the caches do not hold exactly their rows and the appended ones", c.name);
+    for (int64_t b = 0; b < B; ++b) {
+        const int64_t nk = keys[(size_t)b];
+        char label[160];
+        snprintf(label, sizeof label, "%s, sequence %lld", c.name, (long long)b);
+        ref_problem r = reference_problem(1, Hq, Hkv, Nq, nk, D, Dv, scale, c.window_left,
+                                          c.window_right, c.bottom_right);
+        mods.refer(c.mods, b, Hq, &r);
+        mfa_tensor mask;
+        if (r.mask) {
+            mask = *r.mask;
+            if (mask.shape[0] > 1)
+                mask.data = (char*)mask.data + mfa_dtype_size(mask.dtype) * b * mask.strides[0];
+            mask.shape[0] = 1;
+            if (mask.shape[3] > 1) mask.shape[3] = nk;
+            r.mask = &mask;
+        }
+        const mfa_tensor tq = q.sub(b, 1, 0, Nq), tk = logical_k.sub(b, 1, 0, nk);
+        const mfa_tensor tv = logical_v.sub(b, 1, 0, nk);
+        ref_result f = ref_forward(&r, &tq, &tk, &tv);
+        check_result(label, "out", out.sub(b, 1, 0, Nq), c.dtype, f.out, f.out_mag, nk,
+                     f.max_score);
+        check_result(label, "lse", lse.sub(b, 1, 0, Nq), MFA_DTYPE_F32, f.lse, f.lse_mag, nk,
+                     f.max_score);
+        ref_free(&f);
+    }
+}
+
+/* ---- Initial states --------------------------------------------------------------------------
+ * One call over keys [0, split) (with the sinks), a second over [split, Nk) folding them into
+ * its out and lse: equal to one call over all keys. Rows whose state is then replaced by an
+ * empty one (lse -inf, out NaN: it must not be read) get the second call's keys alone; entry
+ * lses of NaN and +inf give NaN rows, as merging them would. */
+struct StateCase {
+    const char* name;
+    mfa_dtype dtype;
+    int64_t batch, heads_q, heads_kv, seq_q, seq_k, split, dim, dim_v;
+    Modifiers mods; /* no ALiBi: its positions follow each call's own lengths */
+};
+
+static const StateCase state_cases[] = {
+    {"initial state, forward path", MFA_DTYPE_F32, 2, 4, 2, 70, 300, 128, 32, 24,
+     with(with_mask(kBoolMask, kOneHead, kSummary), 0.0f, 0, true)},
+    {"initial state bf16, softcap, additive mask", MFA_DTYPE_BF16, 1, 2, 2, 40, 200, 64, 64, 64,
+     with(with_mask(kAdditiveF32), 7.0f, 0, false)},
+    {"initial state, decoding with split keys", MFA_DTYPE_F32, 1, 8, 2, 2, 4000, 1984, 64, 64,
+     with(kPlain, 0.0f, 0, true)},
+    {"initial state f16, decoding", MFA_DTYPE_F16, 2, 2, 1, 3, 900, 320, 16, 16,
+     with(with_mask(kBoolMask, kOneBatch, kSummary), 3.0f, 0, false)},
+};
+
+static void run_state_case(const mfa_backend_ops* ops, void* state, const StateCase& c,
+                           std::mt19937& rng) {
+    const int64_t B = c.batch, Hq = c.heads_q, Hkv = c.heads_kv, Nq = c.seq_q, Nk = c.seq_k;
+    const int64_t D = c.dim, Dv = c.dim_v, split = c.split;
+    Tensor q(c.dtype, B, Hq, Nq, D), k(c.dtype, B, Hkv, Nk, D, 1), v(c.dtype, B, Hkv, Nk, Dv);
+    Tensor out(c.dtype, B, Hq, Nq, Dv, 1), lse(MFA_DTYPE_F32, B, Hq, Nq, 1);
+    for (Tensor* t : {&q, &k, &v}) t->fill_normal(rng);
+    for (Tensor* t : {&out, &lse}) t->fill(NAN);
+    ModifierArrays mods;
+    mods.make(c.mods, c.dtype, B, Hq, Nq, Nk, rng);
+    const float scale = 1.0f / sqrtf((float)D);
+
+    /* The first call: keys [0, split), the sinks. */
+    mfa_problem first;
+    fill_problem_shape(&first, c.dtype, B, Hq, Hkv, Nq, split, D, Dv, scale, -1, -1, true);
+    first.q = q.view, first.k = k.view, first.v = v.view, first.out = out.view;
+    first.lse = lse.view;
+    mods.attach(c.mods, Hq, &first);
+    first.dsinks = mfa_view{};
+    /* The second: keys [split, Nk) from their own first row, mask columns and summary blocks
+     * likewise (split is a multiple of MFA_MASK_BLOCK), no sinks, the state. */
+    mfa_problem second = first;
+    fill_problem_shape(&second, c.dtype, B, Hq, Hkv, Nq, Nk - split, D, Dv, scale, -1, -1, true);
+    second.q = q.view, second.out = out.view, second.lse = lse.view;
+    second.k = k.view, second.v = v.view;
+    second.k.data = k.at(0, 0, split, 0);
+    second.v.data = v.at(0, 0, split, 0);
+    mods.attach(c.mods, Hq, &second);
+    second.sinks = second.dsinks = mfa_view{};
+    second.initial_state = 1;
+    if (c.mods.mask != kNoMask) {
+        second.mask.data += mfa_dtype_size(mods.mask.dtype) * split * second.mask.stride[3];
+        if (c.mods.summary != kNoSummary)
+            second.block_mask.data += split / MFA_MASK_BLOCK * second.block_mask.stride[3];
+    }
+    if (ops->forward(state, &first) != MFA_OK) {
+        CHECK(false, "%s: first call failed: %s", c.name, mfa_last_error());
+        return;
+    }
+    /* Rows replaced by special states: empty (out NaN, unread), NaN and +inf. */
+    const float entries[3] = {-INFINITY, NAN, INFINITY};
+    for (int64_t b = 0; b < B; ++b)
+        for (int64_t h = 0; h < Hq; ++h)
+            for (int64_t i = 0; i < Nq; ++i) {
+                const int64_t kind = (b * Hq * Nq + h * Nq + i) % 5;
+                if (kind >= 3) continue;
+                lse.set(b, h, i, 0, entries[kind]);
+                for (int64_t x = 0; x < Dv; ++x) out.set(b, h, i, x, NAN);
+            }
+    std::vector<int> kinds((size_t)(B * Hq * Nq));
+    for (size_t r = 0; r < kinds.size(); ++r) kinds[r] = (int)(r % 5);
+    if (ops->forward(state, &second) != MFA_OK) {
+        CHECK(false, "%s: second call failed: %s", c.name, mfa_last_error());
+        return;
+    }
+
+    ref_problem r = reference_problem(B, Hq, Hkv, Nq, Nk, D, Dv, scale, -1, -1, true);
+    mods.refer(c.mods, 0, Hq, &r);
+    const mfa_tensor tq = q.tensor(), tk = k.tensor(), tv = v.tensor();
+    ref_result all = ref_forward(&r, &tq, &tk, &tv);
+    /* The second call's keys alone, without the sinks. */
+    ref_problem tail_problem =
+        reference_problem(B, Hq, Hkv, Nq, Nk - split, D, Dv, scale, -1, -1, true);
+    mods.refer(c.mods, 0, Hq, &tail_problem);
+    tail_problem.sinks = NULL;
+    mfa_tensor tail_mask;
+    if (tail_problem.mask) {
+        tail_mask = *tail_problem.mask;
+        if (tail_mask.shape[3] > 1) {
+            tail_mask.data = (char*)tail_mask.data +
+                             mfa_dtype_size(tail_mask.dtype) * split * tail_mask.strides[3];
+            tail_mask.shape[3] = Nk - split;
+        }
+        tail_problem.mask = &tail_mask;
+    }
+    const mfa_tensor tk_tail = k.sub(0, B, split, Nk - split),
+                     tv_tail = v.sub(0, B, split, Nk - split);
+    ref_result tail = ref_forward(&tail_problem, &tq, &tk_tail, &tv_tail);
+    for (size_t row = 0; row < kinds.size(); ++row) {
+        const ref_result& from = kinds[row] == 0 ? tail : all;
+        const bool nan = kinds[row] == 1 || kinds[row] == 2;
+        all.lse[row] = nan ? NAN : from.lse[row];
+        all.lse_mag[row] = from.lse_mag[row];
+        for (int64_t x = 0; x < Dv; ++x) {
+            const size_t at = row * (size_t)Dv + (size_t)x;
+            all.out[at] = nan ? NAN : from.out[at];
+            all.out_mag[at] = from.out_mag[at];
+        }
+    }
+    const double max_score = std::max(all.max_score, tail.max_score);
+    check_result(c.name, "out", out.tensor(), c.dtype, all.out, all.out_mag, Nk, max_score);
+    check_result(c.name, "lse", lse.tensor(), MFA_DTYPE_F32, all.lse, all.lse_mag, Nk, max_score);
+    ref_free(&all);
+    ref_free(&tail);
 }
 
 /* Several caller threads share one context; each must get exactly what it gets alone. */
@@ -500,9 +1644,9 @@ static void test_concurrent_callers(const mfa_backend_ops* ops, void* state) {
         });
     for (std::thread& thread : threads) thread.join();
     for (int t = 0; t < callers; ++t)
-        if (mismatches[(size_t)t])
-            fail("concurrent caller %d: %d of 10 results differ from its result alone", t,
-                 mismatches[(size_t)t]);
+        CHECK(mismatches[(size_t)t] == 0,
+              "concurrent caller %d: %d of 10 results differ from its result alone", t,
+              mismatches[(size_t)t]);
 }
 
 /* Peak virtual memory of the process (VmPeak), in bytes; -1 where /proc is not there. */
@@ -542,7 +1686,7 @@ static void test_scratch_follows_work(const mfa_backend_ops* ops) {
     options.num_threads = threads;
     void* state = nullptr;
     if (ops->create(&options, &state) != MFA_OK) {
-        fail("create with %d threads: %s", threads, mfa_last_error());
+        CHECK(false, "create with %d threads: %s", threads, mfa_last_error());
         return;
     }
     std::vector<float> data((size_t)(9 * D), 0.5f), lse(1, 0.0f);
@@ -555,13 +1699,13 @@ static void test_scratch_follows_work(const mfa_backend_ops* ops) {
     for (int i = 0; i < 8; ++i) *views[i] = mfa_view{(char*)(data.data() + i * D), {D, D, D, 1}};
     p.lse = mfa_view{(char*)lse.data(), {1, 1, 1, 1}};
     const long long before = peak_virtual_bytes();
-    if (ops->forward(state, &p) != MFA_OK || ops->backward(state, &p) != MFA_OK)
-        fail("scratch bound: call failed: %s", mfa_last_error());
+    CHECK(ops->forward(state, &p) == MFA_OK && ops->backward(state, &p) == MFA_OK,
+          "scratch bound: call failed: %s", mfa_last_error());
     const long long rise = peak_virtual_bytes() - before;
     /* The inputs' own size is 36 KiB; 16 MiB leaves room for the allocator's arenas. */
-    if (rise > (16ll << 20))
-        fail("a 1 x 1 call at D = %lld on %d threads raised peak virtual memory by %lld MiB",
-             (long long)D, threads, rise >> 20);
+    CHECK(rise <= (16ll << 20),
+          "a 1 x 1 call at D = %lld on %d threads raised peak virtual memory by %lld MiB",
+          (long long)D, threads, rise >> 20);
     printf("scratch bound: %d threads, 1 x 1 at D = %lld: peak virtual memory +%lld KiB\n", threads,
            (long long)D, rise >> 10);
     ops->destroy(state);
@@ -586,17 +1730,16 @@ static void test_kernel_build(const mfa_backend_ops* ops, const char* isa) {
         return;
     }
     if (status != MFA_OK) {
-        fail("create with MFA_CPU_ISA=%s: %s", isa, mfa_last_error());
+        CHECK(false, "create with MFA_CPU_ISA=%s: %s", isa, mfa_last_error());
         return;
     }
     printf("kernel build %s: %s\n", isa, ops->device_name(state));
     std::mt19937 rng(7);
-    for (const Case& c : cases) {
-        if (quick && is_large(c)) continue;
-        const int before = failures;
-        run_case(ops, state, c, rng);
-        if (failures != before) printf("  in case \"%s\"\n", c.name);
-    }
+    for (const Case& c : cases)
+        if (!quick || !is_large(c)) run_case(ops, state, c, rng);
+    for (const VarlenCase& c : varlen_cases) run_varlen_case(ops, state, c, rng);
+    for (const PagedCase& c : paged_cases) run_paged_case(ops, state, c, rng);
+    for (const StateCase& c : state_cases) run_state_case(ops, state, c, rng);
     test_concurrent_callers(ops, state);
     ops->destroy(state);
 }
@@ -604,13 +1747,11 @@ static void test_kernel_build(const mfa_backend_ops* ops, const char* isa) {
 int main(int argc, char** argv) {
     quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
     test_conversions();
-    printf("conversions: %s\n", failures ? "FAILED" : "ok");
     test_merge();
-    printf("merge: %s\n", failures ? "FAILED" : "ok");
 
     const mfa_backend_ops* ops = mfa_cpu_backend_ops();
-    if (ops->backend != MFA_BACKEND_CPU || !ops->available())
-        fail("the ops table is not an available cpu backend");
+    CHECK(ops->backend == MFA_BACKEND_CPU && ops->available(),
+          "the ops table is not an available cpu backend");
 #if defined(__x86_64__)
     const char* builds[] = {"avx512bf16", "avx512", "avx2", "portable"};
 #elif defined(__aarch64__)
@@ -625,11 +1766,8 @@ int main(int argc, char** argv) {
 
     setenv("MFA_CPU_ISA", "no-such-isa", 1);
     void* state = nullptr;
-    if (ops->create(nullptr, &state) != MFA_ERROR_INVALID_ARGUMENT ||
-        !strstr(mfa_last_error(), "no-such-isa"))
-        fail("MFA_CPU_ISA=no-such-isa was not rejected with a message naming it");
+    CHECK_ERROR("MFA_CPU_ISA=no-such-isa", ops->create(nullptr, &state), MFA_ERROR_INVALID_ARGUMENT,
+                "no-such-isa");
     unsetenv("MFA_CPU_ISA");
-
-    printf("%s\n", failures ? "FAILED" : "passed");
-    return failures ? 1 : 0;
+    return test_finish("cpu_backend_test");
 }

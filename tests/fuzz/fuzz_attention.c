@@ -5,7 +5,9 @@
  * mfa_context_capabilities.
  *
  * The input bytes decode into a call (docs/fuzzing.md lists the format): a valid problem of
- * small random shape and layout, then up to eight mutations that break one thing each (a NULL
+ * small random shape and layout (larger in fuzz_attention_large, built with
+ * FUZZ_LARGE_PROBLEMS: sequences up to 512, head dimensions up to 256), then up to eight
+ * mutations that break one thing each (a NULL
  * tensor or data pointer, a dtype, a dimension or stride from a table of hostile values, an
  * aliased, misaligned or wild data pointer) and fuzzed attention parameters.
  *
@@ -34,11 +36,27 @@
 #include "mfa.h"
 #include "test_reference.h"
 
-#define POISON       0xA5
-#define MAX_ELEMENTS ((int64_t)1 << 16) /* larger tensors are never allocated */
-#define MAX_LISTED   ((int64_t)1 << 20) /* larger tensors' elements are not enumerated */
-#define MAX_WORK     ((int64_t)1 << 22) /* multiply-adds; larger valid calls are not run */
-#define GUARD_BYTES  ((size_t)1 << 16)
+#define POISON      0xA5
+#define MAX_LISTED  ((int64_t)1 << 20) /* larger tensors' elements are not enumerated */
+#define GUARD_BYTES ((size_t)1 << 16)
+/* Problem sizes: the default target keeps calls tiny, so that the fuzzer makes thousands of
+ * them a second; fuzz_attention_large (FUZZ_LARGE_PROBLEMS) reaches the kernels' multi-block
+ * and wide-head paths, N up to 512 and D up to 256, at a few calls a second. Larger tensors are
+ * never allocated, and valid calls above the work limit (multiply-adds of one reference pass;
+ * lower on the slow simulator) are not run. */
+#ifdef FUZZ_LARGE_PROBLEMS
+#define MAX_SEQ      512
+#define MAX_HEAD_DIM 256
+#define MAX_ELEMENTS ((int64_t)1 << 22)
+#define MAX_WORK     ((int64_t)1 << 27)
+#define MAX_SIM_WORK ((int64_t)1 << 24)
+#else
+#define MAX_SEQ      48
+#define MAX_HEAD_DIM 24
+#define MAX_ELEMENTS ((int64_t)1 << 16)
+#define MAX_WORK     ((int64_t)1 << 22)
+#define MAX_SIM_WORK MAX_WORK
+#endif
 
 enum role { Q, K, V, OUT, LSE, DOUT, DQ, DK, DV, ROLES };
 static const char* const role_names[ROLES] = {"q",    "k",  "v",  "out", "lse",
@@ -56,6 +74,13 @@ static uint8_t next_byte(reader* r) {
     if (r->size == 0) return 0;
     --r->size;
     return *r->data++;
+}
+
+/* A size in [1, limit]: one byte, or two (little-endian) for limits above 256. */
+static int64_t next_size(reader* r, int64_t limit) {
+    int64_t value = next_byte(r);
+    if (limit > 256) value |= (int64_t)next_byte(r) << 8;
+    return 1 + value % limit;
 }
 
 static uint64_t next_u64(reader* r) {
@@ -245,8 +270,8 @@ static void decode_problem(reader* r, call* c) {
     const int dtype = dtype_pick < 3 ? dtype_pick : (int)(int8_t)next_byte(r);
     const int64_t batch = 1 + next_byte(r) % 2, heads_kv = 1 + next_byte(r) % 2;
     const int64_t heads_q = heads_kv * (1 + next_byte(r) % 3);
-    const int64_t seq_q = 1 + next_byte(r) % 48, seq_k = 1 + next_byte(r) % 48;
-    const int64_t head_dim = 1 + next_byte(r) % 24, head_dim_v = 1 + next_byte(r) % 24;
+    const int64_t seq_q = next_size(r, MAX_SEQ), seq_k = next_size(r, MAX_SEQ);
+    const int64_t head_dim = next_size(r, MAX_HEAD_DIM), head_dim_v = next_size(r, MAX_HEAD_DIM);
     const int64_t shapes[ROLES][4] = {
         {batch, heads_q, seq_q, head_dim},    {batch, heads_kv, seq_k, head_dim},
         {batch, heads_kv, seq_k, head_dim_v}, {batch, heads_q, seq_q, head_dim_v},
@@ -704,6 +729,7 @@ static void print_stats(void) {
 
 static mfa_context* contexts[4]; /* cpu with 1 and 2 threads, then metal-sim ones if built */
 static int context_count;
+static int64_t max_work[4]; /* per context */
 /* No fuzzed call passes a NULL context, so this message can only be left over. */
 static const char stale_message_marker[] = "ctx is NULL";
 
@@ -802,7 +828,8 @@ static void run_attention(reader* r, bool backward, bool compute) {
     memset(&c, 0, sizeof c);
     c.backward = backward;
     c.compute = compute;
-    c.ctx = contexts[next_byte(r) % context_count];
+    const int context = next_byte(r) % context_count;
+    c.ctx = contexts[context];
     c.value_seed = next_u64(r);
     decode_problem(r, &c);
     decode_params(r, &c);
@@ -854,7 +881,7 @@ static void run_attention(reader* r, bool backward, bool compute) {
         const int64_t kv = c.tensors[K].t.shape[2] * (q->shape[3] + c.tensors[V].t.shape[3]);
         if (!backed || unrunnable ||
             __builtin_mul_overflow(test_element_count(q) / q->shape[3], kv, &work) ||
-            work > MAX_WORK) {
+            work > max_work[context]) {
             ++stats.skipped[backward];
             return release(&c);
         }
@@ -1544,6 +1571,7 @@ static void initialize(void) {
     mfa_context_options options;
     mfa_context_options_init(&options);
     options.num_threads = 1;
+    for (int i = 0; i < 4; ++i) max_work[i] = i < 2 ? MAX_WORK : MAX_SIM_WORK;
     if (mfa_context_create(MFA_BACKEND_CPU, &options, &contexts[context_count++]) != MFA_OK)
         fail("cpu context: %s", mfa_last_error());
     options.num_threads = 2;

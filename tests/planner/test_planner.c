@@ -197,8 +197,8 @@ static void check_pass(const mfa_problem* p, const mfa_pass_plan* pass, uint32_t
 static void check_coverage(const mfa_problem* p, const mfa_pass_plan* pass) {
     const int kv = pass->kind == MFA_PASS_BACKWARD_KEY_VALUE;
     int found;
-    const int packed =
-        pass->kind == MFA_PASS_FORWARD && constant_value(pass, MFA_FC_PACK_GROUP, &found) != 0;
+    const uint32_t pack_group = constant_value(pass, MFA_FC_PACK_GROUP, &found);
+    const int packed = pass->kind == MFA_PASS_FORWARD && pack_group != 0;
     CHECK(pass->kind != MFA_PASS_FORWARD || found == 1, "pack_group constant in forward");
     CHECK(pass->kind == MFA_PASS_FORWARD || found == 0, "pack_group only in forward");
     const int64_t seq = kv ? p->seq_k : p->seq_q;        /* rows per output head */

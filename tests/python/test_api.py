@@ -607,6 +607,7 @@ _BAD_CONTEXTS = [
     (("gpu",), {}, ValueError, "backend must be one of"),
     ((None,), {}, ValueError, "backend must be one of"),
     (("cpu",), dict(num_threads=-1), ValueError, "num_threads must be >= 0"),
+    (("cpu",), dict(num_threads=2**31), ValueError, "num_threads must fit the C option's int32"),
     (("cpu",), dict(num_threads=2.0), TypeError, "num_threads must be an int, got float"),
     (("cpu",), dict(num_threads=True), TypeError, "num_threads must be an int, got bool"),
     (("metal-sim",), dict(gpu_family="apple6"), ValueError, "gpu_family must be None or one of"),

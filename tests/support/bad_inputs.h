@@ -198,6 +198,8 @@ static void out_interleaved_with_q(bad_input_fixture* f) {
       "out.shape[3] (head dim) must equal v.shape[3] = 6, got 8", f->a.out.t.shape[3] = BAD_D)     \
     X("lse-shape", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT, "lse.shape[3] must be 1, got 2",       \
       f->a.lse.t.shape[3] = 2)                                                                     \
+    X("lse-shape-zero", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT, "lse.shape[3] must be 1, got 0",  \
+      f->a.lse.t.shape[3] = 0)                                                                     \
     X("head-dim-too-large", BAD_FORWARD, MFA_ERROR_UNSUPPORTED,                                    \
       "q.shape[3] (head dim) = 1048576 exceeds the cpu backend's maximum",                         \
       f->a.q.t.shape[3] = f->a.k.t.shape[3] = (int64_t)1 << 20;                                    \
@@ -207,6 +209,9 @@ static void out_interleaved_with_q(bad_input_fixture* f) {
       f->a.q.t.shape[2] = (int64_t)1 << 40; f->a.q.t.strides[0] = f->a.q.t.strides[2] = 0)         \
     X("offset-overflow", BAD_FORWARD, MFA_ERROR_SIZE_OVERFLOW, "overflow 64 bits",                 \
       f->a.k.t.strides[2] = INT64_MAX / 2)                                                         \
+    X("offset-int64-max", BAD_FORWARD, MFA_ERROR_SIZE_OVERFLOW,                                    \
+      "k: the byte range of the tensor (element offsets 0 to 9223372036854775807)",                \
+      f->a.k.t.strides[2] = (INT64_MAX - 175) / 6)                                                 \
     X("address-overflow", BAD_FORWARD, MFA_ERROR_SIZE_OVERFLOW, "v: the byte range of the tensor", \
       f->a.v.t.strides[0] = (int64_t)1 << 61)                                                      \
     X("address-negative", BAD_FORWARD, MFA_ERROR_SIZE_OVERFLOW,                                    \
@@ -218,8 +223,8 @@ static void out_interleaved_with_q(bad_input_fixture* f) {
       "out: stride 0 of dim 1 (heads) makes elements overlap", f->a.out.t.strides[1] = 0)          \
     X("output-self-overlap", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT, "makes elements overlap",    \
       f->a.out.t.strides[2] = 2)                                                                   \
-    X("output-aliases-input", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT, "out overlaps v",           \
-      f->a.out.t.data = f->a.v.t.data)                                                             \
+    X("output-aliases-input", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT, "out overlaps q",           \
+      f->a.out.t.data = f->a.q.t.data)                                                             \
     X("outputs-alias", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT, "out overlaps lse",                \
       f->a.lse.t.data = f->a.out.t.data)                                                           \
     X("output-strides-not-nested", BAD_FORWARD, MFA_ERROR_INVALID_ARGUMENT,                        \

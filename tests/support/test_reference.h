@@ -1,6 +1,8 @@
 /* The float64 attention reference of every C suite, written independently of libmfa: explicit
  * scores, softmax and gradients, one query row at a time, read straight from strided mfa_tensor
- * views (any dtype) through test_util.h, with the visibility rule of mfa.h, GQA and Dv != D.
+ * views (any dtype) through test_util.h, with the visibility rule of mfa.h, GQA and Dv != D, and
+ * the score modifiers of mfa_attention_args (mask, softcap, ALiBi, sinks) as mfa.h defines them.
+ * Packed and paged layouts are the caller's to cut into dense per-sequence views.
  *
  * Results are dense double arrays in [b][h][s][d] order. Alongside each result the reference
  * returns its "magnitude": the same sums taken over absolute values, which bounds how much fp32
@@ -21,6 +23,11 @@ typedef struct ref_problem {
     int causal;
     mfa_alignment alignment;
     int64_t window_left, window_right; /* -1 = unbounded */
+    /* Score modifiers (mfa.h, mfa_attention_args); zero / NULL where the call has none. */
+    double softcap;         /* > 0: s = softcap * tanh(s / softcap) */
+    const double* alibi;    /* slopes, [batch][heads_q] */
+    const mfa_tensor* mask; /* BOOL (hides where 0) or additive; a size-1 axis broadcasts */
+    const double* sinks;    /* logits, [heads_q] */
 } ref_problem;
 
 /* The problem of a call on q, k and v with params (NULL: the defaults), read from what the library
@@ -60,9 +67,9 @@ static int ref_visible(const ref_problem* p, int64_t i, int64_t j) {
 }
 
 typedef struct ref_result {
-    double *out, *lse;    /* forward */
-    double *dq, *dk, *dv; /* backward */
-    double *out_mag, *lse_mag, *dq_mag, *dk_mag, *dv_mag;
+    double *out, *lse;             /* forward */
+    double *dq, *dk, *dv, *dsinks; /* backward; dsinks [heads_q] with sinks */
+    double *out_mag, *lse_mag, *dq_mag, *dk_mag, *dv_mag, *dsinks_mag;
     double max_score; /* largest |scaled score| seen: fp32 errors in it pass into P */
 } ref_result;
 
@@ -71,25 +78,60 @@ static double* ref_zeros(int64_t n) {
 }
 
 static void ref_free(ref_result* r) {
-    double* all[] = {r->out,     r->lse,     r->dq,     r->dk,     r->dv,
-                     r->out_mag, r->lse_mag, r->dq_mag, r->dk_mag, r->dv_mag};
+    double* all[] = {r->out,     r->lse,     r->dq,     r->dk,     r->dv,     r->dsinks,
+                     r->out_mag, r->lse_mag, r->dq_mag, r->dk_mag, r->dv_mag, r->dsinks_mag};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) free(all[i]);
 }
 
-/* Scaled scores of row (b, h, i) into s[] (-inf where masked); returns the row maximum, or
- * NaN when a visible score is NaN, so that NaN inputs propagate to the row's results.
- * max_score tracks the largest finite |score|. */
-static double ref_scores(const ref_problem* p, const mfa_tensor* q, const mfa_tensor* k, int64_t b,
-                         int64_t h, int64_t i, double* s, double* max_score) {
+/* Element (b, h, i, j) of the mask, broadcast along its size-1 axes: for a boolean mask 1 where
+ * the pair is visible and 0 where it is hidden; for an additive one its value. */
+static double ref_mask_at(const mfa_tensor* m, int64_t b, int64_t h, int64_t i, int64_t j) {
+    const int64_t at[4] = {m->shape[0] == 1 ? 0 : b, m->shape[1] == 1 ? 0 : h,
+                           m->shape[2] == 1 ? 0 : i, m->shape[3] == 1 ? 0 : j};
+    if (m->dtype == MFA_DTYPE_BOOL)
+        return ((const uint8_t*)m->data)[test_offset(m, at[0], at[1], at[2], at[3])] != 0;
+    return test_get(m, at[0], at[1], at[2], at[3]);
+}
+
+/* The aligned position p(i) of query row i. */
+static int64_t ref_position(const ref_problem* p, int64_t i) {
+    return i + (p->alignment == MFA_ALIGN_BOTTOM_RIGHT ? p->seq_k - p->seq_q : 0);
+}
+
+/* Scores of row (b, h, i) into s[] (-inf where hidden) through mfa.h's steps: scale, softcap,
+ * ALiBi, the mask; and, where softcap is given, the tanh of the scaled dot product over softcap
+ * into t[] and that argument's magnitude (sum_x |q_x k_x| |scale| / softcap) into arg_mag[]
+ * (both may be NULL). Returns the row maximum, or NaN when a visible score is NaN, so
+ * that NaN inputs propagate to the row's results. max_score tracks the largest finite |score|. */
+static double ref_scores_t(const ref_problem* p, const mfa_tensor* q, const mfa_tensor* k,
+                           int64_t b, int64_t h, int64_t i, double* s, double* t, double* arg_mag,
+                           double* max_score) {
     const int64_t hk = h / (p->heads_q / p->heads_kv);
     double m = -INFINITY;
     for (int64_t j = 0; j < p->seq_k; ++j) {
         s[j] = -INFINITY;
         if (!ref_visible(p, i, j)) continue;
-        double dot = 0;
-        for (int64_t x = 0; x < p->head_dim; ++x)
-            dot += test_get(q, b, h, i, x) * test_get(k, b, hk, j, x);
-        s[j] = dot * p->scale;
+        if (p->mask && p->mask->dtype == MFA_DTYPE_BOOL && ref_mask_at(p->mask, b, h, i, j) == 0)
+            continue;
+        double dot = 0, dot_mag = 0;
+        for (int64_t x = 0; x < p->head_dim; ++x) {
+            const double product = test_get(q, b, h, i, x) * test_get(k, b, hk, j, x);
+            dot += product;
+            dot_mag += fabs(product);
+        }
+        double score = dot * p->scale;
+        if (p->softcap > 0) {
+            const double th = tanh(score / p->softcap);
+            if (t) t[j] = th;
+            if (arg_mag) arg_mag[j] = dot_mag * fabs(p->scale) / p->softcap;
+            score = p->softcap * th;
+        }
+        if (p->alibi) {
+            const int64_t distance = ref_position(p, i) - j;
+            score -= p->alibi[b * p->heads_q + h] * (double)(distance < 0 ? -distance : distance);
+        }
+        if (p->mask && p->mask->dtype != MFA_DTYPE_BOOL) score += ref_mask_at(p->mask, b, h, i, j);
+        s[j] = score;
         if (isfinite(s[j]) && fabs(s[j]) > *max_score) *max_score = fabs(s[j]);
         if (isnan(s[j]) || isnan(m))
             m = NAN;
@@ -99,7 +141,18 @@ static double ref_scores(const ref_problem* p, const mfa_tensor* q, const mfa_te
     return m;
 }
 
-/* out and lse of the forward pass. Rows that see no key: out 0, lse -inf. */
+static double ref_scores(const ref_problem* p, const mfa_tensor* q, const mfa_tensor* k, int64_t b,
+                         int64_t h, int64_t i, double* s, double* max_score) {
+    return ref_scores_t(p, q, k, b, h, i, s, NULL, NULL, max_score);
+}
+
+/* The sink logit of query head h, or -inf (no term) without sinks. */
+static double ref_sink(const ref_problem* p, int64_t h) {
+    return p->sinks ? p->sinks[h] : -INFINITY;
+}
+
+/* out and lse of the forward pass, the sink's e^t_h joining each row's denominator. Rows that
+ * see no key: out 0, lse -inf (with a sink: lse = t_h). */
 static ref_result ref_forward(const ref_problem* p, const mfa_tensor* q, const mfa_tensor* k,
                               const mfa_tensor* v) {
     ref_result r;
@@ -113,14 +166,16 @@ static ref_result ref_forward(const ref_problem* p, const mfa_tensor* q, const m
     for (int64_t b = 0; b < p->batch; ++b)
         for (int64_t h = 0; h < p->heads_q; ++h) {
             const int64_t hk = h / (p->heads_q / p->heads_kv);
+            const double sink = ref_sink(p, h);
             for (int64_t i = 0; i < p->seq_q; ++i) {
                 const int64_t row = (b * p->heads_q + h) * p->seq_q + i;
-                const double m = ref_scores(p, q, k, b, h, i, s, &r.max_score);
+                double m = ref_scores(p, q, k, b, h, i, s, &r.max_score);
+                if (isnan(sink) || sink > m) m = sink;
                 if (m == -INFINITY) {
                     r.lse[row] = -INFINITY;
                     continue;
                 }
-                double l = 0;
+                double l = sink == -INFINITY ? 0 : exp(sink - m);
                 for (int64_t j = 0; j < p->seq_k; ++j) l += exp(s[j] - m);
                 r.lse[row] = m + log(l);
                 /* lse = m + log(l) may cancel; l's relative error becomes an absolute one. */
@@ -141,9 +196,11 @@ static ref_result ref_forward(const ref_problem* p, const mfa_tensor* q, const m
 }
 
 /* dq, dk, dv as the backward contract defines them: P = exp(S - lse), delta = rowsum(dout * out),
- * dS = P (dP - delta). out and lse are read from the given tensors (the stored forward, as the
- * library's backward sees it) or, where NULL, from `forward` (a ref_forward result): a test that
- * passes NULL keeps the library's own forward results out of its gradient reference. */
+ * dS = P (dP - delta), through the tanh of softcap (times 1 - tanh^2); with sinks, dsinks(h) =
+ * -sum over b and i of exp(t_h - lse) * delta. Rows whose lse is -inf get no gradient. out and
+ * lse are read from the given tensors (the stored forward, as the library's backward sees it)
+ * or, where NULL, from `forward` (a ref_forward result): a test that passes NULL keeps the
+ * library's own forward results out of its gradient reference. */
 static ref_result ref_backward(const ref_problem* p, const mfa_tensor* q, const mfa_tensor* k,
                                const mfa_tensor* v, const mfa_tensor* out, const mfa_tensor* dout,
                                const mfa_tensor* lse, const ref_result* forward) {
@@ -156,21 +213,31 @@ static ref_result ref_backward(const ref_problem* p, const mfa_tensor* q, const 
     r.dk_mag = ref_zeros(p->batch * p->heads_kv * p->seq_k * p->head_dim);
     r.dv = ref_zeros(p->batch * p->heads_kv * p->seq_k * p->head_dim_v);
     r.dv_mag = ref_zeros(p->batch * p->heads_kv * p->seq_k * p->head_dim_v);
+    r.dsinks = ref_zeros(p->heads_q);
+    r.dsinks_mag = ref_zeros(p->heads_q);
     double* s = ref_zeros(p->seq_k);
+    double* t = ref_zeros(p->seq_k);
+    double* arg_mag = ref_zeros(p->seq_k);
     for (int64_t b = 0; b < p->batch; ++b)
         for (int64_t h = 0; h < p->heads_q; ++h) {
             const int64_t hk = h / group;
             for (int64_t i = 0; i < p->seq_q; ++i) {
                 const int64_t row = (b * p->heads_q + h) * p->seq_q + i;
                 const double lse_i = lse ? test_get(lse, b, h, i, 0) : forward->lse[row];
-                if (ref_scores(p, q, k, b, h, i, s, &r.max_score) == -INFINITY) continue;
+                const double m = ref_scores_t(p, q, k, b, h, i, s, t, arg_mag, &r.max_score);
+                if (lse_i == -INFINITY || (m == -INFINITY && !p->sinks)) continue;
                 double delta = 0, delta_mag = 0;
                 for (int64_t y = 0; y < p->head_dim_v; ++y) {
                     const double out_y =
                         out ? test_get(out, b, h, i, y) : forward->out[row * p->head_dim_v + y];
-                    const double t = test_get(dout, b, h, i, y) * out_y;
-                    delta += t;
-                    delta_mag += fabs(t);
+                    const double x = test_get(dout, b, h, i, y) * out_y;
+                    delta += x;
+                    delta_mag += fabs(x);
+                }
+                if (p->sinks) {
+                    const double p_sink = exp(p->sinks[h] - lse_i);
+                    r.dsinks[h] -= p_sink * delta;
+                    r.dsinks_mag[h] += p_sink * delta_mag;
                 }
                 for (int64_t j = 0; j < p->seq_k; ++j) {
                     const double pj = exp(s[j] - lse_i);
@@ -178,13 +245,21 @@ static ref_result ref_backward(const ref_problem* p, const mfa_tensor* q, const 
                     const int64_t krow = (b * p->heads_kv + hk) * p->seq_k + j;
                     double dp = 0, dp_mag = 0;
                     for (int64_t y = 0; y < p->head_dim_v; ++y) {
-                        const double t = test_get(dout, b, h, i, y) * test_get(v, b, hk, j, y);
-                        dp += t;
-                        dp_mag += fabs(t);
+                        const double x = test_get(dout, b, h, i, y) * test_get(v, b, hk, j, y);
+                        dp += x;
+                        dp_mag += fabs(x);
                         r.dv[krow * p->head_dim_v + y] += pj * test_get(dout, b, h, i, y);
                         r.dv_mag[krow * p->head_dim_v + y] += pj * fabs(test_get(dout, b, h, i, y));
                     }
-                    const double ds = pj * (dp - delta), ds_mag = pj * (dp_mag + delta_mag);
+                    /* Through softcap, dS is multiplied by 1 - tanh^2 of arg = x / softcap. An
+                     * error in arg, relative to its magnitude, changes that factor by 2 |tanh|
+                     * times as much, relative to it: a softcap far below the scores (or a dot
+                     * product that cancels) makes the gradient that ill-conditioned. */
+                    const double chain = p->softcap > 0 ? 1 - t[j] * t[j] : 1;
+                    const double chain_mag =
+                        p->softcap > 0 ? chain * (1 + 2 * fabs(t[j]) * arg_mag[j]) : 1;
+                    const double ds = pj * (dp - delta) * chain,
+                                 ds_mag = pj * (dp_mag + delta_mag) * chain_mag;
                     for (int64_t x = 0; x < p->head_dim; ++x) {
                         const double kx = test_get(k, b, hk, j, x), qx = test_get(q, b, h, i, x);
                         r.dq[row * p->head_dim + x] += p->scale * ds * kx;
@@ -196,6 +271,8 @@ static ref_result ref_backward(const ref_problem* p, const mfa_tensor* q, const 
             }
         }
     free(s);
+    free(t);
+    free(arg_mag);
     return r;
 }
 
@@ -240,8 +317,9 @@ static double ref_max_abs(const double* x, int64_t n) {
     return m;
 }
 
-/* Compare a library result (strided view t of logical shape [B, H, S, D]) with the reference.
- * Writes a description of the worst element into why (size n) and returns 0 on a mismatch. */
+/* Compare a library result (strided view t of logical shape [B, H, S, D]) with the reference:
+ * within ref_allowed_error where the reference is finite, equal where it is infinite, NaN where
+ * it is NaN. Writes a description of the first mismatch into why (size n) and returns 0 then. */
 static int ref_compare(const mfa_tensor* t, mfa_dtype dtype, const double* want,
                        const double* magnitude, int64_t reduction_length, double max_score,
                        char* why, size_t n) {
@@ -256,8 +334,9 @@ static int ref_compare(const mfa_tensor* t, mfa_dtype dtype, const double* want,
                     const double allowed = ref_allowed_error(
                         dtype, max_want, magnitude ? magnitude[at] : fabs(want[at]),
                         reduction_length, max_score);
-                    const int ok =
-                        isfinite(want[at]) ? fabs(got - want[at]) <= allowed : got == want[at];
+                    const int ok = isnan(want[at])      ? isnan(got)
+                                   : isfinite(want[at]) ? fabs(got - want[at]) <= allowed
+                                                        : got == want[at];
                     if (!ok) {
                         snprintf(why, n,
                                  "element [%lld, %lld, %lld, %lld] is %.9g, reference %.9g "

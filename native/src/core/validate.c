@@ -223,8 +223,11 @@ mfa_status mfa_check_array(mfa_checks* checks, const char* name, const mfa_array
         return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT, "%s.dtype must be %s (%s), got %s", name,
                              allowed, rule->dtype_rule, mfa_dtype_name((mfa_dtype)dtype));
     }
+    /* A dimension of fixed size (lse's last) is not a head dimension: the next loop names its
+     * size instead. */
     for (int d = 0; d < 4; ++d) {
-        if (t->shape[d] < 1) {
+        const bool fixed = rule->size[d] != MFA_ANY_SIZE && rule->from[d] == NULL;
+        if (t->shape[d] < 1 && !fixed) {
             return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
                                  "%s.shape[%d] (%s) must be >= 1, got %lld", name, d, dim_names[d],
                                  (long long)t->shape[d]);
@@ -258,9 +261,10 @@ mfa_status mfa_check_array(mfa_checks* checks, const char* name, const mfa_array
     /* Backends compute byte offsets from the origin in 64 bits: they must fit there. The
      * positions that add the origin are summed in 128 bits, where they cannot overflow. */
     const int64_t elem = (int64_t)mfa_dtype_size((mfa_dtype)dtype);
-    int64_t first_offset, end_offset;
+    int64_t first_offset, end, end_offset; /* the bytes touched are [first, end) of the origin */
     const bool bytes_overflow = __builtin_mul_overflow(lo, elem, &first_offset) ||
-                                __builtin_mul_overflow(hi + 1, elem, &end_offset);
+                                __builtin_add_overflow(hi, 1, &end) ||
+                                __builtin_mul_overflow(end, elem, &end_offset);
     if (bytes_overflow) {
         return mfa_set_error(MFA_ERROR_SIZE_OVERFLOW,
                              "%s: the byte range of the tensor (element offsets %lld to %lld) "

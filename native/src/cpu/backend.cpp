@@ -12,6 +12,7 @@
 #include <atomic>
 #include <new>
 #include <stdio.h>
+#include <string.h>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -32,10 +33,9 @@ const int64_t kPackRows = 256;
 const int64_t kTasksPerThread = 8;
 const int64_t kPackBudgetFloats = int64_t(16) << 20;
 const int64_t kMaxHeadDim = 1024;
-/* Decoding: up to this many query rows per key/value head (group x seq_q) read K and V in place
- * instead of packing them; the keys are split so that every thread gets a few tasks, but no
+/* Decoding (up to mfa_cpu_decode_max_rows query rows per key/value head read K and V in place
+ * instead of packing them): the keys are split so that every thread gets a few tasks, but no
  * range is shorter than kDecodeMinSplit keys (below that the merge costs more than it spreads). */
-const int64_t kDecodeRows = 16;
 const int64_t kDecodeTasksPerThread = 4;
 const int64_t kDecodeMinSplit = 512;
 /* Backward: tasks per thread that a chunk's key stripes should make. */
@@ -97,11 +97,15 @@ const char* cpu_device_name(void* state) {
 void cpu_capabilities(void* state, mfa_capabilities* caps) {
     caps->struct_size = sizeof *caps;
     caps->dtypes = (1u << MFA_DTYPE_F32) | (1u << MFA_DTYPE_F16) | (1u << MFA_DTYPE_BF16);
+    const uint32_t modifiers = MFA_FEATURE_MASK | MFA_FEATURE_BLOCK_MASK | MFA_FEATURE_SOFTCAP |
+                               MFA_FEATURE_ALIBI | MFA_FEATURE_SINKS;
     caps->features = MFA_FEATURE_BACKWARD | MFA_FEATURE_LSE | MFA_FEATURE_CAUSAL |
                      MFA_FEATURE_WINDOW | MFA_FEATURE_GQA | MFA_FEATURE_VALUE_HEAD_DIM |
-                     MFA_FEATURE_STRIDES;
+                     MFA_FEATURE_STRIDES | modifiers | MFA_FEATURE_VARLEN | MFA_FEATURE_PAGED_KV |
+                     MFA_FEATURE_INITIAL_STATE;
     caps->backward_features = MFA_FEATURE_CAUSAL | MFA_FEATURE_WINDOW | MFA_FEATURE_GQA |
-                              MFA_FEATURE_VALUE_HEAD_DIM | MFA_FEATURE_STRIDES;
+                              MFA_FEATURE_VALUE_HEAD_DIM | MFA_FEATURE_STRIDES | modifiers |
+                              MFA_FEATURE_VARLEN;
     caps->max_head_dim = kMaxHeadDim;
     caps->gpu_family = MFA_GPU_FAMILY_NONE;
     caps->num_threads = static_cast<cpu_state*>(state)->threads;
@@ -111,8 +115,7 @@ void cpu_capabilities(void* state, mfa_capabilities* caps) {
  * 2 * (padded D + padded Dv) + a few floats per row; checking that bound once here lets the layout
  * code in plan.h use plain int64 arithmetic. (Zero strides let a small input describe a huge
  * sequence, so the core's byte-count checks on the tensors do not imply this.) */
-mfa_status check_plan_sizes(const mfa_problem* p, int64_t panel_width) {
-    const int64_t longest = p->seq_q > p->seq_k ? p->seq_q : p->seq_k;
+mfa_status check_plan_sizes(const mfa_problem* p, int64_t longest, int64_t panel_width) {
     const int64_t per_row = 2 * (p->head_dim + p->head_dim_v) + 4 * panel_width + 64;
     int64_t floats;
     if (longest > (INT64_MAX >> 2) ||
@@ -130,21 +133,26 @@ mfa_status check_plan_sizes(const mfa_problem* p, int64_t panel_width) {
  * padded sequence lengths computed here from overflowing. */
 mfa_status make_plan(const cpu_state* state, const mfa_problem* p, mfa_cpu_plan* out) {
     const int64_t nr = state->kernels->panel_width;
-    const mfa_status status = check_plan_sizes(p, nr);
-    if (status != MFA_OK) return status;
     mfa_cpu_plan plan = {};
     plan.problem = p;
+    plan.seq_q_max = p->seq_q;
+    plan.seq_k_max = p->seq_k;
+    if (p->layout == MFA_LAYOUT_VARLEN) {
+        plan.seq_q_max = p->varlen.longest_q;
+        plan.seq_k_max = p->varlen.longest_k;
+    } else if (p->layout == MFA_LAYOUT_PAGED) {
+        plan.seq_k_max = p->paged.longest_k;
+    }
+    const mfa_status status = check_plan_sizes(p, std::max(plan.seq_q_max, plan.seq_k_max), nr);
+    if (status != MFA_OK) return status;
     plan.elem_size = static_cast<int64_t>(mfa_dtype_size(p->dtype));
     plan.panel_width = nr;
     plan.operand_pairs = state->kernels->bf16_pairs && p->dtype == MFA_DTYPE_BF16;
-    plan.seq_q_padded = mfa_cpu_round_up(p->seq_q, nr);
-    plan.seq_k_padded = mfa_cpu_round_up(p->seq_k, nr);
-    plan.block_q = std::min(kBlockQ, plan.seq_q_padded);
-    plan.block_k = std::min(kBlockK, plan.seq_k_padded);
-    plan.q_blocks = (p->seq_q + plan.block_q - 1) / plan.block_q;
-    plan.k_blocks = (p->seq_k + plan.block_k - 1) / plan.block_k;
+    plan.seq_q_padded = mfa_cpu_round_up(plan.seq_q_max, nr);
+    plan.seq_k_padded = mfa_cpu_round_up(plan.seq_k_max, nr);
+    plan.block_q = std::max(std::min(kBlockQ, plan.seq_q_padded), nr);
+    plan.block_k = std::max(std::min(kBlockK, plan.seq_k_padded), nr);
     plan.pack_rows = kPackRows;
-    plan.key_splits = 1;
     *out = plan;
     return MFA_OK;
 }
@@ -154,28 +162,34 @@ mfa_status make_plan(const cpu_state* state, const mfa_problem* p, mfa_cpu_plan*
 int64_t chunk_kv_heads(const mfa_problem* p, int threads, int64_t tasks_per_kv_head,
                        int64_t pack_floats_per_kv_head) {
     const int64_t total = p->batch * p->heads_kv;
+    tasks_per_kv_head = std::max<int64_t>(tasks_per_kv_head, 1);
     int64_t chunk = (kTasksPerThread * threads + tasks_per_kv_head - 1) / tasks_per_kv_head;
-    const int64_t affordable = kPackBudgetFloats / pack_floats_per_kv_head;
+    const int64_t affordable = kPackBudgetFloats / std::max<int64_t>(pack_floats_per_kv_head, 1);
     if (chunk > affordable) chunk = affordable;
     if (chunk > total) chunk = total;
     return chunk > 0 ? chunk : 1;
 }
 
-/* 64-byte-aligned floats, or an OUT_OF_MEMORY / SIZE_OVERFLOW error naming what was wanted. */
-class float_buffer {
+/* 64-byte-aligned arrays of T, or an OUT_OF_MEMORY / SIZE_OVERFLOW error naming what was
+ * wanted. */
+template <class T>
+class aligned_buffer {
   public:
-    ~float_buffer() { operator delete(data_, std::align_val_t(64), std::nothrow); }
-    float* data() const { return data_; }
+    aligned_buffer() = default;
+    aligned_buffer(const aligned_buffer&) = delete;
+    aligned_buffer& operator=(const aligned_buffer&) = delete;
+    ~aligned_buffer() { operator delete(data_, std::align_val_t(64), std::nothrow); }
+    T* data() const { return data_; }
 
     mfa_status allocate(int64_t count, int64_t copies, const char* what) {
-        int64_t floats, bytes;
-        if (__builtin_mul_overflow(count, copies, &floats) ||
-            __builtin_mul_overflow(floats, static_cast<int64_t>(sizeof(float)), &bytes))
+        int64_t elements, bytes;
+        if (__builtin_mul_overflow(count, copies, &elements) ||
+            __builtin_mul_overflow(elements, static_cast<int64_t>(sizeof(T)), &bytes))
             return mfa_set_error(MFA_ERROR_SIZE_OVERFLOW,
-                                 "cpu backend: %s of %lld x %lld floats overflows", what,
+                                 "cpu backend: %s of %lld x %lld elements overflows", what,
                                  static_cast<long long>(copies), static_cast<long long>(count));
-        data_ = static_cast<float*>(operator new(static_cast<size_t>(bytes), std::align_val_t(64),
-                                                 std::nothrow));
+        data_ = static_cast<T*>(operator new(static_cast<size_t>(std::max<int64_t>(bytes, 1)),
+                                             std::align_val_t(64), std::nothrow));
         if (!data_)
             return mfa_set_error(MFA_ERROR_OUT_OF_MEMORY,
                                  "cpu backend: could not allocate %lld bytes for %s",
@@ -184,8 +198,10 @@ class float_buffer {
     }
 
   private:
-    float* data_ = nullptr;
+    T* data_ = nullptr;
 };
+
+typedef aligned_buffer<float> float_buffer;
 
 /* The workspace of a call: one slot per task that can run at once, which is the pool's thread
  * count or, when a call has fewer tasks than threads, its largest pass's task count (so that
@@ -240,52 +256,92 @@ void run_pass_task(void* context, int64_t index, int worker) {
     p->slots->release(slot);
 }
 
-void run_pass(cpu_state* state, const mfa_cpu_plan* plan, workspace_slots* slots, mfa_cpu_task task,
-              int64_t count) {
+/* Fills prefix (chunk_kv_heads + 1 entries) with the first task of each unit of the plan's
+ * chunk under `count`; returns the pass's task count. */
+int64_t count_tasks(const mfa_cpu_plan* plan, mfa_cpu_task_count count, int64_t* prefix) {
+    int64_t total = 0;
+    for (int64_t u = 0; u < plan->chunk_kv_heads; ++u) {
+        prefix[u] = total;
+        const mfa_cpu_sequence s =
+            mfa_cpu_sequence_of(plan, mfa_cpu_unit_batch(plan, plan->first_kv_head + u));
+        total += count(plan, &s);
+    }
+    prefix[plan->chunk_kv_heads] = total;
+    return total;
+}
+
+/* One pass over the plan's chunk: every unit's tasks under `count`. */
+void run_pass(cpu_state* state, mfa_cpu_plan* plan, workspace_slots* slots, mfa_cpu_task task,
+              mfa_cpu_task_count count, int64_t* prefix) {
+    const int64_t tasks = count_tasks(plan, count, prefix);
+    plan->task_prefix = prefix;
     pass p = {plan, task, slots};
-    state->pool.run(count, run_pass_task, &p);
+    state->pool.run(tasks, run_pass_task, &p);
 }
 
-/* Decoding: split the keys some row sees so that every thread has a few tasks. */
-void plan_key_splits(const cpu_state* state, mfa_cpu_plan* plan) {
+/* Paged caches with new keys: the rows appended, every unit at once, before anything reads. */
+mfa_status append_new_keys(cpu_state* state, mfa_cpu_plan* plan, int64_t* prefix) {
     const mfa_problem* p = plan->problem;
-    const int64_t heads = p->batch * p->heads_kv;
-    const int64_t first = mfa_cpu_key_begin(plan, 0);
-    const int64_t span = std::max<int64_t>(mfa_cpu_key_end(plan, p->seq_q - 1) - first, 0);
-    const int64_t wanted = kDecodeTasksPerThread * state->threads;
-    int64_t splits = heads < wanted ? (wanted + heads - 1) / heads : 1;
-    splits = std::min(splits, std::max<int64_t>((span + kDecodeMinSplit - 1) / kDecodeMinSplit, 1));
-    const int64_t size =
-        mfa_cpu_round_up(std::max<int64_t>((span + splits - 1) / splits, 1), mfa_cpu_decode_block);
-    plan->key_split_size = size;
-    plan->key_splits = std::max<int64_t>((span + size - 1) / size, 1);
+    if (p->layout != MFA_LAYOUT_PAGED || p->paged.new_len == 0) return MFA_OK;
+    workspace_slots workspace;
+    const mfa_status status = workspace.allocate(state, 16, p->batch * p->heads_kv, "appending");
+    if (status != MFA_OK) return status;
+    plan->first_kv_head = 0;
+    plan->chunk_kv_heads = p->batch * p->heads_kv;
+    run_pass(state, plan, &workspace, state->kernels->append, mfa_cpu_append_tasks, prefix);
+    return MFA_OK;
 }
 
-mfa_status cpu_decode(cpu_state* state, mfa_cpu_plan* plan) {
+/* Decoding: the keys split so that every thread has a few tasks: ranges of the same length for
+ * every unit (so that longer sequences get more of them), no shorter than kDecodeMinSplit. */
+int64_t decode_split_size(const cpu_state* state, const mfa_cpu_plan* plan) {
+    const mfa_problem* p = plan->problem;
+    int64_t keys = 0;
+    for (int64_t b = 0; b < p->batch; ++b) {
+        const mfa_cpu_sequence s = mfa_cpu_sequence_of(plan, b);
+        if (s.seq_q > 0)
+            keys += p->heads_kv *
+                    std::max<int64_t>(mfa_cpu_decode_end_key(&s) - mfa_cpu_decode_first_key(&s), 0);
+    }
+    const int64_t wanted = kDecodeTasksPerThread * state->threads;
+    return mfa_cpu_round_up(std::max((keys + wanted - 1) / wanted, kDecodeMinSplit),
+                            mfa_cpu_decode_block);
+}
+
+mfa_status cpu_decode(cpu_state* state, mfa_cpu_plan* plan, int64_t* prefix) {
     const mfa_problem* problem = plan->problem;
-    mfa_cpu_decode_tiles tile_layout;
+    const int64_t units = problem->batch * problem->heads_kv;
     plan->first_kv_head = 0;
-    plan->chunk_kv_heads = problem->batch * problem->heads_kv;
-    plan_key_splits(state, plan);
+    plan->chunk_kv_heads = units;
+    plan->key_split_size = decode_split_size(state, plan);
+    aligned_buffer<int64_t> split_prefix;
+    mfa_status status = split_prefix.allocate(units + 1, 1, "decoding task offsets");
+    if (status != MFA_OK) return status;
+    const int64_t tasks = count_tasks(plan, mfa_cpu_decode_tasks, split_prefix.data());
+    int64_t most_splits = 1;
+    for (int64_t u = 0; u < units; ++u)
+        most_splits = std::max(most_splits, split_prefix.data()[u + 1] - split_prefix.data()[u]);
     const int64_t rows = mfa_cpu_decode_rows(plan);
+    mfa_cpu_decode_tiles tile_layout;
     /* The merge task borrows its slot for the split weights and one merged row. */
-    const int64_t slot_floats = std::max(mfa_cpu_decode_tiles_carve(plan, nullptr, &tile_layout),
-                                         mfa_cpu_round_up(plan->key_splits, 16) +
-                                             mfa_cpu_round_up(problem->head_dim_v, 16));
+    const int64_t slot_floats =
+        std::max(mfa_cpu_decode_tiles_carve(plan, nullptr, &tile_layout),
+                 mfa_cpu_round_up(most_splits, 16) + mfa_cpu_round_up(problem->head_dim_v, 16));
     float_buffer partials;
     workspace_slots workspace;
-    mfa_status status = MFA_OK;
-    if (plan->key_splits > 1)
-        status = partials.allocate(rows * mfa_cpu_decode_partial_row_floats(plan),
-                                   mfa_cpu_decode_tasks(plan), "partial decoding states");
-    if (status == MFA_OK)
-        status =
-            workspace.allocate(state, slot_floats, mfa_cpu_decode_tasks(plan), "decoding tiles");
+    if (most_splits > 1)
+        status = partials.allocate(rows * mfa_cpu_decode_partial_row_floats(plan), tasks,
+                                   "partial decoding states");
+    if (status == MFA_OK) status = workspace.allocate(state, slot_floats, tasks, "decoding tiles");
+    if (status == MFA_OK) status = append_new_keys(state, plan, prefix);
     if (status != MFA_OK) return status;
+    plan->first_kv_head = 0;
+    plan->chunk_kv_heads = units;
     plan->partials = partials.data();
-    run_pass(state, plan, &workspace, state->kernels->decode, mfa_cpu_decode_tasks(plan));
-    run_pass(state, plan, &workspace, state->kernels->decode_merge,
-             mfa_cpu_decode_merge_tasks(plan));
+    plan->split_prefix = split_prefix.data();
+    run_pass(state, plan, &workspace, state->kernels->decode, mfa_cpu_decode_tasks, prefix);
+    run_pass(state, plan, &workspace, state->kernels->decode_merge, mfa_cpu_decode_merge_tasks,
+             prefix);
     return MFA_OK;
 }
 
@@ -294,32 +350,52 @@ mfa_status cpu_forward(void* opaque, const mfa_problem* problem) {
     mfa_cpu_plan plan;
     mfa_status status = make_plan(state, problem, &plan);
     if (status != MFA_OK) return status;
-    if (problem->group * problem->seq_q <= kDecodeRows) return cpu_decode(state, &plan);
+    const int64_t units = problem->batch * problem->heads_kv;
+    aligned_buffer<int64_t> prefix;
+    status = prefix.allocate(units + 1, 1, "task offsets");
+    if (status != MFA_OK) return status;
+    if (problem->group * plan.seq_q_max <= mfa_cpu_decode_max_rows)
+        return cpu_decode(state, &plan, prefix.data());
     mfa_cpu_kv_pack kv_layout;
     mfa_cpu_forward_tiles tile_layout;
     plan.kv_pack_floats = mfa_cpu_kv_pack_carve(&plan, 0, nullptr, &kv_layout);
     const int64_t slot_floats = mfa_cpu_forward_tiles_carve(&plan, nullptr, &tile_layout);
-    const int64_t chunk = chunk_kv_heads(problem, state->threads, problem->group * plan.q_blocks,
-                                         plan.kv_pack_floats);
-    plan.chunk_kv_heads = chunk;
+    const int64_t q_blocks = mfa_cpu_blocks(plan.seq_q_max, plan.block_q);
+    const int64_t chunk =
+        chunk_kv_heads(problem, state->threads, problem->group * q_blocks, plan.kv_pack_floats);
     const int64_t most_tasks =
-        std::max(mfa_cpu_forward_pack_tasks(&plan), mfa_cpu_forward_tasks(&plan));
+        chunk * std::max(mfa_cpu_pack_blocks(&plan, plan.seq_k_max), problem->group * q_blocks);
     float_buffer packs;
     workspace_slots workspace;
     status = packs.allocate(plan.kv_pack_floats, chunk, "packed K and V");
     if (status == MFA_OK)
         status = workspace.allocate(state, slot_floats, most_tasks, "forward tiles");
+    if (status == MFA_OK) status = append_new_keys(state, &plan, prefix.data());
     if (status != MFA_OK) return status;
     plan.kv_packs = packs.data();
 
-    const int64_t kv_heads = problem->batch * problem->heads_kv;
-    for (plan.first_kv_head = 0; plan.first_kv_head < kv_heads; plan.first_kv_head += chunk) {
-        plan.chunk_kv_heads = std::min(chunk, kv_heads - plan.first_kv_head);
-        run_pass(state, &plan, &workspace, state->kernels->forward_pack,
-                 mfa_cpu_forward_pack_tasks(&plan));
-        run_pass(state, &plan, &workspace, state->kernels->forward, mfa_cpu_forward_tasks(&plan));
+    for (plan.first_kv_head = 0; plan.first_kv_head < units; plan.first_kv_head += chunk) {
+        plan.chunk_kv_heads = std::min(chunk, units - plan.first_kv_head);
+        run_pass(state, &plan, &workspace, state->kernels->forward_pack, mfa_cpu_forward_pack_tasks,
+                 prefix.data());
+        run_pass(state, &plan, &workspace, state->kernels->forward, mfa_cpu_forward_tasks,
+                 prefix.data());
     }
     return MFA_OK;
+}
+
+/* dsinks(h) = -sum over b and the pack blocks of their p_sink * delta, in that order. */
+void store_dsinks(const mfa_cpu_plan* plan) {
+    const mfa_problem* p = plan->problem;
+    const int64_t blocks = mfa_cpu_pack_blocks(plan, plan->seq_q_max);
+    for (int64_t h = 0; h < p->heads_q; ++h) {
+        double total = 0.0;
+        for (int64_t b = 0; b < p->batch; ++b)
+            for (int64_t block = 0; block < blocks; ++block)
+                total += plan->sink_parts[(b * p->heads_q + h) * blocks + block];
+        const float value = static_cast<float>(-total);
+        memcpy(p->dsinks.data + 4 * h * p->dsinks.stride[1], &value, sizeof value);
+    }
 }
 
 mfa_status cpu_backward(void* opaque, const mfa_problem* problem) {
@@ -344,10 +420,12 @@ mfa_status cpu_backward(void* opaque, const mfa_problem* problem) {
      * Budget checks divide instead of multiplying, so no product below can overflow. */
     const int64_t group = problem->group;
     const int64_t wanted = kBackwardTasksPerThread * state->threads;
-    plan.dq_stripe_floats = mfa_cpu_dq_stripe_floats(&plan);
+    const int64_t k_blocks = mfa_cpu_blocks(plan.seq_k_max, plan.block_k);
+    const int64_t q_blocks = mfa_cpu_blocks(plan.seq_q_max, plan.block_q);
+    plan.dq_stripe_floats = std::max<int64_t>(mfa_cpu_dq_stripe_floats(&plan), 1);
     const int64_t affordable_stripes = kPackBudgetFloats / 2 / group / plan.dq_stripe_floats;
     const int64_t most_stripes =
-        std::max<int64_t>(std::min({plan.k_blocks, wanted, affordable_stripes}), 1);
+        std::max<int64_t>(std::min({k_blocks, wanted, affordable_stripes}), 1);
     const int64_t per_query_head = plan.q_pack_floats + most_stripes * plan.dq_stripe_floats;
     const int64_t left = kPackBudgetFloats - plan.kv_pack_floats;
     int64_t chunk = 1, members = group;
@@ -364,12 +442,20 @@ mfa_status cpu_backward(void* opaque, const mfa_problem* problem) {
     plan.chunk_kv_heads = chunk;
     plan.members = members;
     plan.first_member = 0;
+    const int64_t pack_blocks_q = mfa_cpu_pack_blocks(&plan, plan.seq_q_max);
     const int64_t most_tasks =
-        std::max({mfa_cpu_backward_pack_tasks(&plan), mfa_cpu_backward_tasks(&plan),
-                  mfa_cpu_backward_dq_tasks(&plan)});
+        chunk * std::max({mfa_cpu_pack_blocks(&plan, plan.seq_k_max) + members * pack_blocks_q,
+                          plan.stripes, members * q_blocks});
+    const int64_t units = problem->batch * problem->heads_kv;
+    aligned_buffer<int64_t> prefix;
+    aligned_buffer<double> sink_parts;
     float_buffer kv_packs, q_packs, kv_grads, dq_stripes;
     workspace_slots workspace;
-    status = kv_packs.allocate(plan.kv_pack_floats, chunk, "packed K and V");
+    status = prefix.allocate(units + 1, 1, "task offsets");
+    if (status == MFA_OK && mfa_view_present(&problem->dsinks))
+        status = sink_parts.allocate(problem->batch * problem->heads_q, pack_blocks_q,
+                                     "the sinks' gradient by blocks");
+    if (status == MFA_OK) status = kv_packs.allocate(plan.kv_pack_floats, chunk, "packed K and V");
     if (status == MFA_OK)
         status = q_packs.allocate(plan.q_pack_floats, chunk * members, "packed Q and dO");
     if (status == MFA_OK && members < group)
@@ -384,20 +470,24 @@ mfa_status cpu_backward(void* opaque, const mfa_problem* problem) {
     plan.q_packs = q_packs.data();
     plan.kv_grads = kv_grads.data();
     plan.dq_stripes = dq_stripes.data();
+    plan.sink_parts = sink_parts.data();
+    if (plan.sink_parts)
+        std::fill(plan.sink_parts,
+                  plan.sink_parts + problem->batch * problem->heads_q * pack_blocks_q, 0.0);
 
-    const int64_t kv_heads = problem->batch * problem->heads_kv;
-    for (plan.first_kv_head = 0; plan.first_kv_head < kv_heads; plan.first_kv_head += chunk) {
-        plan.chunk_kv_heads = std::min(chunk, kv_heads - plan.first_kv_head);
+    for (plan.first_kv_head = 0; plan.first_kv_head < units; plan.first_kv_head += chunk) {
+        plan.chunk_kv_heads = std::min(chunk, units - plan.first_kv_head);
         for (plan.first_member = 0; plan.first_member < group; plan.first_member += members) {
             plan.members = std::min(members, group - plan.first_member);
             run_pass(state, &plan, &workspace, state->kernels->backward_pack,
-                     mfa_cpu_backward_pack_tasks(&plan));
-            run_pass(state, &plan, &workspace, state->kernels->backward,
-                     mfa_cpu_backward_tasks(&plan));
+                     mfa_cpu_backward_pack_tasks, prefix.data());
+            run_pass(state, &plan, &workspace, state->kernels->backward, mfa_cpu_backward_tasks,
+                     prefix.data());
             run_pass(state, &plan, &workspace, state->kernels->backward_dq,
-                     mfa_cpu_backward_dq_tasks(&plan));
+                     mfa_cpu_backward_dq_tasks, prefix.data());
         }
     }
+    if (plan.sink_parts) store_dsinks(&plan);
     return MFA_OK;
 }
 

@@ -8,8 +8,10 @@
  * the GPU kernels use to avoid float atomics), no atomics, and no N x N buffer: the stripes'
  * sums are O(stripes x Nq) per head.
  *
- * With unscaled dot products s = q.k: P = e^(s * scale - lse), dS = P * (dO.v - delta),
- * dQ = scale * dS K, dK = scale * dS^T Q, dV = P^T dO.
+ * With unscaled dot products s = q.k and the modifiers' score (scores.inl): P = e^(score - lse),
+ * dS = P * (dO.v - delta) (times 1 - tanh^2 with softcap), dQ = scale * dS K,
+ * dK = scale * dS^T Q, dV = P^T dO. The sinks' gradient needs only lse and delta: the query-side
+ * pack leaves its share, and the driver adds the shares up.
  */
 #ifndef MFA_CPU_BACKWARD_INL
 #define MFA_CPU_BACKWARD_INL
@@ -17,9 +19,9 @@
 #include "cpu/forward.inl"
 #include "cpu/gemm.inl"
 #include "cpu/kernels.h"
-#include "cpu/mask.inl"
 #include "cpu/pack.inl"
 #include "cpu/plan.h"
+#include "cpu/scores.inl"
 #include "cpu/simd.inl"
 
 #include <stdint.h>
@@ -32,44 +34,45 @@ static inline float* chunk_q_pack(const mfa_cpu_plan* plan, int64_t q_local) {
 }
 
 template <class Storage, class Ops>
-static void pack_key_side(const mfa_cpu_plan* plan, int64_t task) {
+static void pack_key_side(const mfa_cpu_plan* plan, const unit_task& u, int64_t block) {
     const mfa_problem* p = plan->problem;
-    const int64_t blocks = mfa_cpu_pack_blocks(plan, p->seq_k);
-    const kv_head_ref head = chunk_kv_head(plan, task / blocks);
-    const int64_t j0 = task % blocks * plan->pack_rows;
-    const int64_t count = min64(plan->pack_rows, p->seq_k - j0);
+    const int64_t j0 = block * plan->pack_rows;
+    const int64_t count = min64(plan->pack_rows, u.seq.seq_k - j0);
     const int64_t row_panels = Ops::units(plan->seq_k_padded) * NR;
     mfa_cpu_kv_pack pack;
-    mfa_cpu_kv_pack_carve(plan, 1, chunk_kv_pack(plan, task / blocks), &pack);
-    const strided_rows k = rows_of(p->k, plan->elem_size, head.batch, head.head, j0);
+    mfa_cpu_kv_pack_carve(plan, 1, chunk_kv_pack(plan, u.g_local), &pack);
+    const strided_rows k = key_rows(plan, p->k, u.seq, u.kv.head, j0);
     Ops::template pack_panels_transposed<Storage>(k, count, p->head_dim,
                                                   pack.kt + j0 * Ops::units(p->head_dim));
     Ops::template pack_panels<Storage>(k, count, p->head_dim, pack.k + Ops::units(j0) * NR,
                                        row_panels);
-    Ops::template pack_panels_transposed<Storage>(
-        rows_of(p->v, plan->elem_size, head.batch, head.head, j0), count, p->head_dim_v,
-        pack.vt + j0 * Ops::units(p->head_dim_v));
+    Ops::template pack_panels_transposed<Storage>(key_rows(plan, p->v, u.seq, u.kv.head, j0), count,
+                                                  p->head_dim_v,
+                                                  pack.vt + j0 * Ops::units(p->head_dim_v));
 }
 
 /* A row that sees no key has lse -inf; +inf in its place makes its P = e^(s - inf) = 0 whether
- * its (masked) s is finite or -inf, so no special case reaches the products. */
+ * its (masked) s is finite or -inf, so no special case reaches the products. With dsinks, the
+ * block's sum of p_sink * delta = e^(sink - lse) * delta over its rows (rows of lse -inf have
+ * none) goes to its entry of sink_parts. */
 template <class Storage, class Ops>
-static void pack_query_side(const mfa_cpu_plan* plan, int64_t task, float* slot) {
+static void pack_query_side(const mfa_cpu_plan* plan, const unit_task& u, int64_t member_block,
+                            float* slot) {
     const mfa_problem* p = plan->problem;
     const int64_t es = plan->elem_size;
-    const int64_t blocks = mfa_cpu_pack_blocks(plan, p->seq_q);
-    const int64_t q_local = task / blocks;
-    const kv_head_ref kv = chunk_kv_head(plan, q_local / plan->members);
-    const int64_t b = kv.batch;
-    const int64_t h = kv.head * p->group + plan->first_member + q_local % plan->members;
-    const int64_t i0 = task % blocks * plan->pack_rows;
-    const int64_t count = min64(plan->pack_rows, p->seq_q - i0);
+    const mfa_cpu_sequence& seq = u.seq;
+    const int64_t blocks = mfa_cpu_pack_blocks(plan, seq.seq_q);
+    const int64_t member = member_block / blocks, block = member_block % blocks;
+    const int64_t q_local = u.g_local * plan->members + member;
+    const int64_t h = u.kv.head * p->group + plan->first_member + member;
+    const int64_t i0 = block * plan->pack_rows;
+    const int64_t count = min64(plan->pack_rows, seq.seq_q - i0);
     const int64_t d = p->head_dim, dv = p->head_dim_v;
     const int64_t row_panels = Ops::units(plan->seq_q_padded) * NR;
     mfa_cpu_q_pack pack;
     mfa_cpu_q_pack_carve(plan, chunk_q_pack(plan, q_local), &pack);
-    const strided_rows q = rows_of(p->q, es, b, h, i0);
-    const strided_rows dout = rows_of(p->dout, es, b, h, i0);
+    const strided_rows q = query_rows(p->q, es, seq, h, i0);
+    const strided_rows dout = query_rows(p->dout, es, seq, h, i0);
     Ops::template pack_panels_transposed<Storage>(q, count, d, pack.qt + i0 * Ops::units(d));
     Ops::template pack_panels<Storage>(q, count, d, pack.q + Ops::units(i0) * NR, row_panels);
     Ops::template pack_panels_transposed<Storage>(dout, count, dv,
@@ -77,8 +80,10 @@ static void pack_query_side(const mfa_cpu_plan* plan, int64_t task, float* slot)
     Ops::template pack_panels<Storage>(dout, count, dv, pack.dout + Ops::units(i0) * NR,
                                        row_panels);
 
-    const strided_rows out = rows_of(p->out, es, b, h, i0);
-    const strided_rows lse = rows_of(p->lse, sizeof(float), b, h, i0);
+    const strided_rows out = query_rows(p->out, es, seq, h, i0);
+    const strided_rows lse = query_rows(p->lse, sizeof(float), seq, h, i0);
+    const float sink = sink_of(plan, h);
+    double sink_sum = 0.0;
     float* o = slot;
     float* dO = slot + mfa_cpu_round_up(dv, 16);
     const int64_t padded = mfa_cpu_round_up(count, NR);
@@ -92,38 +97,46 @@ static void pack_query_side(const mfa_cpu_plan* plan, int64_t task, float* slot)
         }
         pack.delta[i0 + r] = dot;
         pack.lse[i0 + r] = l == -__builtin_inff() ? __builtin_inff() : l;
+        if (l != -__builtin_inff()) sink_sum += (double)expf(sink - l) * dot;
     }
+    if (plan->sink_parts)
+        plan->sink_parts[(seq.batch * p->heads_q + h) * mfa_cpu_pack_blocks(plan, plan->seq_q_max) +
+                         block] = sink_sum;
 }
 
 template <class Storage, class Ops>
 static void backward_pack_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
-    const int64_t key_tasks = mfa_cpu_backward_key_pack_tasks(plan);
-    if (task < key_tasks)
-        pack_key_side<Storage, Ops>(plan, task);
+    const unit_task u = unit_of_task(plan, task);
+    const int64_t key_tasks = mfa_cpu_backward_key_pack_tasks(plan, &u.seq);
+    if (u.local < key_tasks)
+        pack_key_side<Storage, Ops>(plan, u, u.local);
     else
-        pack_query_side<Storage, Ops>(plan, task - key_tasks, slot);
+        pack_query_side<Storage, Ops>(plan, u, u.local - key_tasks, slot);
 }
 
-/* dS^T = P^T * (dP^T - delta) in place of P^T; delta varies along the columns (queries). */
+/* dS^T = P^T * (dP^T - delta) in place of P^T; delta varies along the columns (queries). With
+ * softcap, times the derivative of the softcapped score (the chain rule through tanh). */
+template <bool SOFTCAP>
 static void softmax_grad_cols(float* s, const float* dp, int64_t rows, int64_t ld,
-                              const float* delta) {
+                              const float* delta, const float* softcap_grad) {
     for (int64_t r = 0; r < rows; ++r)
-        for (int64_t c = 0; c < ld; c += W)
-            vstore(s + r * ld + c,
-                   vload(s + r * ld + c) * (vload(dp + r * ld + c) - vload(delta + c)));
+        for (int64_t c = 0; c < ld; c += W) {
+            vf ds = vload(s + r * ld + c) * (vload(dp + r * ld + c) - vload(delta + c));
+            if (SOFTCAP) ds *= vload(softcap_grad + r * ld + c);
+            vstore(s + r * ld + c, ds);
+        }
 }
 
 /* One block of key rows [j0, j0 + rows): dK and dV over every query head of the pass and every
  * visible query block, and each block's dQ contribution (dS K) added into the stripe's sums. Five
  * products per pair of blocks: S^T, dV += P^T dO, dP^T, dK += dS^T Q, dQ += dS K. */
 template <class Storage, class Ops>
-static void key_block_grads(const mfa_cpu_plan* plan, int64_t g_local, int64_t stripe, int64_t j0,
-                            const mfa_cpu_backward_tiles& t) {
+static void key_block_grads(const mfa_cpu_plan* plan, const unit_task& u, int64_t stripe,
+                            int64_t j0, const mfa_cpu_backward_tiles& t) {
     const mfa_problem* p = plan->problem;
-    const int64_t es = plan->elem_size;
-    const kv_head_ref kv = chunk_kv_head(plan, g_local);
-    const int64_t b = kv.batch;
-    const int64_t rows = min64(plan->block_k, p->seq_k - j0);
+    const mfa_cpu_sequence& seq = u.seq;
+    const int64_t g_local = u.g_local;
+    const int64_t rows = min64(plan->block_k, seq.seq_k - j0);
     const int64_t d = p->head_dim, dv = p->head_dim_v;
     const int64_t d_pad = mfa_cpu_round_up(d, NR), dv_pad = mfa_cpu_round_up(dv, NR);
     const int64_t du = Ops::units(d), dvu = Ops::units(dv);
@@ -133,9 +146,9 @@ static void key_block_grads(const mfa_cpu_plan* plan, int64_t g_local, int64_t s
     mfa_cpu_kv_pack_carve(plan, 1, chunk_kv_pack(plan, g_local), &kv_pack);
     const float* keys = kv_pack.k + Ops::units(j0) * NR;
     const int64_t key_panels = Ops::units(plan->seq_k_padded) * NR;
-    Ops::template pack_rows<Storage>(rows_of(p->k, es, b, kv.head, j0), rows, d, t.rows, du);
-    Ops::template pack_rows<Storage>(rows_of(p->v, es, b, kv.head, j0), rows, dv, t.rows_out_grad,
-                                     dvu);
+    Ops::template pack_rows<Storage>(key_rows(plan, p->k, seq, u.kv.head, j0), rows, d, t.rows, du);
+    Ops::template pack_rows<Storage>(key_rows(plan, p->v, seq, u.kv.head, j0), rows, dv,
+                                     t.rows_out_grad, dvu);
     mfa_cpu_kv_grads carried = {0, 0};
     if (plan->kv_grads) {
         mfa_cpu_kv_grads_carve(plan, plan->kv_grads + g_local * plan->kv_grads_floats, &carried);
@@ -146,25 +159,37 @@ static void key_block_grads(const mfa_cpu_plan* plan, int64_t g_local, int64_t s
     for (int64_t i = 0; i < rows * d_pad; ++i) t.acc[i] = continues ? carried.dk[i] : 0.0f;
     for (int64_t i = 0; i < rows * dv_pad; ++i) t.acc_v[i] = continues ? carried.dv[i] : 0.0f;
 
-    const int64_t query_hi = mfa_cpu_query_end(plan, j0 + rows - 1);
+    const int64_t query_hi = mfa_cpu_query_end(&seq, j0 + rows - 1);
     for (int64_t member = 0; member < plan->members; ++member) {
+        const int64_t h = u.kv.head * p->group + plan->first_member + member;
+        const score_modifiers mods = modifiers_of(plan, seq, h);
         mfa_cpu_q_pack q_pack;
         mfa_cpu_q_pack_carve(plan, chunk_q_pack(plan, g_local * plan->members + member), &q_pack);
         float* dq = mfa_cpu_dq_stripe(plan, g_local, stripe, member);
-        for (int64_t i0 = panel_floor(mfa_cpu_query_begin(plan, j0)); i0 < query_hi;
+        for (int64_t i0 = panel_floor(mfa_cpu_query_begin(&seq, j0)); i0 < query_hi;
              i0 += plan->block_q) {
             const int64_t n = min64(plan->block_q, query_hi - i0);
             const int64_t n_pad = mfa_cpu_round_up(n, NR);
+            const mask_tile_kind mask =
+                mask_tile(plan, seq.batch, h, i0, n, j0, rows, true, t.bias, n_pad, n_pad);
+            if (mask == kTileHidden) continue;
             Ops::gemm(rows, n, du, t.rows, du, q_pack.qt + i0 * du, du * NR, t.s, n_pad, false);
+            const probabilities_row_fn probabilities_of =
+                probabilities_row_for(mods, mask == kTileBias);
             for (int64_t r = 0; r < rows; ++r)
-                probabilities_cols(t.s + r * n_pad, n_pad, p->scale, q_pack.lse + i0,
-                                   queries_of_key(plan, j0 + r, i0, n));
+                probabilities_of(t.s + r * n_pad, n_pad, mods, i0 + seq.diag - (j0 + r),
+                                 t.bias ? t.bias + r * n_pad : t.bias, q_pack.lse + i0,
+                                 queries_of_key(seq, j0 + r, i0, n),
+                                 t.softcap_grad ? t.softcap_grad + r * n_pad : t.softcap_grad);
             const float* probabilities = Ops::operand(t.s, rows, n_pad, t.operand);
             Ops::gemm(rows, dv, Ops::units(n), probabilities, Ops::units(n_pad),
                       q_pack.dout + Ops::units(i0) * NR, row_panels, t.acc_v, dv_pad, true);
             Ops::gemm(rows, n, dvu, t.rows_out_grad, dvu, q_pack.doutt + i0 * dvu, dvu * NR, t.dp,
                       n_pad, false);
-            softmax_grad_cols(t.s, t.dp, rows, n_pad, q_pack.delta + i0);
+            if (t.softcap_grad)
+                softmax_grad_cols<true>(t.s, t.dp, rows, n_pad, q_pack.delta + i0, t.softcap_grad);
+            else
+                softmax_grad_cols<false>(t.s, t.dp, rows, n_pad, q_pack.delta + i0, t.softcap_grad);
             const float* ds = Ops::operand(t.s, rows, n_pad, t.operand);
             Ops::gemm(rows, d, Ops::units(n), ds, Ops::units(n_pad), q_pack.q + Ops::units(i0) * NR,
                       row_panels, t.acc, d_pad, true);
@@ -178,44 +203,49 @@ static void key_block_grads(const mfa_cpu_plan* plan, int64_t g_local, int64_t s
         memcpy(carried.dv, t.acc_v, sizeof(float) * rows * dv_pad);
         return;
     }
-    store_rows<Storage>(rows_of(p->dk, es, b, kv.head, j0), rows, d, t.acc, d_pad, p->scale);
-    store_rows<Storage>(rows_of(p->dv, es, b, kv.head, j0), rows, dv, t.acc_v, dv_pad, 1.0f);
+    store_rows<Storage>(key_rows(plan, p->dk, seq, u.kv.head, j0), rows, d, t.acc, d_pad, p->scale);
+    store_rows<Storage>(key_rows(plan, p->dv, seq, u.kv.head, j0), rows, dv, t.acc_v, dv_pad, 1.0f);
 }
 
 /* Stripe s of a key/value head: key blocks s, s + stripes, ... (round-robin, so that under a
  * causal mask every stripe gets long and short blocks alike), into its own dQ sums. */
 template <class Storage, class Ops>
 static void backward_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
-    const int64_t g_local = task / plan->stripes, stripe = task % plan->stripes;
+    const unit_task u = unit_of_task(plan, task);
+    const int64_t stripe = u.local, stripes = mfa_cpu_backward_tasks(plan, &u.seq);
+    const int64_t used = u.seq.seq_q * mfa_cpu_round_up(plan->problem->head_dim, NR);
     mfa_cpu_backward_tiles t;
     mfa_cpu_backward_tiles_carve(plan, slot, &t);
     for (int64_t member = 0; member < plan->members; ++member) {
-        float* dq = mfa_cpu_dq_stripe(plan, g_local, stripe, member);
-        for (int64_t i = 0; i < plan->dq_stripe_floats; ++i) dq[i] = 0.0f;
+        float* dq = mfa_cpu_dq_stripe(plan, u.g_local, stripe, member);
+        for (int64_t i = 0; i < used; ++i) dq[i] = 0.0f;
     }
-    for (int64_t kb = stripe; kb < plan->k_blocks; kb += plan->stripes)
-        key_block_grads<Storage, Ops>(plan, g_local, stripe, kb * plan->block_k, t);
+    const int64_t k_blocks = mfa_cpu_blocks(u.seq.seq_k, plan->block_k);
+    for (int64_t kb = stripe; kb < k_blocks; kb += stripes)
+        key_block_grads<Storage, Ops>(plan, u, stripe, kb * plan->block_k, t);
 }
 
-/* dQ of one block of query rows: scale times the stripes' sums, added in stripe order. */
+/* dQ of one block of query rows: scale times the stripes' sums, added in stripe order (none
+ * for a sequence without keys: dQ is 0). */
 template <class Storage>
 static void backward_dq_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
     const mfa_problem* p = plan->problem;
-    const int64_t q_local = task / plan->q_blocks;
-    const int64_t g_local = q_local / plan->members, member = q_local % plan->members;
-    const kv_head_ref kv = chunk_kv_head(plan, g_local);
-    const int64_t h = kv.head * p->group + plan->first_member + member;
-    const int64_t i0 = task % plan->q_blocks * plan->block_q;
-    const int64_t rows = min64(plan->block_q, p->seq_q - i0);
+    const unit_task u = unit_of_task(plan, task);
+    const int64_t q_blocks = mfa_cpu_blocks(u.seq.seq_q, plan->block_q);
+    const int64_t member = u.local / q_blocks;
+    const int64_t h = u.kv.head * p->group + plan->first_member + member;
+    const int64_t i0 = u.local % q_blocks * plan->block_q;
+    const int64_t rows = min64(plan->block_q, u.seq.seq_q - i0);
     const int64_t d_pad = mfa_cpu_round_up(p->head_dim, NR);
+    const int64_t stripes = mfa_cpu_backward_tasks(plan, &u.seq);
     float* sum = slot;
     for (int64_t i = 0; i < rows * d_pad; ++i) sum[i] = 0.0f;
-    for (int64_t stripe = 0; stripe < plan->stripes; ++stripe) {
-        const float* part = mfa_cpu_dq_stripe(plan, g_local, stripe, member) + i0 * d_pad;
+    for (int64_t stripe = 0; stripe < stripes; ++stripe) {
+        const float* part = mfa_cpu_dq_stripe(plan, u.g_local, stripe, member) + i0 * d_pad;
         for (int64_t i = 0; i < rows * d_pad; i += W)
             vstore(sum + i, vload(sum + i) + vload(part + i));
     }
-    store_rows<Storage>(rows_of(p->dq, plan->elem_size, kv.batch, h, i0), rows, p->head_dim, sum,
+    store_rows<Storage>(query_rows(p->dq, plan->elem_size, u.seq, h, i0), rows, p->head_dim, sum,
                         d_pad, p->scale);
 }
 

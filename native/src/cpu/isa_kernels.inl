@@ -41,6 +41,7 @@ const mfa_cpu_kernels kernels = {
     MFA_CPU_ISA_NAME,
     NR,
     MFA_CPU_BF16_DOT,
+    append_task,
     for_dtype<forward_pack_task<f32_storage, f32_operands>,
               forward_pack_task<f16_storage, f32_operands>,
               forward_pack_task<bf16_storage, bf16_operands>>,

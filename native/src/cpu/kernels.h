@@ -18,6 +18,7 @@ typedef struct mfa_cpu_kernels {
     const char* isa_name;      /* "AVX-512 + BF16", "AVX-512", "AVX2", "NEON", "SSE2", "portable" */
     int64_t panel_width;       /* units per packed panel: the micro-kernel's register width */
     int bf16_pairs;            /* bf16 problems run on bf16 operand pairs (plan.h operand_pairs) */
+    mfa_cpu_task append;       /* paged caches: one unit's k_new and v_new rows into the caches */
     mfa_cpu_task forward_pack; /* K and V of the chunk's key/value heads */
     mfa_cpu_task forward;      /* blocks of query rows: O and, if requested, lse */
     mfa_cpu_task backward_pack; /* K, V of the key/value heads; Q, dO, lse, delta =
@@ -28,45 +29,71 @@ typedef struct mfa_cpu_kernels {
     mfa_cpu_task decode_merge;  /* one key/value head's key ranges merged into out and lse */
 } mfa_cpu_kernels;
 
+/* How many tasks a pass has for one unit (a key/value head of sequence s); the driver sums them
+ * into the pass's task_prefix. */
+typedef int64_t (*mfa_cpu_task_count)(const mfa_cpu_plan* plan, const mfa_cpu_sequence* s);
+
 static inline int64_t mfa_cpu_pack_blocks(const mfa_cpu_plan* plan, int64_t seq) {
-    return (seq + plan->pack_rows - 1) / plan->pack_rows;
+    return mfa_cpu_blocks(seq, plan->pack_rows);
 }
 
-static inline int64_t mfa_cpu_forward_pack_tasks(const mfa_cpu_plan* plan) {
-    return plan->chunk_kv_heads * mfa_cpu_pack_blocks(plan, plan->problem->seq_k);
+static inline int64_t mfa_cpu_append_tasks(const mfa_cpu_plan* plan, const mfa_cpu_sequence* s) {
+    (void)s;
+    return plan->problem->paged.new_len > 0 ? 1 : 0;
 }
 
-static inline int64_t mfa_cpu_forward_tasks(const mfa_cpu_plan* plan) {
-    return plan->chunk_kv_heads * plan->problem->group * plan->q_blocks;
+static inline int64_t mfa_cpu_forward_pack_tasks(const mfa_cpu_plan* plan,
+                                                 const mfa_cpu_sequence* s) {
+    return mfa_cpu_pack_blocks(plan, s->seq_k);
+}
+
+static inline int64_t mfa_cpu_forward_tasks(const mfa_cpu_plan* plan, const mfa_cpu_sequence* s) {
+    return plan->problem->group * mfa_cpu_blocks(s->seq_q, plan->block_q);
 }
 
 /* K and V are packed in the first pass over a group only; Q and dO in every pass. */
-static inline int64_t mfa_cpu_backward_key_pack_tasks(const mfa_cpu_plan* plan) {
-    return plan->first_member == 0
-               ? plan->chunk_kv_heads * mfa_cpu_pack_blocks(plan, plan->problem->seq_k)
-               : 0;
+static inline int64_t mfa_cpu_backward_key_pack_tasks(const mfa_cpu_plan* plan,
+                                                      const mfa_cpu_sequence* s) {
+    return plan->first_member == 0 ? mfa_cpu_pack_blocks(plan, s->seq_k) : 0;
 }
 
-static inline int64_t mfa_cpu_backward_pack_tasks(const mfa_cpu_plan* plan) {
-    return mfa_cpu_backward_key_pack_tasks(plan) +
-           plan->chunk_kv_heads * plan->members * mfa_cpu_pack_blocks(plan, plan->problem->seq_q);
+static inline int64_t mfa_cpu_backward_pack_tasks(const mfa_cpu_plan* plan,
+                                                  const mfa_cpu_sequence* s) {
+    return mfa_cpu_backward_key_pack_tasks(plan, s) +
+           plan->members * mfa_cpu_pack_blocks(plan, s->seq_q);
 }
 
-static inline int64_t mfa_cpu_backward_tasks(const mfa_cpu_plan* plan) {
-    return plan->chunk_kv_heads * plan->stripes;
+/* The stripes of a unit: no more than it has key blocks. */
+static inline int64_t mfa_cpu_backward_tasks(const mfa_cpu_plan* plan, const mfa_cpu_sequence* s) {
+    const int64_t blocks = mfa_cpu_blocks(s->seq_k, plan->block_k);
+    return blocks < plan->stripes ? blocks : plan->stripes;
 }
 
-static inline int64_t mfa_cpu_backward_dq_tasks(const mfa_cpu_plan* plan) {
-    return plan->chunk_kv_heads * plan->members * plan->q_blocks;
+static inline int64_t mfa_cpu_backward_dq_tasks(const mfa_cpu_plan* plan,
+                                                const mfa_cpu_sequence* s) {
+    return plan->members * mfa_cpu_blocks(s->seq_q, plan->block_q);
 }
 
-/* Decoding runs every key/value head in one chunk. */
-static inline int64_t mfa_cpu_decode_tasks(const mfa_cpu_plan* plan) {
-    return plan->chunk_kv_heads * plan->key_splits;
+/* Decoding: the keys some row of s sees, [first, end), with first rounded down to a decode
+ * block; a unit with query rows has at least one task, even where it sees no key. */
+static inline int64_t mfa_cpu_decode_first_key(const mfa_cpu_sequence* s) {
+    return mfa_cpu_key_begin(s, 0) / mfa_cpu_decode_block * mfa_cpu_decode_block;
 }
 
-static inline int64_t mfa_cpu_decode_merge_tasks(const mfa_cpu_plan* plan) {
-    return plan->key_splits > 1 ? plan->chunk_kv_heads : 0;
+static inline int64_t mfa_cpu_decode_end_key(const mfa_cpu_sequence* s) {
+    return s->seq_q > 0 ? mfa_cpu_key_end(s, s->seq_q - 1) : 0;
+}
+
+static inline int64_t mfa_cpu_decode_tasks(const mfa_cpu_plan* plan, const mfa_cpu_sequence* s) {
+    if (s->seq_q == 0) return 0;
+    const int64_t span = mfa_cpu_decode_end_key(s) - mfa_cpu_decode_first_key(s);
+    const int64_t splits = mfa_cpu_blocks(span, plan->key_split_size);
+    return splits > 1 ? splits : 1;
+}
+
+static inline int64_t mfa_cpu_decode_merge_tasks(const mfa_cpu_plan* plan,
+                                                 const mfa_cpu_sequence* s) {
+    return mfa_cpu_decode_tasks(plan, s) > 1 ? 1 : 0;
 }
 
 const mfa_cpu_kernels* mfa_cpu_kernels_portable(void);

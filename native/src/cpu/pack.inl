@@ -9,6 +9,7 @@
 
 #include "core/backend.h"
 #include "cpu/convert.h"
+#include "cpu/plan.h"
 #include "cpu/simd.inl"
 
 #include <stdint.h>
@@ -56,21 +57,76 @@ struct bf16_storage {
     }
 };
 
-/* Rows s0, s0+1, ... of head (b, h) of a view, as byte addresses and steps. */
+/* Rows s0, s0+1, ... of one head of a view, as byte addresses and steps. In a paged cache
+ * (table set) row r is row (row0 + r) % block_size of block table[(row0 + r) / block_size],
+ * the blocks block_step bytes apart; otherwise rows are row_step bytes apart from first. */
 struct strided_rows {
     char* first;
     int64_t row_step;
     int64_t elem_step;
-    char* row(int64_t r) const { return first + r * row_step; }
+    const char* table; /* the sequence's block table entries, table_step bytes apart; or NULL */
+    int64_t table_step;
+    int64_t block_size;
+    int64_t block_step;
+    int64_t row0;
+
+    char* row(int64_t r) const {
+        if (!table) return first + r * row_step;
+        const int64_t j = row0 + r;
+        const int64_t block = mfa_cpu_read_i32(table + j / block_size * table_step);
+        return first + block * block_step + j % block_size * row_step;
+    }
+
+    /* The addresses of rows [r0, r0 + count) into out: one division for the whole run, so that
+     * paged rows cost no more than dense ones. */
+    void addresses(int64_t r0, int64_t count, const char** out) const {
+        if (!table) {
+            for (int64_t r = 0; r < count; ++r) out[r] = first + (r0 + r) * row_step;
+            return;
+        }
+        int64_t entry = (row0 + r0) / block_size, within = (row0 + r0) % block_size;
+        const char* block = first + mfa_cpu_read_i32(table + entry * table_step) * block_step;
+        for (int64_t r = 0; r < count; ++r) {
+            if (within == block_size) {
+                within = 0;
+                block = first + mfa_cpu_read_i32(table + ++entry * table_step) * block_step;
+            }
+            out[r] = block + within++ * row_step;
+        }
+    }
 };
 
 static inline strided_rows rows_of(const mfa_view& view, int64_t elem_size, int64_t b, int64_t h,
                                    int64_t s0) {
-    strided_rows rows;
+    strided_rows rows = {};
     rows.first =
         view.data + elem_size * (b * view.stride[0] + h * view.stride[1] + s0 * view.stride[2]);
     rows.row_step = elem_size * view.stride[2];
     rows.elem_step = elem_size * view.stride[3];
+    return rows;
+}
+
+/* Query-side rows (q, out, dout, dq; lse with elem_size 4) of sequence s, query head h, from its
+ * row i0. */
+static inline strided_rows query_rows(const mfa_view& view, int64_t elem_size,
+                                      const mfa_cpu_sequence& s, int64_t h, int64_t i0) {
+    return rows_of(view, elem_size, s.batch, h, s.q_first + i0);
+}
+
+/* Key-side rows (k, v, dk, dv) of sequence s, key/value head h, from its key j0: through the
+ * block table when k and v are paged caches. */
+static inline strided_rows key_rows(const mfa_cpu_plan* plan, const mfa_view& view,
+                                    const mfa_cpu_sequence& s, int64_t h, int64_t j0) {
+    const mfa_problem* p = plan->problem;
+    if (p->layout != MFA_LAYOUT_PAGED)
+        return rows_of(view, plan->elem_size, s.batch, h, s.k_first + j0);
+    strided_rows rows = rows_of(view, plan->elem_size, 0, h, 0);
+    const mfa_view& table = p->paged.block_table;
+    rows.table = table.data + 4 * s.batch * table.stride[0];
+    rows.table_step = 4 * table.stride[3];
+    rows.block_size = p->paged.block_size;
+    rows.block_step = plan->elem_size * view.stride[0];
+    rows.row0 = j0;
     return rows;
 }
 

@@ -19,8 +19,21 @@
 #include "core/backend.h"
 
 #include <stdint.h>
+#include <string.h>
 
 static const float mfa_cpu_log2e = 1.44269504088896341f;
+
+/* One sequence of the problem: its lengths, where its rows start in the operand views, and its
+ * visibility band (backend.h). Dense problems have one geometry for every batch index; packed
+ * sequences (varlen) start at their offsets; a paged sequence has its own key count. */
+typedef struct mfa_cpu_sequence {
+    int64_t batch;   /* b: indexes the modifiers, the mask, and the dense or paged operands */
+    int64_t q_first; /* the sequence's first row in q, out, lse, dout, dq (packed: cu_q[b]) */
+    int64_t k_first; /* ... in k, v, dk, dv (packed: cu_k[b]; otherwise 0) */
+    int64_t seq_q, seq_k;
+    int64_t band_lo, band_hi; /* visible(i, j) = band_lo <= j - i <= band_hi */
+    int64_t diag;             /* p(i) - i, the alignment of ALiBi */
+} mfa_cpu_sequence;
 
 typedef struct mfa_cpu_plan {
     const mfa_problem* problem;
@@ -32,6 +45,9 @@ typedef struct mfa_cpu_plan {
      * consecutive reduction indices, as dot-product instructions read them); 0 for f32
      * operands, one value per unit. Every packed size below is counted in 32-bit units. */
     int operand_pairs;
+    /* The longest sequence's lengths (dense: seq_q and seq_k; packed and paged: the longest
+     * there is, not the bound the caller gave), padded: every pack and tile is sized by them. */
+    int64_t seq_q_max, seq_k_max;
     int64_t seq_q_padded;
     int64_t seq_k_padded;
     /* Rows of one compute task: query rows (forward, dQ) or key rows (dK/dV); the reduction
@@ -39,14 +55,16 @@ typedef struct mfa_cpu_plan {
      * the padded sequence they walk, so that tiles are sized by the work. */
     int64_t block_q;
     int64_t block_k;
-    int64_t q_blocks; /* per query head */
-    int64_t k_blocks; /* per key/value head */
     /* Rows converted by one pack task. */
     int64_t pack_rows;
-    /* The chunk: key/value heads [first_kv_head, first_kv_head + chunk_kv_heads) counted over
-     * batch x heads_kv, with all their query heads. */
+    /* The chunk: units (key/value heads of sequences) [first_kv_head, first_kv_head +
+     * chunk_kv_heads), counted over batch x heads_kv, with all their query heads. */
     int64_t first_kv_head;
     int64_t chunk_kv_heads;
+    /* The pass being run: its tasks, unit by unit of the chunk, are numbered consecutively;
+     * unit u's start at task_prefix[u] (chunk_kv_heads + 1 entries), so that sequences of
+     * different lengths get exactly the tasks their lengths need. */
+    const int64_t* task_prefix;
     float* kv_packs; /* kv_pack_floats per key/value head of the chunk */
     int64_t kv_pack_floats;
     /* Backward: the query heads of each key/value head this pass handles, as members
@@ -59,49 +77,113 @@ typedef struct mfa_cpu_plan {
     int64_t q_pack_floats;
     float* kv_grads;
     int64_t kv_grads_floats;
-    /* Backward: the key blocks of each key/value head are dealt round-robin to `stripes` tasks;
-     * each stripe adds its dQ contributions into f32 accumulators of its own (dq_stripe_floats
-     * per query head of the pass), which a last step sums in stripe order: race-free and the
-     * same sum every run. */
+    /* Backward: the key blocks of each key/value head are dealt round-robin to up to `stripes`
+     * tasks; each stripe adds its dQ contributions into f32 accumulators of its own
+     * (dq_stripe_floats per query head of the pass), which a last step sums in stripe order:
+     * race-free and the same sum every run. */
     int64_t stripes;
     float* dq_stripes;
     int64_t dq_stripe_floats;
-    /* Decoding (mfa_cpu_decode_*): the keys that some query row of a head sees, split into
-     * key_splits ranges of key_split_size keys, each one task; with more than one, every task
-     * leaves its rows' out and lse in partials (mfa_cpu_decode_partial_row_floats per row) for
-     * the merge. */
-    int64_t key_splits;
+    /* Backward with sinks and dsinks: each query-side pack task leaves the sum of its rows'
+     * p_sink * delta at sink_parts[(b * heads_q + h) * pack_blocks(seq_q_max) + block]; the
+     * driver adds them up, in order, into dsinks. */
+    double* sink_parts;
+    /* Decoding (mfa_cpu_decode_*): the keys that some query row of a unit sees, split into
+     * ranges of key_split_size keys starting at multiples of it (counted from the first
+     * visible key rounded down to a decode block), each one task; unit u's tasks are
+     * split_prefix[u] .. split_prefix[u + 1] - 1. With more than one, every task leaves its
+     * rows' out and lse in partials (mfa_cpu_decode_partial_row_floats per row, rows_max rows
+     * per task) for the merge. */
     int64_t key_split_size;
+    const int64_t* split_prefix;
     float* partials;
 } mfa_cpu_plan;
-
-/* Keys [key_begin, key_end) are visible from query row i (possibly empty). */
-static inline int64_t mfa_cpu_key_begin(const mfa_cpu_plan* plan, int64_t i) {
-    const int64_t lo = i + plan->problem->band_lo;
-    return lo > 0 ? lo : 0;
-}
-
-static inline int64_t mfa_cpu_key_end(const mfa_cpu_plan* plan, int64_t i) {
-    const int64_t seq_k = plan->problem->seq_k;
-    const int64_t end = i + plan->problem->band_hi + 1;
-    return end < seq_k ? end : seq_k;
-}
-
-/* Query rows [query_begin, query_end) see key j: the same rule solved for i. */
-static inline int64_t mfa_cpu_query_begin(const mfa_cpu_plan* plan, int64_t j) {
-    const int64_t lo = j - plan->problem->band_hi;
-    return lo > 0 ? lo : 0;
-}
-
-static inline int64_t mfa_cpu_query_end(const mfa_cpu_plan* plan, int64_t j) {
-    const int64_t seq_q = plan->problem->seq_q;
-    const int64_t end = j - plan->problem->band_lo + 1;
-    return end < seq_q ? end : seq_q;
-}
 
 static inline int64_t mfa_cpu_round_up(int64_t n, int64_t multiple) {
     return (n + multiple - 1) / multiple * multiple;
 }
+
+static inline int32_t mfa_cpu_read_i32(const char* p) {
+    int32_t value;
+    memcpy(&value, p, sizeof value);
+    return value;
+}
+
+/* Sequence b's geometry. */
+static inline mfa_cpu_sequence mfa_cpu_sequence_of(const mfa_cpu_plan* plan, int64_t b) {
+    const mfa_problem* p = plan->problem;
+    mfa_cpu_sequence s;
+    s.batch = b;
+    s.q_first = 0;
+    s.k_first = 0;
+    s.seq_q = p->seq_q;
+    s.seq_k = p->seq_k;
+    if (p->layout == MFA_LAYOUT_VARLEN) {
+        const mfa_view* cu_q = &p->varlen.cu_seqlens_q;
+        const mfa_view* cu_k = &p->varlen.cu_seqlens_k;
+        s.q_first = mfa_cpu_read_i32(cu_q->data + 4 * b * cu_q->stride[3]);
+        s.k_first = mfa_cpu_read_i32(cu_k->data + 4 * b * cu_k->stride[3]);
+        s.seq_q = mfa_cpu_read_i32(cu_q->data + 4 * (b + 1) * cu_q->stride[3]) - s.q_first;
+        s.seq_k = mfa_cpu_read_i32(cu_k->data + 4 * (b + 1) * cu_k->stride[3]) - s.k_first;
+    } else if (p->layout == MFA_LAYOUT_PAGED) {
+        const mfa_view* lengths = &p->paged.cache_seqlens;
+        s.seq_k = mfa_cpu_read_i32(lengths->data + 4 * b * lengths->stride[0]) + p->paged.new_len;
+    }
+    if (p->layout == MFA_LAYOUT_DENSE) {
+        s.band_lo = p->band_lo;
+        s.band_hi = p->band_hi;
+    } else {
+        mfa_problem_band(p, s.seq_q, s.seq_k, &s.band_lo, &s.band_hi);
+    }
+    s.diag = p->alignment == MFA_ALIGN_BOTTOM_RIGHT ? s.seq_k - s.seq_q : 0;
+    return s;
+}
+
+/* Unit u of the problem (a key/value head of a sequence) as (sequence, key/value head). */
+static inline int64_t mfa_cpu_unit_batch(const mfa_cpu_plan* plan, int64_t u) {
+    return u / plan->problem->heads_kv;
+}
+
+/* The unit of the chunk that task `task` of the current pass belongs to, and (into *local) the
+ * task's index within that unit: the last unit whose first task is at or before it. */
+static inline int64_t mfa_cpu_task_unit(const int64_t* prefix, int64_t units, int64_t task,
+                                        int64_t* local) {
+    int64_t lo = 0, hi = units; /* prefix[lo] <= task < prefix[hi] */
+    while (hi - lo > 1) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (prefix[mid] <= task)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    *local = task - prefix[lo];
+    return lo;
+}
+
+/* Keys [key_begin, key_end) are visible from query row i (possibly empty). */
+static inline int64_t mfa_cpu_key_begin(const mfa_cpu_sequence* s, int64_t i) {
+    const int64_t lo = i + s->band_lo;
+    return lo > 0 ? lo : 0;
+}
+
+static inline int64_t mfa_cpu_key_end(const mfa_cpu_sequence* s, int64_t i) {
+    const int64_t end = i + s->band_hi + 1;
+    return end < s->seq_k ? end : s->seq_k;
+}
+
+/* Query rows [query_begin, query_end) see key j: the same rule solved for i. */
+static inline int64_t mfa_cpu_query_begin(const mfa_cpu_sequence* s, int64_t j) {
+    const int64_t lo = j - s->band_hi;
+    return lo > 0 ? lo : 0;
+}
+
+static inline int64_t mfa_cpu_query_end(const mfa_cpu_sequence* s, int64_t j) {
+    const int64_t end = j - s->band_lo + 1;
+    return end < s->seq_q ? end : s->seq_q;
+}
+
+/* Blocks of `block` rows covering n rows. */
+static inline int64_t mfa_cpu_blocks(int64_t n, int64_t block) { return (n + block - 1) / block; }
 
 /* Units holding `depth` consecutive reduction values: one per value, or one per pair. */
 static inline int64_t mfa_cpu_units(const mfa_cpu_plan* plan, int64_t depth) {
@@ -206,9 +288,10 @@ static inline int64_t mfa_cpu_kv_grads_carve(const mfa_cpu_plan* plan, float* ba
 /* ---- Per-thread tiles ---------------------------------------------------------------------- */
 
 /* Forward task: its Q rows (units(D) per row), S, P as operand units when they are pairs (else
- * P is S itself), the O accumulator, the running max and sum per row. */
+ * P is S itself), the O accumulator, the running max and sum per row, and with a mask the
+ * tile's additive bias (f32; -inf hides). */
 typedef struct mfa_cpu_forward_tiles {
-    float *q, *s, *p, *o, *row_max, *row_sum;
+    float *q, *s, *p, *o, *row_max, *row_sum, *bias;
 } mfa_cpu_forward_tiles;
 
 static inline int64_t mfa_cpu_forward_tiles_carve(const mfa_cpu_plan* plan, float* base,
@@ -223,16 +306,19 @@ static inline int64_t mfa_cpu_forward_tiles_carve(const mfa_cpu_plan* plan, floa
     tiles->o = mfa_cpu_carve(&c, bq * dv);
     tiles->row_max = mfa_cpu_carve(&c, bq);
     tiles->row_sum = mfa_cpu_carve(&c, bq);
+    tiles->bias = mfa_view_present(&p->mask) ? mfa_cpu_carve(&c, bq * bk) : (float*)0;
     return c.used;
 }
 
 /* Backward task: its rows' operands (Q and dO for dQ, K and V for dK/dV), S/P/dS and dP in f32,
- * P and dS as operand units when they are pairs (else S itself), and the accumulators (dQ, or
- * dK and dV). Both kinds of task share one slot size. */
+ * P and dS as operand units when they are pairs (else S itself), the accumulators (dQ, or dK
+ * and dV), with a mask the tile's bias, and with softcap its derivative 1 - tanh^2 per pair.
+ * Both kinds of task share one slot size. */
 typedef struct mfa_cpu_backward_tiles {
     float *rows, *rows_out_grad;
     float *s, *dp, *operand;
     float *acc, *acc_v;
+    float *bias, *softcap_grad;
 } mfa_cpu_backward_tiles;
 
 static inline int64_t mfa_cpu_backward_tiles_carve(const mfa_cpu_plan* plan, float* base,
@@ -250,22 +336,31 @@ static inline int64_t mfa_cpu_backward_tiles_carve(const mfa_cpu_plan* plan, flo
     tiles->operand = plan->operand_pairs ? mfa_cpu_carve(&c, rows * rows / 2) : tiles->s;
     tiles->acc = mfa_cpu_carve(&c, rows * d_pad);
     tiles->acc_v = mfa_cpu_carve(&c, rows * dv_pad);
+    tiles->bias = mfa_view_present(&p->mask) ? mfa_cpu_carve(&c, rows * rows) : (float*)0;
+    tiles->softcap_grad = p->softcap > 0.0f ? mfa_cpu_carve(&c, rows * rows) : (float*)0;
     return c.used;
 }
 
 /* ---- Decoding -------------------------------------------------------------------------------
  * When a key/value head has few query rows (group x seq_q), K and V are read where they lie,
  * one block of keys at a time, and the keys are split over tasks. Each task holds its rows'
- * queries (f32), a block of scores, its O accumulator and running max and sum, and where K or V
- * cannot be read in place (f16, or elements not adjacent) one converted block of each. */
+ * queries (f32, and transposed for the products that put rows in lanes), a block of scores,
+ * its O accumulator and running max and sum, the addresses of the block's K and V rows, where
+ * K or V cannot be read in place (f16, or elements not adjacent) one converted block of each,
+ * and with a mask the block's bias. Decode blocks start at multiples of their size, which is
+ * MFA_MASK_BLOCK, so that each is one column of a mask summary. */
 static const int64_t mfa_cpu_decode_block = 64;
+/* The most query rows a unit takes to the decoding path. */
+#define mfa_cpu_decode_max_rows 16
 
 typedef struct mfa_cpu_decode_tiles {
-    float *q, *s, *o, *row_max, *row_sum, *k, *v;
+    float *q, *qt, *s, *o, *row_max, *row_sum, *k, *v, *bias;
+    const char **key_rows, **value_rows;
 } mfa_cpu_decode_tiles;
 
+/* Query rows of one unit's decode task: group x seq_q of the longest sequence. */
 static inline int64_t mfa_cpu_decode_rows(const mfa_cpu_plan* plan) {
-    return plan->problem->group * plan->problem->seq_q;
+    return plan->problem->group * plan->seq_q_max;
 }
 
 static inline int64_t mfa_cpu_decode_tiles_carve(const mfa_cpu_plan* plan, float* base,
@@ -273,14 +368,19 @@ static inline int64_t mfa_cpu_decode_tiles_carve(const mfa_cpu_plan* plan, float
     const mfa_problem* p = plan->problem;
     const int64_t rows = mfa_cpu_decode_rows(plan), bk = mfa_cpu_decode_block;
     const int64_t d = mfa_cpu_round_up(p->head_dim, 16), dv = mfa_cpu_round_up(p->head_dim_v, 16);
+    const int64_t pointer_floats = (int64_t)(bk * sizeof(const char*) / sizeof(float));
     mfa_cpu_carver c = {base, 0};
     tiles->q = mfa_cpu_carve(&c, rows * d);
+    tiles->qt = mfa_cpu_carve(&c, mfa_cpu_round_up(rows, 16) * d);
     tiles->s = mfa_cpu_carve(&c, rows * bk);
     tiles->o = mfa_cpu_carve(&c, rows * dv);
     tiles->row_max = mfa_cpu_carve(&c, rows);
     tiles->row_sum = mfa_cpu_carve(&c, rows);
     tiles->k = mfa_cpu_carve(&c, bk * d);
     tiles->v = mfa_cpu_carve(&c, bk * dv);
+    tiles->bias = mfa_view_present(&p->mask) ? mfa_cpu_carve(&c, rows * bk) : (float*)0;
+    tiles->key_rows = (const char**)mfa_cpu_carve(&c, pointer_floats);
+    tiles->value_rows = (const char**)mfa_cpu_carve(&c, pointer_floats);
     return c.used;
 }
 

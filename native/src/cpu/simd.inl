@@ -130,6 +130,52 @@ static inline vf vexp2(vf x) {
 }
 #endif
 
+static inline vf vabs(vf x) { return (vf)((vi)x & 0x7fffffff); }
+
+/* {0, 1, ..., W - 1}. */
+static inline vf lane_offsets() {
+    vf lane;
+    for (int i = 0; i < W; ++i) lane[i] = (float)i;
+    return lane;
+}
+
+/* tanh(x), relative error below 4e-7 over the whole range (odd, so computed on |x|):
+ * tanh(a) = -m / (2 + m) with m = e^(-2a) - 1, where m comes without cancellation near 0: with
+ * -2a = (n + f) / log2(e), |f| <= 1/2, m = 2^n * f * q(f) + (2^n - 1), q(f) = (2^f - 1) / f from
+ * its Taylor series (truncated after f^6: error below 2e-8). |x| is clamped at 44, where 2^n
+ * reaches 2^-127 and is built as 0: tanh is +-1 and 1 - tanh^2 exactly 0 from there on (it would
+ * be below 2^-124). NaN stays NaN. With SECH2, also 1 - tanh(x)^2 = 4 e / (2 + m)^2 with e = 2^n (1 + f q(f))
+ * into *sech2, to the same relative accuracy: 1 - t * t from a rounded t would cancel where tanh
+ * nears +-1 (at |x| = 5 it would lose three digits). */
+template <bool SECH2>
+static inline vf vtanh_with(vf x, vf* sech2) {
+    const vf a = vmin(vabs(x), vsplat(44.0f));
+    const vf z = a * vsplat(-2.0f * kLog2e);
+    const vf round_shift = vsplat(12582912.0f);
+    const vf n = (z + round_shift) - round_shift;
+    const vf f = z - n;
+    vf q = vsplat(1.5252734e-5f);
+    q = q * f + 1.5403530e-4f;
+    q = q * f + 1.3333558e-3f;
+    q = q * f + 9.6181291e-3f;
+    q = q * f + 5.5504109e-2f;
+    q = q * f + 2.4022651e-1f;
+    q = q * f + 6.9314718e-1f;
+    const vf power = (vf)((__builtin_convertvector(n, vi) + 127) << 23); /* n >= -127 */
+    const vf fq = f * q;
+    const vf m = power * fq + (power - 1.0f);
+    const vf denominator = m + 2.0f;
+    const vf t = -m / denominator;
+    if (SECH2) {
+        const vf e = power * fq + power;
+        *sech2 = vselect(x != x, x, 4.0f * e / (denominator * denominator));
+    }
+    const vf signed_t = (vf)((vi)t | ((vi)x & (vi)vsplat(-0.0f)));
+    return vselect(x != x, x, signed_t);
+}
+
+static inline vf vtanh(vf x) { return vtanh_with<false>(x, (vf*)0); }
+
 /* Lanes c0 .. c0 + W - 1 that lie in [begin, end). */
 static inline vi lanes_within(int64_t c0, int64_t begin, int64_t end) {
     vi lane;
@@ -138,26 +184,6 @@ static inline vi lanes_within(int64_t c0, int64_t begin, int64_t end) {
     const int64_t lo = begin < c0 - 1 ? -1 : begin > c0 + W ? W : begin - c0;
     const int64_t hi = end < c0 - 1 ? -1 : end > c0 + W ? W : end - c0;
     return (lane >= (int32_t)lo) & (lane < (int32_t)hi);
-}
-
-/* Scores of one row from unscaled dot products: x = x * scale for columns [begin, end), -inf
- * elsewhere up to n (a multiple of W). Returns their largest value, or NaN if any is NaN (a
- * plain max would skip it). The scale multiplies the finished dot product, never an operand, so
- * the scores are finite wherever the logits are. */
-static inline float scale_mask_max(float* x, int64_t n, float scale, int64_t begin, int64_t end) {
-    const vf f = vsplat(scale), hidden = vsplat(-__builtin_inff());
-    vf m = hidden;
-    vi nan = vi{};
-    for (int64_t i = 0; i < n; i += W) {
-        vf v = vload(x + i) * f;
-        if (i < begin || i + W > end) v = vselect(lanes_within(i, begin, end), v, hidden);
-        vstore(x + i, v);
-        m = vmax(m, v);
-        nan |= v != v;
-    }
-    for (int i = 0; i < W; ++i)
-        if (nan[i]) return __builtin_nanf("");
-    return hmax(m);
 }
 
 /* x = e^(x - shift) in place; returns the sum. n is a multiple of W. The difference is taken in

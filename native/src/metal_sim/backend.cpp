@@ -2,7 +2,9 @@
 // drives the simulator as its device, so the kernels, the configuration and the host-side rules
 // it tests are exactly those a Mac would run. What is left here is the simulator's side of the
 // device: caller memory is used in place, the scratch is heap memory, and the commands of a call
-// are recorded dispatches that run when committed.
+// are recorded dispatches that run when committed. Everything a call needs is reserved before
+// its first pass runs (the scratch at prepare, the fiber stacks of every pass at commit), so a
+// call that fails for lack of resources has written nothing.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -10,6 +12,7 @@
 #include <thread>
 
 #include "core/backend.h"
+#include "metal_sim/fiber.h"
 #include "metal_sim/sim.h"
 #include "planner/runner.h"
 
@@ -21,6 +24,7 @@ struct SimState {
     int workers;
     char device_name[64];
     mfa_gpu_device device;
+    mfa::sim::FiberStackPool stacks; // the context's: reused by its calls, unmapped with it
 };
 
 // Bound where a pass has nothing to bind; the kernels never touch it.
@@ -122,14 +126,20 @@ void sim_encode(void* device, void* commands, const mfa_gpu_dispatch* dispatch) 
     d.num_workers = s->workers;
 }
 
-// In order, each dispatch to completion before the next, as one serial compute encoder runs.
+// The fiber stacks every recorded dispatch needs are reserved first, so that a call that cannot
+// get them fails before its first pass writes anything; then the dispatches run in order, each
+// to completion before the next, as one serial compute encoder runs them.
 mfa_status sim_commit_and_wait(void* device, void* commands, const char* what) {
-    (void)device;
     (void)what; // the simulator's own message names the kernel and the fault
+    auto* s = static_cast<SimState*>(device);
     auto* recorded = static_cast<SimCommands*>(commands);
-    mfa_status status = MFA_OK;
-    for (uint32_t i = 0; i < recorded->count && status == MFA_OK; ++i)
+    mfa::sim::FiberStackReservation stacks;
+    mfa_status status =
+        mfa::sim::reserve(s->stacks, recorded->dispatches, recorded->count, &stacks);
+    for (uint32_t i = 0; i < recorded->count && status == MFA_OK; ++i) {
+        recorded->dispatches[i].stacks = &stacks;
         status = mfa::sim::dispatch(recorded->dispatches[i]);
+    }
     delete recorded;
     return status;
 }
@@ -151,7 +161,10 @@ mfa_status create(const mfa_context_options* options, void** state) {
         return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
                              "metal-sim: gpu_family %d is not Apple7, Apple8 or Apple9",
                              (int)options->gpu_family);
-    auto* s = static_cast<SimState*>(std::calloc(1, sizeof(SimState)));
+    SimState* s = nullptr;
+    try {
+        s = new SimState();
+    } catch (const std::exception&) {}
     if (!s) return mfa_set_error(MFA_ERROR_OUT_OF_MEMORY, "metal-sim: cannot allocate a context");
     s->family = family;
     s->schedule_seed = options->sim_schedule_seed;
@@ -173,7 +186,7 @@ mfa_status create(const mfa_context_options* options, void** state) {
     return MFA_OK;
 }
 
-void destroy(void* state) { std::free(state); }
+void destroy(void* state) { delete static_cast<SimState*>(state); }
 
 const char* device_name(void* state) { return static_cast<SimState*>(state)->device_name; }
 

@@ -11,6 +11,8 @@
 // function that only part of its group reached. That is reported, naming who waits where.
 #include "metal_sim/sim.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -49,53 +51,6 @@ const KernelRecord* find_kernel(const char* name) {
     for (unsigned i = 0; i < mfa_sim_abi::kernel_count; ++i)
         if (std::strcmp(mfa_sim_abi::kernels[i].name, name) == 0) return &mfa_sim_abi::kernels[i];
     return nullptr;
-}
-
-// ---- Fiber stacks, reused across dispatches ------------------------------------------------
-
-#if defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr size_t kFiberStackBytes = size_t{1} << 20; // redzones and fake frames need room
-#else
-constexpr size_t kFiberStackBytes = size_t{256} << 10;
-#endif
-#else
-constexpr size_t kFiberStackBytes = size_t{256} << 10;
-#endif
-
-constexpr unsigned kMaxLiveFiberStacks = 16384;
-
-struct StackPool {
-    std::mutex mutex;
-    std::vector<std::unique_ptr<FiberStack>> free;
-};
-
-StackPool& stack_pool() {
-    static StackPool instance;
-    return instance;
-}
-
-bool acquire_stacks(size_t count, std::vector<std::unique_ptr<FiberStack>>* out) {
-    {
-        std::lock_guard<std::mutex> lock(stack_pool().mutex);
-        auto& free = stack_pool().free;
-        while (out->size() < count && !free.empty()) {
-            out->push_back(std::move(free.back()));
-            free.pop_back();
-        }
-    }
-    while (out->size() < count) {
-        auto stack = std::make_unique<FiberStack>(kFiberStackBytes);
-        if (!stack->valid()) return false;
-        out->push_back(std::move(stack));
-    }
-    return true;
-}
-
-void release_stacks(std::vector<std::unique_ptr<FiberStack>>* stacks) {
-    std::lock_guard<std::mutex> lock(stack_pool().mutex);
-    for (auto& stack : *stacks) stack_pool().free.push_back(std::move(stack));
-    stacks->clear();
 }
 
 // ---- Deterministic randomness for schedules and garbage ------------------------------------
@@ -189,7 +144,8 @@ struct Worker {
     DispatchRun* run = nullptr;
     std::vector<KernelThread> threads;
     std::vector<SimdGroup> simd_groups;
-    std::vector<std::unique_ptr<FiberStack>> stacks;
+    const FiberStackReservation* stacks = nullptr; // this worker's set is stacks->stack(set, i)
+    size_t stack_set = 0;
     std::vector<std::vector<unsigned char>> threadgroup_memory; // exact lengths, for ASan
     // Threadgroup variables declared in the kernel body, allocated on first use.
     struct ThreadgroupVariable {
@@ -276,12 +232,17 @@ struct Worker {
 
     void* threadgroup_variable(KernelThread* thread, unsigned id, size_t size, size_t alignment);
 
-    bool prepare(const DispatchRun& dispatch_run);
+    void prepare(const DispatchRun& dispatch_run);
     void run_threadgroup(uint64_t linear_index);
     std::string describe_stuck_threads() const;
 };
 
-void thread_main(void* argument) {
+// A fiber's entry, not instrumented (fiber.h): AddressSanitizer would call
+// __asan_handle_no_return before the final switch, which makes it garbage-collect the whole
+// fake stack of the next fiber on this stack (a fifth of a sanitized run's time), and
+// ThreadSanitizer would keep this frame on the stack's call stack for every fiber run there
+// until it overflows. The kernel it calls is instrumented as usual.
+MFA_SIM_FIBER_ENTRY void thread_main(void* argument) {
     auto* thread = static_cast<KernelThread*>(argument);
     Worker* worker = thread->worker;
     fiber_started(&thread->context, &worker->scheduler);
@@ -290,7 +251,7 @@ void thread_main(void* argument) {
     fiber_exit_to(&thread->context, &worker->scheduler);
 }
 
-bool Worker::prepare(const DispatchRun& dispatch_run) {
+void Worker::prepare(const DispatchRun& dispatch_run) {
     const Dispatch& d = *dispatch_run.dispatch;
     const unsigned count = dispatch_run.threads_per_group;
     threads.assign(count, KernelThread{});
@@ -299,7 +260,6 @@ bool Worker::prepare(const DispatchRun& dispatch_run) {
     while (capacity < count) capacity *= 2;
     runnable.assign(capacity, 0);
     runnable_mask = capacity - 1;
-    if (!acquire_stacks(count, &stacks)) return false;
     for (int i = 0; i < kMaxThreadgroupMemoryBindings; ++i) {
         threadgroup_argument_bytes += d.threadgroup_memory_lengths[i];
         threadgroup_memory.emplace_back(d.threadgroup_memory_lengths[i]);
@@ -339,7 +299,6 @@ bool Worker::prepare(const DispatchRun& dispatch_run) {
         info.simdgroups_per_threadgroup = static_cast<unsigned>(simd_groups.size());
         info.threads_per_simdgroup = kSimdWidth;
     }
-    return true;
 }
 
 void* Worker::threadgroup_variable(KernelThread* thread, unsigned id, size_t size,
@@ -431,7 +390,7 @@ void Worker::run_threadgroup(uint64_t linear_index) {
         }
         t.waiting_at = nullptr;
         t.started = false;
-        fiber_prepare(&t.context, *stacks[i], &thread_main, &t);
+        fiber_prepare(&t.context, stacks->stack(stack_set, i), &thread_main, &t);
         push_runnable(i);
     }
 
@@ -452,6 +411,8 @@ void Worker::run_threadgroup(uint64_t linear_index) {
         fiber_switch(&scheduler, &t->context);
         t_current = nullptr;
     }
+    for (unsigned i = 0; i < threads.size(); ++i)
+        if (threads[i].state != ThreadState::Finished) stacks->stack(stack_set, i).abandoned = true;
     if (group_failed) return;
     for (const KernelThread& t : threads) {
         if (t.state != ThreadState::Finished) {
@@ -551,15 +512,49 @@ mfa_status validate(const Dispatch& d, KernelRecord* kernel) {
     return MFA_OK;
 }
 
+// OS threads a dispatch asks for: its own setting, else one per core, never more than it has
+// threadgroups.
+uint64_t workers_wanted(const Dispatch& d) {
+    const uint64_t asked = d.num_workers > 0 ? static_cast<uint64_t>(d.num_workers)
+                                             : std::max(1u, std::thread::hardware_concurrency());
+    return std::min(asked, uint64_t{d.threadgroups.x} * d.threadgroups.y * d.threadgroups.z);
+}
+
+uint32_t threads_per_group(const Dispatch& d) {
+    return d.threads_per_threadgroup.x * d.threads_per_threadgroup.y * d.threads_per_threadgroup.z;
+}
+
+mfa_status reservation_error(const char* kernel, size_t threads) {
+    return mfa_set_error(MFA_ERROR_OUT_OF_MEMORY,
+                         "metal-sim: kernel '%s': cannot map fiber stacks for a threadgroup of %zu "
+                         "threads",
+                         kernel, threads);
+}
+
 mfa_status run_dispatch(const Dispatch& d) {
     KernelRecord kernel;
     if (mfa_status status = validate(d, &kernel); status != MFA_OK) return status;
 
+    // A dispatch run on its own maps its stacks for itself and unmaps them when it ends.
+    std::unique_ptr<FiberStackPool> own_pool;
+    FiberStackReservation own_stacks;
+    const FiberStackReservation* stacks = d.stacks;
+    if (!stacks) {
+        own_pool = std::make_unique<FiberStackPool>();
+        if (!own_pool->reserve(workers_wanted(d), threads_per_group(d), &own_stacks))
+            return reservation_error(d.kernel, threads_per_group(d));
+        stacks = &own_stacks;
+    } else if (stacks->workers() == 0 || stacks->threads_per_worker() < threads_per_group(d)) {
+        return mfa_set_error(MFA_ERROR_INTERNAL,
+                             "metal-sim: kernel '%s': the reserved fiber stacks serve threadgroups "
+                             "of %zu threads, not %u",
+                             d.kernel, stacks->threads_per_worker(), threads_per_group(d));
+    }
+
     DispatchRun run;
     run.dispatch = &d;
     run.kernel = kernel;
-    run.threads_per_group =
-        d.threads_per_threadgroup.x * d.threads_per_threadgroup.y * d.threads_per_threadgroup.z;
+    run.threads_per_group = threads_per_group(d);
     run.threadgroup_count = uint64_t{d.threadgroups.x} * d.threadgroups.y * d.threadgroups.z;
     std::vector<ConstantValue> constants(d.num_constants);
     for (size_t i = 0; i < d.num_constants; ++i) {
@@ -574,21 +569,12 @@ mfa_status run_dispatch(const Dispatch& d) {
         if (b.base) run.buffers[i] = {static_cast<char*>(b.base) + b.offset, b.length - b.offset};
     }
 
-    uint64_t worker_count = d.num_workers > 0 ? static_cast<uint64_t>(d.num_workers)
-                                              : std::max(1u, std::thread::hardware_concurrency());
-    // Every fiber stack is two memory mappings (stack and guard page); stay well inside Linux's
-    // default limit of 65530 mappings per process.
-    worker_count = std::min({worker_count, run.threadgroup_count,
-                             uint64_t{std::max(1u, kMaxLiveFiberStacks / run.threads_per_group)}});
-    std::vector<Worker> workers(worker_count);
-    for (Worker& w : workers) {
-        w.run = &run;
-        if (!w.prepare(run)) {
-            for (Worker& prepared : workers) release_stacks(&prepared.stacks);
-            return mfa_set_error(MFA_ERROR_OUT_OF_MEMORY,
-                                 "metal-sim: kernel '%s': cannot map fiber stacks for %u threads",
-                                 d.kernel, run.threads_per_group);
-        }
+    std::vector<Worker> workers(std::min<uint64_t>(workers_wanted(d), stacks->workers()));
+    for (size_t i = 0; i < workers.size(); ++i) {
+        workers[i].run = &run;
+        workers[i].stacks = stacks;
+        workers[i].stack_set = i;
+        workers[i].prepare(run);
     }
     std::vector<std::thread> helpers;
     for (size_t i = 1; i < workers.size(); ++i) {
@@ -600,7 +586,6 @@ mfa_status run_dispatch(const Dispatch& d) {
     }
     run_worker(&run, &workers[0]);
     for (std::thread& helper : helpers) helper.join();
-    for (Worker& w : workers) release_stacks(&w.stacks);
 
     if (run.failure_status != MFA_OK)
         return mfa_set_error(run.failure_status, "%s", run.failure_message.c_str());
@@ -617,6 +602,31 @@ mfa_status dispatch(const Dispatch& d) {
                              "metal-sim: out of memory running kernel '%s'",
                              d.kernel ? d.kernel : "?");
     }
+}
+
+mfa_status reserve(FiberStackPool& pool, const Dispatch* dispatches, size_t count,
+                   FiberStackReservation* reservation) {
+    reservation->release();
+    uint64_t workers = 0;
+    uint32_t threads = 0;
+    const char* widest = nullptr;
+    for (size_t i = 0; i < count; ++i) {
+        KernelRecord kernel;
+        if (mfa_status status = validate(dispatches[i], &kernel); status != MFA_OK) return status;
+        workers = std::max(workers, workers_wanted(dispatches[i]));
+        if (threads_per_group(dispatches[i]) > threads) {
+            threads = threads_per_group(dispatches[i]);
+            widest = dispatches[i].kernel;
+        }
+    }
+    if (count == 0) return MFA_OK;
+    try {
+        if (!pool.reserve(workers, threads, reservation)) return reservation_error(widest, threads);
+    } catch (const std::bad_alloc&) {
+        return mfa_set_error(MFA_ERROR_OUT_OF_MEMORY,
+                             "metal-sim: out of memory reserving fiber stacks");
+    }
+    return MFA_OK;
 }
 
 bool has_kernel(const char* name) { return name && find_kernel(name); }

@@ -1,21 +1,34 @@
 #include "metal_sim/fiber.h"
 
+#include <pthread.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <new>
 
 #if defined(__has_feature)
 #if __has_feature(address_sanitizer)
 #define MFA_SIM_ASAN 1
 #endif
+#if __has_feature(thread_sanitizer)
+#define MFA_SIM_TSAN 1
+#endif
 #endif
 #if defined(__SANITIZE_ADDRESS__)
 #define MFA_SIM_ASAN 1
 #endif
+#if defined(__SANITIZE_THREAD__)
+#define MFA_SIM_TSAN 1
+#endif
 #if MFA_SIM_ASAN
 #include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
+#endif
+#if MFA_SIM_TSAN
+#include <sanitizer/tsan_interface.h>
 #endif
 
 // The raw switch: push the callee-saved registers on the current stack, store the stack pointer
@@ -105,16 +118,269 @@ FiberStack::FiberStack(size_t usable_bytes) {
     usable_ = static_cast<char*>(mapping) + page;
 }
 
+#if MFA_SIM_ASAN
+namespace {
+
+// A fiber that only destroys its stack's fake stack: a fake stack is destroyed by leaving the
+// fiber that uses it with a null save slot, so one last fiber enters it to leave that way.
+struct FakeStackRetirement {
+    FiberContext caller;
+    FiberContext fiber;
+};
+
+void retire_fake_stack(void* argument) {
+    auto* r = static_cast<FakeStackRetirement*>(argument);
+    fiber_started(&r->fiber, &r->caller);
+    __sanitizer_start_switch_fiber(nullptr, r->caller.stack_bottom, r->caller.stack_size);
+    mfa_sim_switch_raw(&r->fiber.stack_pointer, r->caller.stack_pointer);
+    __builtin_unreachable();
+}
+
+} // namespace
+#endif
+
 FiberStack::~FiberStack() {
+#if MFA_SIM_TSAN
+    if (thread_sanitizer_fiber) __tsan_destroy_fiber(thread_sanitizer_fiber);
+#endif
+#if MFA_SIM_ASAN
+    if (sanitizer_fake_stack) {
+        FakeStackRetirement retirement;
+        fiber_prepare(&retirement.fiber, *this, &retire_fake_stack, &retirement);
+        fiber_switch(&retirement.caller, &retirement.fiber);
+    }
+#endif
     if (mapping_) munmap(mapping_, mapping_bytes_);
+}
+
+// ---- Pools ---------------------------------------------------------------------------------
+
+// Under AddressSanitizer a stack is four times the size, and each gets a fake stack (for
+// stack-use-after-return detection) of eleven size classes of 1 MiB each, mapped and
+// garbage-collected by the sanitizer; under ThreadSanitizer each stack's memory gets shadow
+// and metadata mappings of its own. An eighth of the stacks keep such runs' cost in check.
+#if MFA_SIM_ASAN
+const size_t FiberStackPool::kStackBytes = size_t{1} << 20;
+const size_t FiberStackPool::kMaxStacksPerPool = 1024;
+const size_t FiberStackPool::kMaxStacksPerProcess = 2048;
+#elif MFA_SIM_TSAN
+const size_t FiberStackPool::kStackBytes = size_t{256} << 10;
+const size_t FiberStackPool::kMaxStacksPerPool = 1024;
+const size_t FiberStackPool::kMaxStacksPerProcess = 2048;
+#else
+const size_t FiberStackPool::kStackBytes = size_t{256} << 10;
+const size_t FiberStackPool::kMaxStacksPerPool = 8192;
+const size_t FiberStackPool::kMaxStacksPerProcess = 16384;
+#endif
+
+namespace {
+std::atomic<size_t> process_stacks{0}; // stacks mapped by all pools
+} // namespace
+
+// Every live pool, so that fork() finds each one unlocked and consistent: the prepare handler
+// takes every pool's mutex (they are only ever held briefly, never while kernels run), the
+// parent's handler gives them back, and the child's makes them fresh, unlocked, with every set
+// free (the calls that held sets ran on threads that do not exist in the child) and no waiter
+// (ditto). Allocated once and never destroyed, so contexts destroyed during static destruction
+// still find it.
+struct FiberStackPoolRegistry {
+    std::mutex mutex;
+    FiberStackPool* first = nullptr;
+
+    static FiberStackPoolRegistry& instance() {
+        static FiberStackPoolRegistry* registry = [] {
+            auto* r = new FiberStackPoolRegistry;
+            pthread_atfork(&prepare_fork, &after_fork_in_parent, &after_fork_in_child);
+            return r;
+        }();
+        return *registry;
+    }
+
+    static void prepare_fork() {
+        FiberStackPoolRegistry& r = instance();
+        r.mutex.lock();
+        for (FiberStackPool* pool = r.first; pool; pool = pool->next_) pool->mutex_.lock();
+    }
+
+    static void after_fork_in_parent() {
+        FiberStackPoolRegistry& r = instance();
+        for (FiberStackPool* pool = r.first; pool; pool = pool->next_) pool->mutex_.unlock();
+        r.mutex.unlock();
+    }
+
+    // Fresh objects over the locked ones (reusing their storage without running destructors
+    // is well defined); a condition variable must not keep the parent's waiters either.
+    static void after_fork_in_child() {
+        FiberStackPoolRegistry& r = instance();
+        for (FiberStackPool* pool = r.first; pool; pool = pool->next_) {
+            for (auto& set : pool->sets_) {
+                set->reserved = false;
+                // Fibers may have been mid-call on any of them: their frames stay poisoned for
+                // AddressSanitizer, and ThreadSanitizer's contexts of the parent's fibers are
+                // left to it (not destroyed: it knows them as the parent's).
+                for (auto& stack : set->stacks) {
+                    stack->abandoned = true;
+                    stack->thread_sanitizer_fiber = nullptr;
+                }
+            }
+            new (&pool->given_back_) std::condition_variable;
+            new (&pool->mutex_) std::mutex;
+        }
+        new (&r.mutex) std::mutex;
+    }
+};
+
+FiberStackPool::FiberStackPool() {
+    FiberStackPoolRegistry& r = FiberStackPoolRegistry::instance();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    next_ = r.first;
+    if (next_) next_->prev_ = this;
+    r.first = this;
+}
+
+FiberStackPool::~FiberStackPool() {
+    {
+        FiberStackPoolRegistry& r = FiberStackPoolRegistry::instance();
+        std::lock_guard<std::mutex> lock(r.mutex);
+        (prev_ ? prev_->next_ : r.first) = next_;
+        if (next_) next_->prev_ = prev_;
+    }
+    for (auto& set : sets_) unmap(set.get());
+}
+
+bool FiberStackPool::grow(WorkerSet* set, size_t count, bool beyond_process_bound) {
+    if (set->stacks.size() >= count) return true;
+    const size_t extra = count - set->stacks.size();
+    if (mapped_ + extra > kMaxStacksPerPool) return false;
+    size_t before = process_stacks.load(std::memory_order_relaxed);
+    do {
+        if (!beyond_process_bound && before + extra > kMaxStacksPerProcess) return false;
+    } while (!process_stacks.compare_exchange_weak(before, before + extra));
+    const size_t had = set->stacks.size();
+    bool mapped = true;
+    try {
+        while (set->stacks.size() < count) {
+            auto stack = std::make_unique<FiberStack>(kStackBytes);
+            if (!stack->valid()) {
+                mapped = false;
+                break;
+            }
+            set->stacks.push_back(std::move(stack));
+        }
+    } catch (const std::bad_alloc&) {
+        mapped = false;
+    }
+    if (!mapped) {
+        set->stacks.resize(had);
+        process_stacks.fetch_sub(extra);
+        return false;
+    }
+    mapped_ += extra;
+    return true;
+}
+
+void FiberStackPool::unmap(WorkerSet* set) {
+    const size_t count = set->stacks.size();
+    set->stacks.clear();
+    mapped_ -= count;
+    process_stacks.fetch_sub(count);
+}
+
+bool FiberStackPool::reserve(size_t max_workers, size_t threads_per_worker,
+                             FiberStackReservation* out) {
+    out->release();
+    const size_t threads = std::max<size_t>(1, threads_per_worker);
+    const size_t want = std::max<size_t>(1, std::min(max_workers, kMaxStacksPerPool / threads));
+    std::vector<WorkerSet*> granted;
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+        auto take = [&granted](WorkerSet* set) {
+            set->reserved = true;
+            granted.push_back(set);
+        };
+        // Free sets large enough, then free smaller ones grown, then new ones, within bounds.
+        for (auto& set : sets_)
+            if (granted.size() < want && !set->reserved && set->stacks.size() >= threads)
+                take(set.get());
+        for (auto& set : sets_)
+            if (granted.size() < want && !set->reserved && grow(set.get(), threads, false))
+                take(set.get());
+        while (granted.size() < want) {
+            auto set = std::make_unique<WorkerSet>();
+            if (!grow(set.get(), threads, false)) break;
+            sets_.push_back(std::move(set));
+            take(sets_.back().get());
+        }
+        if (!granted.empty()) break;
+
+        bool any_free = false, any_reserved = false;
+        for (auto& set : sets_) (set->reserved ? any_reserved : any_free) = true;
+        if (any_free) {
+            // Free sets too small to serve this call hold the bound: map them anew at this size.
+            sets_.erase(std::remove_if(sets_.begin(), sets_.end(),
+                                       [this](const std::unique_ptr<WorkerSet>& set) {
+                                           if (set->reserved) return false;
+                                           unmap(set.get());
+                                           return true;
+                                       }),
+                        sets_.end());
+            continue;
+        }
+        if (!any_reserved) {
+            // Nothing of this pool to wait for: other pools hold the process-wide bound (or
+            // mapping failed). One set past that bound keeps the call running.
+            auto set = std::make_unique<WorkerSet>();
+            if (!grow(set.get(), threads, true)) return false;
+            sets_.push_back(std::move(set));
+            take(sets_.back().get());
+            break;
+        }
+        given_back_.wait(lock);
+    }
+    out->pool_ = this;
+    out->sets_ = std::move(granted);
+    out->threads_ = threads;
+    return true;
+}
+
+void FiberStackPool::give_back(const std::vector<WorkerSet*>& sets) {
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        for (WorkerSet* set : sets) set->reserved = false;
+    }
+    given_back_.notify_all();
+}
+
+void FiberStackReservation::release() {
+    if (pool_) pool_->give_back(sets_);
+    pool_ = nullptr;
+    sets_.clear();
+    threads_ = 0;
 }
 
 void fiber_prepare(FiberContext* fiber, FiberStack& stack, void (*entry)(void*), void* argument) {
 #if MFA_SIM_ASAN
-    // A previous fiber on this stack may have been abandoned mid-call, leaving its frames'
-    // redzones poisoned.
-    __asan_unpoison_memory_region(stack.bottom(), stack.size());
+    // Frames of the previous fiber on this stack may still be poisoned: only near the top when
+    // it returned (every frame but its entry's was unwound), at any depth when it was abandoned
+    // mid-call. Unpoisoning the whole stack every time would clear 128 KiB of shadow per
+    // kernel thread per threadgroup.
+    constexpr size_t kTopBytes = 16384;
+    if (stack.abandoned || stack.size() <= kTopBytes)
+        __asan_unpoison_memory_region(stack.bottom(), stack.size());
+    else
+        __asan_unpoison_memory_region(stack.bottom() + stack.size() - kTopBytes, kTopBytes);
 #endif
+#if MFA_SIM_TSAN
+    // Each stack's fibers are one context for ThreadSanitizer, with a call stack of its own;
+    // an abandoned fiber left frames on it that would never be popped, so it starts afresh.
+    if (stack.abandoned && stack.thread_sanitizer_fiber) {
+        __tsan_destroy_fiber(stack.thread_sanitizer_fiber);
+        stack.thread_sanitizer_fiber = nullptr;
+    }
+    if (!stack.thread_sanitizer_fiber) stack.thread_sanitizer_fiber = __tsan_create_fiber(0);
+    fiber->thread_sanitizer_fiber = stack.thread_sanitizer_fiber;
+#endif
+    stack.abandoned = false;
     const uintptr_t top =
         (reinterpret_cast<uintptr_t>(stack.bottom()) + stack.size()) & ~uintptr_t{15};
     void** frame;
@@ -142,7 +408,22 @@ void fiber_prepare(FiberContext* fiber, FiberStack& stack, void (*entry)(void*),
     fiber->stack_size = stack.size();
 }
 
+#if MFA_SIM_TSAN
+// Tells ThreadSanitizer which context runs next. The switch synchronizes (no
+// __tsan_switch_to_fiber_no_sync): the scheduler orders what the fibers of a threadgroup do.
+// Always inlined: a function of its own would be entered on one fiber's call stack and left
+// on the other's.
+__attribute__((always_inline)) static inline void thread_sanitizer_switch(FiberContext* from,
+                                                                          FiberContext* to) {
+    if (!from->thread_sanitizer_fiber) from->thread_sanitizer_fiber = __tsan_get_current_fiber();
+    __tsan_switch_to_fiber(to->thread_sanitizer_fiber, 0);
+}
+#endif
+
 void fiber_switch(FiberContext* from, FiberContext* to) {
+#if MFA_SIM_TSAN
+    thread_sanitizer_switch(from, to);
+#endif
 #if MFA_SIM_ASAN
     __sanitizer_start_switch_fiber(from->fake_stack, to->stack_bottom, to->stack_size);
 #endif
@@ -152,7 +433,10 @@ void fiber_switch(FiberContext* from, FiberContext* to) {
 #endif
 }
 
-void fiber_exit_to(FiberContext* from, FiberContext* to) {
+MFA_SIM_FIBER_ENTRY void fiber_exit_to(FiberContext* from, FiberContext* to) {
+#if MFA_SIM_TSAN
+    thread_sanitizer_switch(from, to);
+#endif
 #if MFA_SIM_ASAN
     // Keep the fake stack for the next fiber on this stack (a null slot would destroy it).
     __sanitizer_start_switch_fiber(from->fake_stack, to->stack_bottom, to->stack_size);

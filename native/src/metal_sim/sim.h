@@ -69,7 +69,10 @@
 //     so a missing barrier shows up as wrong results; 0 runs them in index order.
 //   - dispatch() is thread-safe: many threads may dispatch at once, with any kernels.
 //   - Kernel threads run on 256 KB stacks (1 MB under AddressSanitizer) with a guard page:
-//     a kernel that overflows its stack crashes rather than corrupting its neighbours.
+//     a kernel that overflows its stack crashes rather than corrupting its neighbours. The
+//     stacks come from a FiberStackPool (fiber.h) owned by the caller, reserved for a whole
+//     sequence of dispatches by reserve() before the first runs; a dispatch given no
+//     reservation maps its own and unmaps them when it ends.
 //   - Out-of-bounds buffer accesses are caught in the checked build (MFA_SANITIZE=ON, exactly
 //     sized allocations), where AddressSanitizer aborts with a report; the normal build does
 //     not check them. A kernel thread that loops forever without reaching a rendezvous hangs
@@ -83,6 +86,9 @@
 #include "mfa.h"
 
 namespace mfa::sim {
+
+class FiberStackPool;        // fiber.h
+class FiberStackReservation; // fiber.h
 
 inline constexpr int kMaxBufferBindings = 31; // Metal's argument table size
 inline constexpr int kMaxThreadgroupMemoryBindings = 31;
@@ -168,7 +174,21 @@ struct Dispatch {
     Size3 threads_per_threadgroup; // threadsPerThreadgroup:
     uint64_t schedule_seed = 0;    // 0 = index order; else shuffled
     int num_workers = 0;           // OS threads; 0 = one per core
+    // Fiber stacks reserved (reserve() below) for this dispatch among others; it then runs on
+    // at most stacks->workers() OS threads. nullptr: the dispatch maps its own.
+    const FiberStackReservation* stacks = nullptr;
 };
+
+// Checks each of `count` dispatches that are to run one after another (as dispatch() would,
+// except that buffers are not read) and reserves from `pool` the fiber stacks all of them
+// need, so that none can then fail for lack of stacks: the widest threadgroup's worth for as
+// many workers as the busiest dispatch asks for and the pool's bounds allow (at least one).
+// May wait for other reservations of the pool to be released, so a thread must not hold
+// another reservation of the same pool while it reserves. On failure (a malformed
+// dispatch, MFA_ERROR_OUT_OF_MEMORY when stacks cannot be mapped) nothing is reserved and the
+// message is recorded with mfa_set_error.
+mfa_status reserve(FiberStackPool& pool, const Dispatch* dispatches, size_t count,
+                   FiberStackReservation* reservation);
 
 // Runs the dispatch to completion. On failure returns an error status (MFA_ERROR_INVALID_ARGUMENT
 // for a malformed dispatch or unknown kernel, MFA_ERROR_DEVICE for a fault while running: a

@@ -263,7 +263,6 @@ static void fill_params(const mfa_problem* problem, mfa_kernel_params* params) {
     params->band_lo = (int32_t)problem->band_lo;
     params->band_hi = (int32_t)problem->band_hi;
     params->scale = problem->scale;
-    params->scale_log2 = (float)((double)problem->scale * 1.4426950408889634);
 }
 
 static mfa_status plan_pass(const mfa_problem* problem, mfa_gpu_family family, uint32_t max_threads,

@@ -127,7 +127,7 @@ peak extra MiB
     results that call returned (Linux only: the kernel's VmHWM, reset before the call, after
     freed heap memory is returned to the OS so that it cannot hide the call's peak).
 
-``--memory-check`` (on by default for cpu) also runs mfa alone at the issue's memory targets:
+``--memory-check`` (on by default for cpu) also runs mfa alone at the project's memory targets:
 float32, B=1, H=8, N=16384, D=64, forward (< 64 MB extra) and forward + backward (< 128 MB).
 
 Results go to a table on stdout, to JSON with ``--json`` and to a PNG of speed (from wall

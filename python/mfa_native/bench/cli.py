@@ -234,7 +234,7 @@ def _axis_defaults(arguments):
 
 
 def _memory_targets(mfa):
-    """mfa alone at the issue's memory targets (float32, B=1, H=8, N=16384, D=64)."""
+    """mfa alone at the project's memory targets (float32, B=1, H=8, N=16384, D=64)."""
     case = grids.Case(1, 8, 16384, 64, "f32", False)
     functions = mfa.prepare(case, *inputs(case))
     limits = {"fwd": 64e6, "fwd+bwd": 128e6}

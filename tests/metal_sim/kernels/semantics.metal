@@ -2,14 +2,16 @@
 #include <metal_stdlib>
 using namespace metal;
 
-// Each thread publishes a value, then reads its neighbour's.
+// Each thread publishes a value, then reads its neighbour's; each threadgroup writes its own
+// part of the output.
 kernel void neighbour_with_barrier(device const float* input [[buffer(0)]],
                                    device float* output [[buffer(1)]],
                                    threadgroup float* shared [[threadgroup(0)]],
-                                   uint tid [[thread_index_in_threadgroup]]) {
+                                   uint tid [[thread_index_in_threadgroup]],
+                                   uint gid [[thread_position_in_grid]]) {
     shared[tid] = input[tid];
     threadgroup_barrier(mem_flags::mem_threadgroup);
-    output[tid] = shared[tid == 0 ? 0 : tid - 1];
+    output[gid] = shared[tid == 0 ? 0 : tid - 1];
 }
 
 // The same without the barrier: right only if every thread happens to run after its neighbour.
