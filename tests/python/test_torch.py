@@ -5,11 +5,13 @@ result against the float64 reference or an independent implementation."""
 
 import time
 
+import _cases
 import mfa_native
 import numpy as np
 import pytest
 import reference
 from _backends import (
+    Backend,
     Case,
     adapter_backends,
     allowed_error,
@@ -95,6 +97,49 @@ def test_operator_forward_and_gradients_match_reference(case, layout, strided):
     check_backward(case, gradients, dout, q, k, v, out_bhsd)
 
 
+def torch_modifiers(modifiers):
+    """A case's numpy modifiers as torch tensors of the same values and dtypes (a stride-0
+    broadcast mask stays a stride-0 view, as torch.from_numpy keeps strides)."""
+    converted = dict(modifiers)
+    for name in ("mask", "alibi_slopes", "sinks"):
+        value = modifiers.get(name)
+        if value is None:
+            continue
+        if value.dtype in (np.bool_, np.float32):
+            converted[name] = torch.from_numpy(value)
+        else:
+            converted[name] = to_torch(value)
+    return converted
+
+
+# A key-padding mask is a read-only stride-0 numpy view; mfa never writes masks.
+@pytest.mark.filterwarnings("ignore:The given NumPy array is not writable:UserWarning")
+@pytest.mark.parametrize("case", _cases.MODIFIER_CASES, ids=lambda case: case.id)
+def test_modifiers_through_autograd_match_reference(case):
+    """Masks of four kinds, softcap, ALiBi and sinks through mfa_torch.attention and
+    loss.backward(), sinks a leaf whose .grad is mfa's dsinks, against the float64 reference
+    with check_forward/check_backward's tolerances."""
+    default = Backend(mfa_native.info()["default_backend"])
+    missing = case.features - (default.features("forward") & default.features("backward"))
+    if missing:
+        pytest.skip(f"the default backend lacks {sorted(missing)}")
+    rng = case.rng()
+    q, k, v = case.inputs(rng)
+    modifiers = case.modifiers(rng)
+    dout = case.output_gradient(rng)
+    leaves = [to_torch(x).requires_grad_() for x in (q, k, v)]
+    options = torch_modifiers(modifiers)
+    if case.sinks:
+        options["sinks"] = options["sinks"].clone().requires_grad_()
+    out, lse = mfa_torch.attention(*leaves, **case.options, **options, return_lse=True)
+    check_forward(case, to_numpy(out), to_numpy(lse), q, k, v, modifiers)
+    out.backward(to_torch(dout))
+    gradients = [to_numpy(x.grad) for x in leaves]
+    if case.sinks:
+        gradients.append(to_numpy(options["sinks"].grad))
+    check_backward(case, gradients, dout, q, k, v, to_numpy(out), modifiers)
+
+
 def test_backward_runs_with_the_forwards_options(monkeypatch):
     """The options reach the backward from the forward itself: recorded at the kernel."""
     calls = []
@@ -106,13 +151,21 @@ def test_backward_runs_with_the_forwards_options(monkeypatch):
 
     monkeypatch.setattr(mfa_native._attention, "attention_backward", recording_backward)
     q = torch.randn(1, 2, 6, 8, requires_grad=True)
+    mask = torch.rand(6, 6) < 0.7
+    slopes = torch.tensor([0.1, 0.2])
+    sinks = torch.tensor([0.5, -0.5], requires_grad=True)
     out = mfa_torch.attention(
-        q, q, q, causal=True, causal_alignment="top_left", window=(2, None), scale=0.7
-    )
+        q, q, q, causal=True, causal_alignment="top_left", window=(2, None), scale=0.7,
+        mask=mask, softcap=3.0, alibi_slopes=slopes, sinks=sinks,
+    )  # fmt: skip
     out.sum().backward()
     (options,) = calls
     assert options["causal"] is True and options["causal_alignment"] == "top_left"
     assert options["window"] == (2, -1) and options["scale"] == pytest.approx(0.7)
+    assert options["softcap"] == 3.0 and options["return_dsinks"] is True
+    for name, given in (("mask", mask), ("alibi_slopes", slopes), ("sinks", sinks)):
+        assert options[name].data_ptr() == given.data_ptr(), name
+    assert sinks.grad is not None and sinks.grad.shape == (2,)
 
 
 def test_the_operator_called_directly_records_autograd_too():
@@ -166,6 +219,29 @@ def test_gradcheck_in_float32():
     )
 
 
+@pytest.mark.filterwarnings("ignore:Input #.* is not a double precision:UserWarning")
+def test_gradcheck_with_every_modifier_in_float32():
+    """gradcheck of q, k, v and the sinks through an additive mask, softcap, ALiBi and sinks,
+    with test_gradcheck_in_float32's step and tolerances (the same float32 argument: softcap
+    and the bias keep the scores' size, the sinks a logit of O(1))."""
+    generator = torch.Generator().manual_seed(1)
+    q = torch.randn(1, 2, 5, 4, generator=generator, requires_grad=True)
+    k = torch.randn(1, 1, 7, 4, generator=generator, requires_grad=True)
+    v = torch.randn(1, 1, 7, 3, generator=generator, requires_grad=True)
+    sinks = torch.tensor([0.3, -0.4], requires_grad=True)
+    mask = torch.randn(5, 7, generator=generator)
+    mask[0, 3] = float("-inf")
+    slopes = torch.tensor([0.2, 0.05])
+
+    def function(q, k, v, sinks):
+        return mfa_torch.attention(q, k, v, mask=mask, softcap=2.0, alibi_slopes=slopes,
+                                   sinks=sinks, scale=0.9)  # fmt: skip
+
+    assert torch.autograd.gradcheck(
+        function, (q, k, v, sinks), eps=1e-2, atol=5e-3, rtol=1e-2, fast_mode=True
+    )
+
+
 def test_opcheck_of_both_operators():
     """torch.library.opcheck: schema, fake kernels, autograd registration and AOT dispatch
     agree with the real kernels, including the strides of results for a transposed q (the
@@ -179,6 +255,19 @@ def test_opcheck_of_both_operators():
     with torch.no_grad():
         out, lse = torch.ops.mfa_native.attention_forward(q, k, v, *options)
     dout = torch.randn_like(out)
+    torch.library.opcheck(
+        torch.ops.mfa_native.attention_backward.default,
+        (dout, q.detach(), k.detach(), v.detach(), out, lse, *options),
+    )
+    # With every modifier: the fake kernels' dsinks, the saved mask and slopes.
+    mask = torch.rand(2, 1, 6, 9) < 0.8
+    slopes, sinks = torch.rand(4), torch.randn(4, requires_grad=True)
+    options = (mask, None, slopes, sinks, None, None, 0, 0, False, "bottom_right", -1, -1,
+               0.4, 5.0, "bhsd", None)  # fmt: skip
+    torch.library.opcheck(torch.ops.mfa_native.attention_forward.default, (q, k, v, *options))
+    with torch.no_grad():
+        out, lse = torch.ops.mfa_native.attention_forward(q, k, v, *options)
+    options = (*options[:3], sinks.detach(), *options[4:])
     torch.library.opcheck(
         torch.ops.mfa_native.attention_backward.default,
         (dout, q.detach(), k.detach(), v.detach(), out, lse, *options),
