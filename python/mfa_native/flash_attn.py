@@ -462,12 +462,20 @@ def flash_attn_with_kvcache(
                 "is no room to append to"
             )
         cache_seqlens = table.shape[1] * k_blocks.shape[1]
-    if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
-        cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32)
+    if isinstance(cache_seqlens, Tensor):
+        lengths = cache_seqlens
+    elif isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
+        lengths = torch.full((batch,), cache_seqlens, dtype=torch.int32)
+    else:
+        raise TypeError(
+            "cache_seqlens must be None, an int or an int32 tensor, got "
+            f"{type(cache_seqlens).__name__}"
+        )
     # flash-attn computes no gradient here; neither does this (the inputs are read as data).
-    new = [None if x is None else x.detach() for x in (k, v)]
+    k_new = None if k is None else k.detach()
+    v_new = None if v is None else v.detach()
     out, softmax_lse = _attention.attention_with_kvcache(
-        q.detach(), k_blocks, v_blocks, table, cache_seqlens, *new, **keywords, layout="bshd",
+        q.detach(), k_blocks, v_blocks, table, lengths, k_new, v_new, **keywords, layout="bshd",
         return_lse=True,
     )  # fmt: skip
     return (out, softmax_lse) if _flag("return_softmax_lse", return_softmax_lse) else out

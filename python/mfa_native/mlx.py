@@ -41,8 +41,7 @@ __all__ = ["attention", "scaled_dot_product_attention"]
 def _forward(
     q: mx.array, k: mx.array, v: mx.array, sinks: mx.array | None, options: dict[str, Any]
 ) -> tuple[mx.array, mx.array]:
-    result = _attention.attention(q, k, v, **options, sinks=sinks, return_lse=True)
-    return cast("tuple[mx.array, mx.array]", result)
+    return _attention.attention(q, k, v, **options, sinks=sinks, return_lse=True)
 
 
 def _backward(

@@ -88,7 +88,7 @@ class _Options(NamedTuple):
     window_right: int
     scale: float | None
     softcap: float | None
-    layout: str
+    layout: Literal["bhsd", "bshd"]
     backend: str | None
 
     def keywords(self) -> dict[str, Any]:
@@ -157,13 +157,13 @@ def _lse_shape(q: Tensor, layout: str) -> tuple[int, ...]:
     return tuple(q.shape[:-1])
 
 
-@torch.library.register_fake("mfa_native::attention_forward")
+@torch.library.register_fake("mfa_native::attention_forward")  # type: ignore[untyped-decorator]
 def _forward_fake(q: Tensor, k: Tensor, v: Tensor, *options: Any) -> tuple[Tensor, Tensor]:
     out = q.new_empty((*q.shape[:-1], v.shape[-1]))
     return out, q.new_empty(_lse_shape(q, _Options(*options).layout), dtype=torch.float32)
 
 
-@torch.library.register_fake("mfa_native::attention_backward")
+@torch.library.register_fake("mfa_native::attention_backward")  # type: ignore[untyped-decorator]
 def _backward_fake(
     dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, *options: Any
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -251,7 +251,8 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, options: _Options) -> tuple[Tensor,
         )
         and not torch.compiler.is_compiling()
     ):
-        out, lse = _Attention.apply(q, k, v, *options)
+        # Function.apply is unannotated in torch (it forwards to forward()'s signature).
+        out, lse = _Attention.apply(q, k, v, *options)  # type: ignore[no-untyped-call]
         return out, lse
     return cast("tuple[Tensor, Tensor]", _forward_op(q, k, v, *options))
 
@@ -565,7 +566,7 @@ def _install(function: Callable[..., Tensor]) -> None:
     functional = torch.nn.functional
     # torch's stubs type the attribute with positional scale and enable_gqa, which PyTorch
     # takes by keyword only, as this module's function does.
-    functional.scaled_dot_product_attention = function  # type: ignore[assignment]
+    functional.scaled_dot_product_attention = function
 
 
 def enable() -> None:
