@@ -18,9 +18,12 @@ that combine partial results, not to be differentiated through.
 Functions:
 
 - :func:`attention`: mfa's own interface (``causal``, ``causal_alignment``, ``window``,
-  ``scale``, ``layout``), differentiable.
+  ``scale``, ``mask``, ``block_mask``, ``softcap``, ``alibi_slopes``, ``sinks``, ``layout``),
+  differentiable, the sinks included.
+- :func:`attention_varlen`: the same over packed sequences (flash-attn's ``[total, H, D]``).
 - :func:`scaled_dot_product_attention`: ``torch.nn.functional.scaled_dot_product_attention``'s
-  signature and semantics (``[B, H, N, D]``, ``is_causal`` anchored top-left).
+  signature and semantics (``[B, H, N, D]``, ``is_causal`` anchored top-left, ``attn_mask``
+  boolean or additive, ``enable_gqa``, ``scale``).
 - :func:`enable`, :func:`disable` and the context manager :func:`routed`: route
   ``torch.nn.functional.scaled_dot_product_attention`` itself through mfa, and restore it.
 
@@ -46,6 +49,7 @@ from ._keywords import keyword_hints
 
 __all__ = [
     "attention",
+    "attention_varlen",
     "scaled_dot_product_attention",
     "enable",
     "disable",

@@ -140,6 +140,55 @@ def test_modifiers_through_autograd_match_reference(case):
     check_backward(case, gradients, dout, q, k, v, to_numpy(out), modifiers)
 
 
+# Masks of the packed cases are numpy views as the ones above.
+@pytest.mark.filterwarnings("ignore:The given NumPy array is not writable:UserWarning")
+@pytest.mark.parametrize("packed", _cases.PACKED_CASES, ids=lambda packed: packed.id)
+def test_packed_sequences_through_autograd_match_reference(packed):
+    """mfa_torch.attention_varlen over sequences of length 0 and 1 with modifiers, forward and
+    loss.backward() (sinks a leaf), each sequence against the float64 reference with
+    test_varlen's tolerances; dsinks, one float32 sum over every sequence's rows, likewise."""
+    from test_varlen import bhsd, call_args, packed_inputs, sequences
+
+    default = Backend(mfa_native.info()["default_backend"])
+    missing = packed.features - (default.features("forward") & default.features("backward"))
+    if missing:
+        pytest.skip(f"the default backend lacks {sorted(missing)}")
+    case = packed.case
+    q, k, v, dout, modifiers = packed_inputs(packed, case.rng())
+    leaves = [to_torch(x).requires_grad_() for x in (q, k, v)]
+    options = torch_modifiers(modifiers)
+    if case.sinks:
+        options["sinks"] = options["sinks"].clone().requires_grad_()
+    offsets = [torch.from_numpy(x) for x in call_args(packed, q, k, v)[3:5]]
+    out, lse = mfa_torch.attention_varlen(*leaves, *offsets, case.num_queries, case.num_keys,
+                                          **case.options, **options, return_lse=True)  # fmt: skip
+    out.backward(to_torch(dout))
+    q4, k4, v4, dout4, out4 = (bhsd(x) for x in (q, k, v, dout, to_numpy(out)))
+    dq, dk, dv = (bhsd(to_numpy(x.grad)) for x in leaves)
+    lse = to_numpy(lse)
+    dsinks_magnitude = np.zeros(case.query_heads)
+    for rows, keys, alone, sequence in sequences(packed, modifiers):
+        if rows.stop > rows.start:
+            check_forward(alone, out4[:, :, rows], lse[None, :, rows], q4[:, :, rows],
+                          k4[:, :, keys], v4[:, :, keys], sequence)  # fmt: skip
+        parts = [x[:, :, rows] for x in (dout4, q4)] + [x[:, :, keys] for x in (k4, v4)]
+        check_backward(alone, [dq[:, :, rows], dk[:, :, keys], dv[:, :, keys]], *parts,
+                       out4[:, :, rows], sequence)  # fmt: skip
+        if case.sinks:
+            dsinks_magnitude += reference.gradient_magnitudes(
+                *parts, out=out4[:, :, rows], return_dsinks=True, **case.options, **sequence
+            )[3]
+    if case.sinks:
+        cu = (packed.cu_seqlens_q, packed.cu_seqlens_k)
+        expected = reference.varlen_attention_backward(
+            dout4, q4, k4, v4, *cu, out=out4, return_dsinks=True, **case.options, **modifiers
+        )[3]
+        size = np.max(np.abs(lse[np.isfinite(lse)]), initial=0.0)
+        allowed = allowed_error("f32", expected, dsinks_magnitude, q.shape[0] + case.value_dim,
+                                size)  # fmt: skip
+        assert_close("dsinks", to_numpy(options["sinks"].grad), expected, allowed)
+
+
 def test_backward_runs_with_the_forwards_options(monkeypatch):
     """The options reach the backward from the forward itself: recorded at the kernel."""
     calls = []
