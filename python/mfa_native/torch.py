@@ -233,7 +233,7 @@ class _Attention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, *options: Any) -> Any:
-        out, lse = _forward_op(q, k, v, *options)
+        out, lse = _forward_below_autograd(q, k, v, options)
         _save(ctx, q, k, v, options, out, lse)
         return out, lse
 
@@ -242,23 +242,32 @@ class _Attention(torch.autograd.Function):
         return _backward(ctx, *gradients)
 
 
+def _forward_below_autograd(
+    q: Tensor, k: Tensor, v: Tensor, options: Sequence[Any]
+) -> tuple[Tensor, Tensor]:
+    """The forward operator without its autograd wrapper, where nothing is to be recorded
+    (as that wrapper itself redispatches then, but some 8 us a call sooner): every other
+    dispatch key (CPU, MPS, Meta, fake tensors, dispatch modes) still applies."""
+    with torch._C._AutoDispatchBelowAutograd():
+        return cast("tuple[Tensor, Tensor]", _forward_op(q, k, v, *options))
+
+
 def _attend(q: Tensor, k: Tensor, v: Tensor, options: _Options) -> tuple[Tensor, Tensor]:
     """(out, lse) from the forward operator, recording autograd when a gradient is wanted."""
+    if torch.compiler.is_compiling():
+        # Dynamo traces the operator, autograd formula included.
+        return cast("tuple[Tensor, Tensor]", _forward_op(q, k, v, *options))
     sinks = options.sinks
-    if (
-        torch.is_grad_enabled()
-        and (
-            q.requires_grad
-            or k.requires_grad
-            or v.requires_grad
-            or (sinks is not None and sinks.requires_grad)
-        )
-        and not torch.compiler.is_compiling()
+    if torch.is_grad_enabled() and (
+        q.requires_grad
+        or k.requires_grad
+        or v.requires_grad
+        or (sinks is not None and sinks.requires_grad)
     ):
         # Function.apply is unannotated in torch (it forwards to forward()'s signature).
         out, lse = _Attention.apply(q, k, v, *options)  # type: ignore[no-untyped-call]
         return out, lse
-    return cast("tuple[Tensor, Tensor]", _forward_op(q, k, v, *options))
+    return _forward_below_autograd(q, k, v, options)
 
 
 def _window_bounds(window: Any) -> tuple[int, int]:
