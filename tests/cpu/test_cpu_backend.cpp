@@ -1753,7 +1753,7 @@ int main(int argc, char** argv) {
     CHECK(ops->backend == MFA_BACKEND_CPU && ops->available(),
           "the ops table is not an available cpu backend");
 #if defined(__x86_64__)
-    const char* builds[] = {"avx512bf16", "avx512", "avx2", "portable"};
+    const char* builds[] = {"amxbf16", "avx512bf16", "avx512", "avx2", "portable"};
 #elif defined(__aarch64__)
     const char* builds[] = {"neonbf16", "portable"};
 #else

@@ -3,6 +3,7 @@
  *   MFA_CPU_VECTOR_BYTES   vector register width in bytes,
  *   MFA_CPU_ROWS           micro-kernel rows (MR), sized to the register file,
  *   MFA_CPU_BF16_DOT       1 where bf16 products run on a dot-product instruction (optional),
+ *   MFA_CPU_AMX            1 where they run on AMX-BF16 tiles instead (optional),
  *   MFA_CPU_ISA_NAME       the name device_name reports,
  *   MFA_CPU_KERNELS_GETTER the extern "C" function returning the table,
  * and includes this file. Each kernel .inl includes what it uses and keeps its code in the
@@ -14,13 +15,17 @@
 #include "cpu/decode.inl"
 #include "cpu/forward.inl"
 #include "cpu/kernels.h"
-#if MFA_CPU_BF16_DOT
+#if MFA_CPU_AMX
+#include "cpu/gemm_amx.inl"
+#elif MFA_CPU_BF16_DOT
 #include "cpu/gemm_bf16.inl"
 #endif
 
 namespace {
 
-#if MFA_CPU_BF16_DOT
+#if MFA_CPU_AMX
+typedef amx_pair_operands bf16_operands;
+#elif MFA_CPU_BF16_DOT
 typedef bf16_pair_operands bf16_operands;
 #else
 typedef f32_operands bf16_operands;

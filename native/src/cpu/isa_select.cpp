@@ -18,15 +18,27 @@
  * Selection happens once per context, here, with cpuid (__builtin_cpu_supports, which also checks
  * that the OS saves the wide registers). No code compiled with AVX flags runs unless this says so,
  * so the library loads and runs on any x86-64; on arm64 the kernel's hardware capabilities
- * (HWCAP2, or sysctl on macOS) say whether BF16 is there. MFA_CPU_ISA in the environment pins one
- * build ("avx512bf16", "avx512", "avx2", "neonbf16" or "portable") so tests can cover every
- * compiled path; asking for one the CPU lacks is an error, never a silent substitution.
+ * (HWCAP2, or sysctl on macOS) say whether BF16 is there. AMX is the one feature the OS must also
+ * grant per process: Linux leaves the 8 KiB tile data state off until the process asks for it
+ * (arch_prctl ARCH_REQ_XCOMP_PERM), so the AMX build is chosen only once that request succeeds.
+ * f16 operands are widened to f32 on every build: AVX512-FP16 multiplies and accumulates in f16,
+ * whose 11-bit significand does not hold a sum over thousands of keys, and AMX-FP16 (f32 sums)
+ * is on no CPU this was measured on.
+ * MFA_CPU_ISA in the environment pins one build ("amxbf16", "avx512bf16", "avx512", "avx2",
+ * "neonbf16" or "portable") so tests can cover every compiled path; asking for one the CPU lacks
+ * is an error, never a silent substitution.
  */
 #include "cpu/isa_select.h"
 
 #include <stdlib.h>
 #include <string.h>
-#if defined(__aarch64__) && defined(__linux__)
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+#if defined(__x86_64__) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#elif defined(__aarch64__) && defined(__linux__)
 #include <sys/auxv.h>
 #elif defined(__aarch64__) && defined(__APPLE__)
 #include <sys/sysctl.h>
@@ -55,6 +67,20 @@ bool has_avx512_bf16(void) {
     return has_avx512() && __builtin_cpu_supports("avx512bf16");
 }
 
+/* AMX-TILE and AMX-BF16 (cpuid leaf 7: EDX bits 24 and 22), and the tile data state granted. */
+bool has_amx_bf16(void) {
+    unsigned eax, ebx, ecx, edx;
+    if (!has_avx512_bf16() || !__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+    if (!(edx & (1u << 24)) || !(edx & (1u << 22))) return false;
+#if defined(__linux__)
+    const long kRequestPermission = 0x1023; /* ARCH_REQ_XCOMP_PERM */
+    const long kTileData = 18;              /* XFEATURE_XTILEDATA */
+    return syscall(SYS_arch_prctl, kRequestPermission, kTileData) == 0;
+#else
+    return false;
+#endif
+}
+
 bool has_avx2(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -79,6 +105,7 @@ bool has_neon_bf16(void) {
 /* Fastest first. */
 const isa_choice choices[] = {
 #if defined(__x86_64__)
+    {"amxbf16", mfa_cpu_kernels_amx_bf16, has_amx_bf16},
     {"avx512bf16", mfa_cpu_kernels_avx512_bf16, has_avx512_bf16},
     {"avx512", mfa_cpu_kernels_avx512, has_avx512},
     {"avx2", mfa_cpu_kernels_avx2, has_avx2},
@@ -107,7 +134,7 @@ mfa_status mfa_cpu_select_kernels(const mfa_cpu_kernels** kernels) {
                              "(%s%s)",
                              pinned,
 #if defined(__x86_64__)
-                             "avx512bf16, avx512, avx2, ",
+                             "amxbf16, avx512bf16, avx512, avx2, ",
 #elif defined(__aarch64__)
                              "neonbf16, ",
 #else

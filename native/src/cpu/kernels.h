@@ -100,6 +100,7 @@ const mfa_cpu_kernels* mfa_cpu_kernels_portable(void);
 #if defined(__x86_64__)
 const mfa_cpu_kernels* mfa_cpu_kernels_avx2(void);
 const mfa_cpu_kernels* mfa_cpu_kernels_avx512(void);
+const mfa_cpu_kernels* mfa_cpu_kernels_amx_bf16(void);
 const mfa_cpu_kernels* mfa_cpu_kernels_avx512_bf16(void);
 #elif defined(__aarch64__)
 const mfa_cpu_kernels* mfa_cpu_kernels_neon_bf16(void);

@@ -1,0 +1,181 @@
+/*
+ * Products on AMX-BF16 tiles (Intel Sapphire Rapids and later), for the AMX build: the operands
+ * are gemm_bf16.inl's bf16 pairs, packed the same way, and only the two products change. One
+ * TDPBF16PS multiplies a 16 x 16-pair A tile by a 16-pair x 16 B tile into 16 x 16 f32, 8192
+ * multiply-adds per instruction against vdpbf16ps's 32, so the matrix products stop being what
+ * the bf16 forward spends its time on; the softmax passes and packing stay AVX-512.
+ *
+ * Layouts, and why no repacking is needed: an A row of pairs (lda units apart) is already an A
+ * tile row; a B panel (gemm.inl: depth steps of NR = 32 units) holds, at each reduction step,
+ * one pair per column, which is the VNNI layout TDPBF16PS wants for B, so a B tile is 16 steps of
+ * one half of a panel, loaded with a stride of NR units. Tiles cover whole 16-row blocks and
+ * whole 16-pair steps; the row and depth remainders go through the vdpbf16ps micro-kernel, which
+ * accumulates onto what the tiles stored.
+ *
+ * Tile state: the configuration is loaded at the start of every product and released at its
+ * end. Another library may use AMX on the same thread between two of our calls (oneDNN does,
+ * under torch), so no configuration is assumed to survive, and a released thread costs the
+ * kernel no tile state on context switches. Loading 64 bytes once per product is small beside
+ * the product's 16 x 32 x 16 x steps multiply-adds.
+ */
+#ifndef MFA_CPU_GEMM_AMX_INL
+#define MFA_CPU_GEMM_AMX_INL
+
+#include "cpu/gemm_bf16.inl"
+
+#include <immintrin.h>
+#include <stdint.h>
+
+namespace {
+
+/* The tiles of one product: C blocks of 16 rows x 16 columns in 0-3, A blocks in 4-5, B halves
+ * of a panel in 6-7; every tile is 16 rows of 64 bytes. */
+struct amx_tile_config {
+    uint8_t palette;
+    uint8_t start_row;
+    uint8_t reserved[14];
+    uint16_t bytes_per_row[16];
+    uint8_t rows[16];
+};
+
+static const int64_t kTileRows = 16;  /* rows of A and C per tile */
+static const int64_t kTileSteps = 16; /* pairs of the reduction per tile */
+static const int64_t kTileCols = 16;  /* columns of B and C per tile */
+static_assert(NR == 2 * kTileCols, "a B panel is two tiles wide");
+
+static inline void configure_tiles(void) {
+    amx_tile_config config = {};
+    config.palette = 1;
+    for (int t = 0; t < 8; ++t) {
+        config.bytes_per_row[t] = 64;
+        config.rows[t] = (uint8_t)kTileRows;
+    }
+    _tile_loadconfig(&config);
+}
+
+/* C rows [0, 16 * BLOCKS) x one panel's 32 columns (+)= A * B over `steps` pairs (a multiple of
+ * 16). A row r, pair k, is at a + r * lda + k; B's pair k of column x at b + k * NR + x. */
+template <int BLOCKS>
+static inline void amx_panel(int64_t steps, const uint32_t* a, int64_t lda, const float* b,
+                             float* c, int64_t ldc, bool accumulate) {
+    const long c_stride = (long)(ldc * 4), a_stride = (long)(lda * 4), b_stride = (long)(NR * 4);
+    if (accumulate) {
+        _tile_loadd(0, c, c_stride);
+        _tile_loadd(1, c + kTileCols, c_stride);
+        if (BLOCKS == 2) {
+            _tile_loadd(2, c + kTileRows * ldc, c_stride);
+            _tile_loadd(3, c + kTileRows * ldc + kTileCols, c_stride);
+        }
+    } else {
+        _tile_zero(0);
+        _tile_zero(1);
+        if (BLOCKS == 2) {
+            _tile_zero(2);
+            _tile_zero(3);
+        }
+    }
+    for (int64_t k = 0; k < steps; k += kTileSteps) {
+        _tile_loadd(6, b + k * NR, b_stride);
+        _tile_loadd(7, b + k * NR + kTileCols, b_stride);
+        _tile_loadd(4, a + k, a_stride);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        if (BLOCKS == 2) {
+            _tile_loadd(5, a + kTileRows * lda + k, a_stride);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+    }
+    _tile_stored(0, c, c_stride);
+    _tile_stored(1, c + kTileCols, c_stride);
+    if (BLOCKS == 2) {
+        _tile_stored(2, c + kTileRows * ldc, c_stride);
+        _tile_stored(3, c + kTileRows * ldc + kTileCols, c_stride);
+    }
+}
+
+/* C[m x cols] (+)= A * B over `depth` pairs, A rows of pairs lda units apart (gemm_packed_bf16's
+ * contract): the whole 16-row blocks and 16-pair steps on tiles, the rest on vdpbf16ps. */
+static void gemm_amx(int64_t m, int64_t cols, int64_t depth, const float* a_units, int64_t lda,
+                     const float* b, int64_t panel_stride, float* c, int64_t ldc,
+                     bool accumulate) {
+    const int64_t rows = m / kTileRows * kTileRows, steps = depth / kTileSteps * kTileSteps;
+    if (rows == 0 || steps == 0) {
+        gemm_packed_bf16(m, cols, depth, a_units, lda, b, panel_stride, c, ldc, accumulate);
+        return;
+    }
+    const uint32_t* a = (const uint32_t*)a_units;
+    const int64_t panels = (cols + NR - 1) / NR;
+    configure_tiles();
+    for (int64_t p = 0; p < panels; ++p) {
+        int64_t r = 0;
+        for (; r + 2 * kTileRows <= rows; r += 2 * kTileRows)
+            amx_panel<2>(steps, a + r * lda, lda, b + p * panel_stride, c + r * ldc + p * NR, ldc,
+                         accumulate);
+        if (r < rows)
+            amx_panel<1>(steps, a + r * lda, lda, b + p * panel_stride, c + r * ldc + p * NR, ldc,
+                         accumulate);
+    }
+    _tile_release();
+    if (steps < depth)
+        gemm_packed_bf16(rows, cols, depth - steps, a_units + steps, lda, b + steps * NR,
+                         panel_stride, c, ldc, true);
+    if (rows < m)
+        gemm_packed_bf16(m - rows, cols, depth, a_units + rows * lda, lda, b, panel_stride,
+                         c + rows * ldc, ldc, accumulate);
+}
+
+/* C[m x cols] += A^T * B, A's pair k of row r at a + k * a_stride + r (gemm_packed_bf16_at's
+ * contract). Tiles read A by rows, so each 16-row block's pairs are transposed into a buffer of
+ * at most kTransposedSteps steps first, once for all panels. */
+static const int64_t kTransposedSteps = 128;
+
+static void gemm_amx_at(int64_t m, int64_t cols, int64_t depth, const float* a_units,
+                        int64_t a_stride, const float* b, int64_t panel_stride, float* c,
+                        int64_t ldc) {
+    const int64_t rows = m / kTileRows * kTileRows, steps = depth / kTileSteps * kTileSteps;
+    if (rows == 0 || steps == 0) {
+        gemm_packed_bf16_at(m, cols, depth, a_units, a_stride, b, panel_stride, c, ldc);
+        return;
+    }
+    const uint32_t* a = (const uint32_t*)a_units;
+    const int64_t panels = (cols + NR - 1) / NR;
+    uint32_t block[kTileRows * kTransposedSteps];
+    configure_tiles();
+    for (int64_t r = 0; r < rows; r += kTileRows) {
+        for (int64_t k0 = 0; k0 < steps; k0 += kTransposedSteps) {
+            const int64_t n = steps - k0 < kTransposedSteps ? steps - k0 : kTransposedSteps;
+            for (int64_t k = 0; k < n; ++k) {
+                const uint32_t* from = a + (k0 + k) * a_stride + r;
+                for (int64_t i = 0; i < kTileRows; ++i) block[i * kTransposedSteps + k] = from[i];
+            }
+            for (int64_t p = 0; p < panels; ++p)
+                amx_panel<1>(n, block, kTransposedSteps, b + p * panel_stride + k0 * NR,
+                             c + r * ldc + p * NR, ldc, true);
+        }
+    }
+    _tile_release();
+    if (steps < depth)
+        gemm_packed_bf16_at(rows, cols, depth - steps, a_units + steps * a_stride, a_stride,
+                            b + steps * NR, panel_stride, c, ldc);
+    if (rows < m)
+        gemm_packed_bf16_at(m - rows, cols, depth, a_units + rows, a_stride, b, panel_stride,
+                            c + rows * ldc, ldc);
+}
+
+/* bf16_pair_operands with the products on tiles. */
+struct amx_pair_operands : bf16_pair_operands {
+    static void gemm(int64_t m, int64_t cols, int64_t depth, const float* a, int64_t lda,
+                     const float* b, int64_t panel_stride, float* c, int64_t ldc, bool accumulate) {
+        gemm_amx(m, cols, depth, a, lda, b, panel_stride, c, ldc, accumulate);
+    }
+
+    static void gemm_at(int64_t m, int64_t cols, int64_t depth, const float* a, int64_t a_stride,
+                        const float* b, int64_t panel_stride, float* c, int64_t ldc) {
+        gemm_amx_at(m, cols, depth, a, a_stride, b, panel_stride, c, ldc);
+    }
+};
+
+} // namespace
+
+#endif /* MFA_CPU_GEMM_AMX_INL */
