@@ -380,6 +380,32 @@ def test_torch_compile_fullgraph_traces_the_operators():
     print(f"torch.compile(fullgraph=True, backend='aot_eager'): {compile_seconds:.1f} s")
 
 
+def test_torch_compile_fullgraph_traces_every_modifier():
+    """A boolean mask, softcap, ALiBi and differentiable sinks through torch.compile
+    (fullgraph, aot_eager as above): one graph, the fake kernels' shapes (dsinks among them),
+    and the same results and gradients as eager mode (the same kernels: equal up to float32
+    noise)."""
+    generator = torch.Generator().manual_seed(6)
+    q = torch.randn(1, 4, 7, 8, generator=generator)
+    k, v = (torch.randn(1, 2, 9, 8, generator=generator) for _ in "kv")
+    mask = torch.rand(1, 1, 7, 9, generator=generator) < 0.8
+    slopes = torch.tensor([0.1, 0.2, 0.3, 0.4])
+
+    def function(q, k, v, sinks):
+        return mfa_torch.attention(q, k, v, mask=mask, softcap=4.0, alibi_slopes=slopes,
+                                   sinks=sinks, causal=True)  # fmt: skip
+
+    results = []
+    torch._dynamo.reset()
+    for run in (torch.compile(function, fullgraph=True, backend="aot_eager"), function):
+        leaves = [x.clone().requires_grad_() for x in (q, k, v, torch.tensor([0.5, 0.0, -1.0, 1.0]))]
+        out = run(*leaves)
+        out.square().sum().backward()
+        results.append([out, *(x.grad for x in leaves)])
+    for compiled, eager in zip(*results):
+        torch.testing.assert_close(compiled, eager)
+
+
 # ---- scaled_dot_product_attention against PyTorch's ------------------------------------------
 
 
