@@ -398,7 +398,8 @@ def test_torch_compile_fullgraph_traces_every_modifier():
     results = []
     torch._dynamo.reset()
     for run in (torch.compile(function, fullgraph=True, backend="aot_eager"), function):
-        leaves = [x.clone().requires_grad_() for x in (q, k, v, torch.tensor([0.5, 0.0, -1.0, 1.0]))]
+        sinks = torch.tensor([0.5, 0.0, -1.0, 1.0])
+        leaves = [x.clone().requires_grad_() for x in (q, k, v, sinks)]
         out = run(*leaves)
         out.square().sum().backward()
         results.append([out, *(x.grad for x in leaves)])
