@@ -97,8 +97,7 @@ static inline void amx_panel(int64_t steps, const uint32_t* a, int64_t lda, cons
 /* C[m x cols] (+)= A * B over `depth` pairs, A rows of pairs lda units apart (gemm_packed_bf16's
  * contract): the whole 16-row blocks and 16-pair steps on tiles, the rest on vdpbf16ps. */
 static void gemm_amx(int64_t m, int64_t cols, int64_t depth, const float* a_units, int64_t lda,
-                     const float* b, int64_t panel_stride, float* c, int64_t ldc,
-                     bool accumulate) {
+                     const float* b, int64_t panel_stride, float* c, int64_t ldc, bool accumulate) {
     const int64_t rows = m / kTileRows * kTileRows, steps = depth / kTileSteps * kTileSteps;
     if (rows == 0 || steps == 0) {
         gemm_packed_bf16(m, cols, depth, a_units, lda, b, panel_stride, c, ldc, accumulate);
