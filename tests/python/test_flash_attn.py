@@ -303,7 +303,9 @@ def _paged(cache, lengths, page, order):
     return pages, table
 
 
-@pytest.mark.parametrize("paging", ["dense", "pages of 16", "pages of 512"])
+@pytest.mark.parametrize(
+    "paging", ["dense", "dense, cache_batch_idx", "pages of 16", "pages of 512"]
+)
 @pytest.mark.parametrize("backend", adapter_backends())
 def test_flash_attn_with_kvcache_appends_and_matches_pytorch_sdpa(backend, paging):
     """Decoding two new tokens per sequence (cache_seqlens differing per sequence) against
@@ -318,8 +320,16 @@ def test_flash_attn_with_kvcache_appends_and_matches_pytorch_sdpa(backend, pagin
     q = torch.randn(3, new, 4, 16, generator=generator)
     k_new, v_new = (torch.randn(3, new, 2, 16, generator=generator) for _ in "kv")
     options = {"cache_seqlens": torch.tensor(lengths, dtype=torch.int32), "causal": True}
+    entries = [0, 1, 2]
     if paging == "dense":
         k_cache, v_cache = keys.clone(), values.clone()
+    elif paging == "dense, cache_batch_idx":
+        # Sequence b reads cache entry entries[b] of four; entry 1 belongs to no sequence.
+        entries = [2, 0, 3]
+        k_cache, v_cache = (torch.randn(4, capacity, 2, 16, generator=generator) for _ in "kv")
+        for b, entry in enumerate(entries):
+            k_cache[entry], v_cache[entry] = keys[b], values[b]
+        options["cache_batch_idx"] = torch.tensor(entries, dtype=torch.int32)
     else:
         page = 16 if paging == "pages of 16" else 512
         order = torch.randperm(3 * (capacity // page) + 1, generator=generator)
@@ -346,8 +356,8 @@ def test_flash_attn_with_kvcache_appends_and_matches_pytorch_sdpa(backend, pagin
     for b, n in enumerate(lengths):
         for t in range(new):
             j = n + t
-            if paging == "dense":
-                written[b, j] = k_new[b, t]
+            if paging.startswith("dense"):
+                written[entries[b], j] = k_new[b, t]
             else:
                 page = k_cache.shape[1]
                 written[options["block_table"][b, j // page], j % page] = k_new[b, t]
