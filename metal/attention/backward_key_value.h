@@ -1,18 +1,18 @@
-// Backward-key-value: one threadgroup per block of key rows (and per block of output columns
-// for wide heads) walks the query blocks of every query head that shares its key/value head:
-//   P^T = exp(scale K Q^T - L),  dV += P^T dO,  dP^T = V dO^T,  dS^T = P^T * (dP^T - delta),
+// Backward-key-value: one threadgroup per block of key rows of one sequence (and per block of
+// output columns for wide heads) walks the query blocks of every query head that shares its
+// key/value head:
+//   P^T = exp(S^T - L),  dV += P^T dO,  dP^T = V dO^T,  dS^T = P^T * (dP^T - delta) * ds/dx,
 //   dK += scale * dS^T Q.
 // Summing over the group inside the threadgroup is what makes GQA need no atomics.
 #ifndef MFA_ATTENTION_BACKWARD_KEY_VALUE_H
 #define MFA_ATTENTION_BACKWARD_KEY_VALUE_H
 
-#include "rows.h"
-#include "scores.h"
+#include "backward_query.h"
 
 inline void attention_backward_key_value(device const uchar* q, device const uchar* k,
                                          device const uchar* v, device const float* l,
                                          device const float* delta, device const uchar* dout,
-                                         device uchar* dv, device uchar* dk,
+                                         device uchar* dv, device uchar* dk, backward_extras x,
                                          constant mfa_kernel_params& p, threadgroup float* staging,
                                          uint3 group, ushort thread_index, ushort simd_index,
                                          ushort lane) {
@@ -23,14 +23,17 @@ inline void attention_backward_key_value(device const uchar* q, device const uch
 
     const uint out_block = group.x % uint(p.out_blocks);
     const int key0 = int(group.x / uint(p.out_blocks) * fc_block_parallel);
-    const int key_last = min(key0 + int(fc_block_parallel), p.seq_k) - 1;
     const uint kv_head = group.y, batch = group.z;
+    const attention_sequence s = sequence_of(p, batch, x.cu_seqlens_q, x.cu_seqlens_k, nullptr);
+    // The grid covers the longest sequence: the whole threadgroup leaves past this one's end.
+    if (key0 >= s.seq_k) return;
+    const int key_last = min(key0 + int(fc_block_parallel), s.seq_k) - 1;
     const int key = key0 + int(simd_index) * 8 + int(fragment_row(lane));
 
-    const staged_operand keys =
-        single_head_rows(k, slice_of(p.k, batch, kv_head), key0, p.seq_k, fc_head_dim);
-    const staged_operand values =
-        single_head_rows(v, slice_of(p.v, batch, kv_head), key0, p.seq_k, fc_head_dim_v);
+    const staged_operand keys = single_head_rows(k, slice_from_row(p.k, s.batch, kv_head, s.k_row0),
+                                                 key0, s.seq_k, fc_head_dim);
+    const staged_operand values = single_head_rows(
+        v, slice_from_row(p.v, s.batch, kv_head, s.k_row0), key0, s.seq_k, fc_head_dim_v);
     const column_range dk_cols = output_columns(out_block, fc_head_dim);
     const column_range dv_cols = output_columns(out_block, fc_head_dim_v);
 
@@ -44,17 +47,26 @@ inline void attention_backward_key_value(device const uchar* q, device const uch
     clear_fragments(dk_acc, fc_out_fragments);
     clear_fragments(dv_acc, fc_out_fragments);
 
-    const block_range blocks = query_blocks_for_keys(p, key0, key_last, int(fc_block_traversal));
+    const block_range blocks = query_blocks_for_keys(s, key0, key_last, int(fc_block_traversal));
     for (uint head = kv_head * uint(p.group); head < (kv_head + 1) * uint(p.group); ++head) {
-        staged_operand queries =
-            single_head_rows(q, slice_of(p.q, batch, head), 0, p.seq_q, fc_head_dim);
-        staged_operand grads =
-            single_head_rows(dout, slice_of(p.dout, batch, head), 0, p.seq_q, fc_head_dim_v);
-        const operand_slice l_slice = slice_of(p.l, batch, head);
-        const operand_slice delta_slice = slice_of(p.delta, batch, head);
+        staged_operand queries = single_head_rows(q, slice_from_row(p.q, s.batch, head, s.q_row0),
+                                                  0, s.seq_q, fc_head_dim);
+        staged_operand grads = single_head_rows(
+            dout, slice_from_row(p.dout, s.batch, head, s.q_row0), 0, s.seq_q, fc_head_dim_v);
+        const operand_slice l_slice = slice_from_row(p.l, s.batch, head, s.q_row0);
+        const operand_slice delta_slice = slice_from_row(p.delta, s.batch, head, s.q_row0);
+        const score_modifiers modifiers = modifiers_for(p, x.alibi, batch, head);
 
         for (int block = blocks.begin; block < blocks.end; ++block) {
             const int query0 = block * int(fc_block_traversal);
+            const int query_end = query0 + int(fc_block_traversal) - 1;
+            bool read_mask = fc_has_mask;
+            if (fc_has_block_mask) {
+                const uint verdict = tile_summary(p, x.block_mask, batch, head, head, query0,
+                                                  min(query_end, s.seq_q - 1), key0, key_last);
+                if (verdict == 0) continue;
+                read_mask = verdict != 2;
+            }
             queries.row0 = query0;
             grads.row0 = query0;
 
@@ -64,19 +76,20 @@ inline void attention_backward_key_value(device const uchar* q, device const uch
             threadgroup_barrier(mem_flags::mem_threadgroup);
             for (uint i = thread_index; i < fc_block_traversal; i += fc_threads) {
                 const int query = query0 + int(i);
-                const bool real = query < p.seq_q;
+                const bool real = query < s.seq_q;
                 query_lse[i] =
                     real ? l[l_slice.at(query, 0)] : as_type<float>(kEmptyRowLogSumExpBits);
                 query_delta[i] = real ? delta[delta_slice.at(query, 0)] : 0.0f;
             }
 
-            // P^T = exp(scale K Q^T - L): rows are keys, columns queries.
+            // P^T = exp(S^T - L): rows are keys, columns queries.
             simd_fragment probs[MFA_TRAVERSAL_FRAGMENTS];
+            simd_fragment softcap_derivative[MFA_TRAVERSAL_FRAGMENTS];
             compute_scores(probs, k_cache, fc_cache_parallel, parallel_tile, keys, traversal_tile,
                            queries, thread_index, simd_index);
-            const bool edge = !block_fully_visible(p, query0, query0 + int(fc_block_traversal) - 1,
-                                                   key0, key_last);
-            to_scores(probs, p, edge, score_orientation::key_rows, key, query0, lane);
+            const bool edge = !block_fully_visible(s, query0, query_end, key0, key_last);
+            to_scores(probs, softcap_derivative, p, s, edge, read_mask, modifiers, x.mask,
+                      score_orientation::key_rows, min(key, key_last), query0, lane);
             const uint col = fragment_col(lane);
 #pragma unroll
             for (uint t = 0; t < fc_traversal_fragments; ++t)
@@ -92,21 +105,25 @@ inline void attention_backward_key_value(device const uchar* q, device const uch
             accumulate_product(dv_acc, probs, traversal_tile, grads, dv_cols.begin, dv_cols.end,
                                thread_index);
 
-// dS^T = P^T * (dP^T - delta), in place of dP^T.
+// dS^T = P^T * (dP^T - delta) (* softcap's derivative), in place of dP^T.
 #pragma unroll
             for (uint t = 0; t < fc_traversal_fragments; ++t)
-                for (ushort e = 0; e < 2; ++e)
-                    dprobs[t].thread_elements()[e] =
-                        probs[t].thread_elements()[e] *
-                        (dprobs[t].thread_elements()[e] - query_delta[t * 8 + col + e]);
+                for (ushort e = 0; e < 2; ++e) {
+                    float ds = probs[t].thread_elements()[e] *
+                               (dprobs[t].thread_elements()[e] - query_delta[t * 8 + col + e]);
+                    if (fc_has_softcap) ds *= softcap_derivative[t].thread_elements()[e];
+                    dprobs[t].thread_elements()[e] = ds;
+                }
             accumulate_product(dk_acc, dprobs, traversal_tile, queries, dk_cols.begin, dk_cols.end,
                                thread_index);
         }
     }
 
-    if (key >= p.seq_k) return;
-    store_rows(dk, slice_of(p.dk, batch, kv_head), dk_acc, dk_cols, key, p.scale, lane);
-    store_rows(dv, slice_of(p.dv, batch, kv_head), dv_acc, dv_cols, key, 1.0f, lane);
+    if (key >= s.seq_k) return;
+    store_rows(dk, slice_from_row(p.dk, s.batch, kv_head, s.k_row0), dk_acc, dk_cols, key, p.scale,
+               lane);
+    store_rows(dv, slice_from_row(p.dv, s.batch, kv_head, s.k_row0), dv_acc, dv_cols, key, 1.0f,
+               lane);
 }
 
 #endif

@@ -19,6 +19,16 @@ constant bool fc_cache_parallel [[function_constant(MFA_FC_CACHE_PARALLEL)]];
 constant bool fc_cache_parallel2 [[function_constant(MFA_FC_CACHE_PARALLEL2)]];
 constant bool fc_has_lse [[function_constant(MFA_FC_HAS_LSE)]];
 constant bool fc_pack_group [[function_constant(MFA_FC_PACK_GROUP)]];
+constant bool fc_has_mask [[function_constant(MFA_FC_HAS_MASK)]];
+constant uint fc_mask_dtype [[function_constant(MFA_FC_MASK_DTYPE)]];
+constant bool fc_has_block_mask [[function_constant(MFA_FC_HAS_BLOCK_MASK)]];
+constant bool fc_has_softcap [[function_constant(MFA_FC_HAS_SOFTCAP)]];
+constant bool fc_has_alibi [[function_constant(MFA_FC_HAS_ALIBI)]];
+constant bool fc_has_sinks [[function_constant(MFA_FC_HAS_SINKS)]];
+constant bool fc_varlen [[function_constant(MFA_FC_VARLEN)]];
+constant bool fc_paged [[function_constant(MFA_FC_PAGED)]];
+constant bool fc_initial_state [[function_constant(MFA_FC_INITIAL_STATE)]];
+constant bool fc_split_keys [[function_constant(MFA_FC_SPLIT_KEYS)]];
 
 // One simdgroup per 8 rows of the parallel block.
 constant uint fc_threads = fc_block_parallel / 8 * 32;

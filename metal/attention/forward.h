@@ -1,57 +1,129 @@
-// Forward: O = softmax(scale Q K^T + mask) V and L = logsumexp, one threadgroup per block of
-// query rows (and per block of output columns when Dv is wider than the accumulator).
+// Forward: O = softmax(scores) V and L = logsumexp, one threadgroup per block of query rows (and
+// per block of output columns when Dv is wider than the accumulator, and per split of the keys
+// when the planner splits them), of one sequence.
 //
 // With fc_pack_group the rows of a threadgroup are (query head, query) pairs of all the query
 // heads that share one key/value head, laid end to end: a decode step with one query per head
 // then fills the threadgroup with the group's heads, and each key/value block is read once for
 // all of them instead of once per head.
+//
+// How a row ends: with fc_split_keys each split of the keys writes its normalised partial output
+// and its lse to scratch, and the combine pass merges the splits (with the sinks and an initial
+// state); otherwise the row folds in its sink and its initial state here and stores O and L.
+// (An initial state read and rewritten here needs every threadgroup of the row to be the one
+// that stores its L: one output block. The planner sends wider rows through the combine.)
 #ifndef MFA_ATTENTION_FORWARD_H
 #define MFA_ATTENTION_FORWARD_H
 
 #include "rows.h"
 #include "scores.h"
 
+// The operands of the forward beyond q, k, v, o and l; absent ones are null.
+struct forward_extras {
+    device const uchar* mask;
+    device const uchar* block_mask;
+    device const float* alibi;
+    device const float* sinks;
+    device const int* cu_seqlens_q;
+    device const int* cu_seqlens_k;
+    device const int* block_table;
+    device const int* cache_seqlens;
+    device float* partial_o;
+    device float* partial_l;
+};
+
+// out = out * correction + weight * entry, over this lane's columns of the row: the entry's
+// normalised output, read from o (fc_initial_state).
+inline void fold_entry_output(thread simd_fragment* out, fold_factors f, device const uchar* o,
+                              operand_slice slice, column_range cols, int row, ushort lane) {
+    const uint col0 = cols.begin + fragment_col(lane);
+#pragma unroll
+    for (uint j = 0; j < fc_out_fragments; ++j)
+        for (ushort e = 0; e < 2; ++e) {
+            const uint col = col0 + j * 8 + e;
+            float entry = 0.0f;
+            if (col < cols.end) entry = load_element(o, slice.at(row, col));
+            out[j].thread_elements()[e] =
+                out[j].thread_elements()[e] * f.correction + f.weight * entry;
+        }
+}
+
+// This lane's elements of a split's normalised partial output, in f32.
+inline void store_partial_rows(device float* dst, long base, long col_stride,
+                               thread simd_fragment* acc, column_range cols, float factor,
+                               ushort lane) {
+    const uint col0 = cols.begin + fragment_col(lane);
+#pragma unroll
+    for (uint j = 0; j < fc_out_fragments; ++j)
+        for (ushort e = 0; e < 2; ++e) {
+            const uint col = col0 + j * 8 + e;
+            if (col < cols.end)
+                dst[base + long(col) * col_stride] = acc[j].thread_elements()[e] * factor;
+        }
+}
+
 inline void attention_forward(device const uchar* q, device const uchar* k, device const uchar* v,
-                              device uchar* o, device float* l, constant mfa_kernel_params& p,
-                              threadgroup float* staging, uint3 group, ushort thread_index,
-                              ushort simd_index, ushort lane) {
+                              device uchar* o, device float* l, forward_extras x,
+                              constant mfa_kernel_params& p, threadgroup float* staging,
+                              uint3 group, ushort thread_index, ushort simd_index, ushort lane) {
     threadgroup float* parallel_tile = staging;
     threadgroup float* traversal_tile = staging + fc_block_parallel * fc_block_head;
+    threadgroup int* page_blocks =
+        (threadgroup int*)(traversal_tile + fc_block_traversal * fc_block_head);
+    threadgroup int* page_rows = page_blocks + fc_block_traversal;
 
+    // group.x counts (row block, split, output block), the output block fastest.
     const uint out_block = group.x % uint(p.out_blocks);
-    const int row0 = int(group.x / uint(p.out_blocks) * fc_block_parallel);
+    const uint rest = group.x / uint(p.out_blocks);
+    const uint split = fc_split_keys ? rest % uint(p.splits) : 0;
+    const int row0 = int((fc_split_keys ? rest / uint(p.splits) : rest) * fc_block_parallel);
     const uint batch = group.z;
+    const attention_sequence s =
+        sequence_of(p, batch, x.cu_seqlens_q, x.cu_seqlens_k, x.cache_seqlens);
     const uint kv_head = fc_pack_group ? group.y : group.y / uint(p.group);
     const uint first_head = fc_pack_group ? group.y * uint(p.group) : group.y;
-    const int rows_per_head = fc_pack_group ? p.seq_q : 0;
-    const int row_count = fc_pack_group ? p.group * p.seq_q : p.seq_q;
+    const int rows_per_head = fc_pack_group ? s.seq_q : 0;
+    const int row_count = fc_pack_group ? p.group * s.seq_q : s.seq_q;
+    // The grid covers the longest sequence: the whole threadgroup leaves past this one's end.
+    if (row0 >= row_count) return;
     const int row_last = min(row0 + int(fc_block_parallel), row_count) - 1;
 
-    // This lane's row, and the query head and query it stands for.
+    // This lane's row, and the query head and query it stands for (rows past the end stand for
+    // the last one: they read inside the operands, and their results are not stored).
     const int row = row0 + int(simd_index) * 8 + int(fragment_row(lane));
-    const uint head = first_head + uint(fc_pack_group ? row / p.seq_q : 0);
-    const int query = fc_pack_group ? row % p.seq_q : row;
-    // The queries the block's rows stand for, for the band: a block that spans two heads
-    // covers queries from the end of one head and the start of the next.
+    const int lane_row = min(row, row_last);
+    const uint head = first_head + uint(fc_pack_group ? lane_row / s.seq_q : 0);
+    const int query = fc_pack_group ? lane_row % s.seq_q : lane_row;
+    // The queries and heads the block's rows stand for, for the band and the mask summary: a
+    // block that spans heads covers queries from the end of one head and the start of the next.
     int query_first = row0, query_last = row_last;
+    uint head_first = first_head, head_last = first_head;
     if (fc_pack_group) {
-        const bool one_head = row0 / p.seq_q == row_last / p.seq_q;
-        query_first = one_head ? row0 % p.seq_q : 0;
-        query_last = one_head ? row_last % p.seq_q : p.seq_q - 1;
+        const bool one_head = row0 / s.seq_q == row_last / s.seq_q;
+        query_first = one_head ? row0 % s.seq_q : 0;
+        query_last = one_head ? row_last % s.seq_q : s.seq_q - 1;
+        head_first = first_head + uint(row0 / s.seq_q);
+        head_last = first_head + uint(row_last / s.seq_q);
     }
 
-    const staged_operand queries = {q,
-                                    slice_of(p.q, batch, first_head),
-                                    row0,
-                                    row_count,
-                                    fc_head_dim,
-                                    rows_per_head,
-                                    p.q.stride[1]};
-    staged_operand keys =
-        single_head_rows(k, slice_of(p.k, batch, kv_head), 0, p.seq_k, fc_head_dim);
-    staged_operand values =
-        single_head_rows(v, slice_of(p.v, batch, kv_head), 0, p.seq_k, fc_head_dim_v);
+    staged_operand queries = single_head_rows(q, slice_from_row(p.q, s.batch, first_head, s.q_row0),
+                                              row0, row_count, fc_head_dim);
+    queries.rows_per_head = rows_per_head;
+    queries.head_stride = p.q.stride[1];
+    staged_operand keys, values;
+    if (fc_paged) {
+        keys = paged_rows(k, slice_of(p.k, 0, kv_head), p.k.stride[0], s.seq_k, fc_head_dim,
+                          page_blocks, page_rows);
+        values = paged_rows(v, slice_of(p.v, 0, kv_head), p.v.stride[0], s.seq_k, fc_head_dim_v,
+                            page_blocks, page_rows);
+    } else {
+        keys = single_head_rows(k, slice_from_row(p.k, s.batch, kv_head, s.k_row0), 0, s.seq_k,
+                                fc_head_dim);
+        values = single_head_rows(v, slice_from_row(p.v, s.batch, kv_head, s.k_row0), 0, s.seq_k,
+                                  fc_head_dim_v);
+    }
     const column_range out_cols = output_columns(out_block, fc_head_dim_v);
+    const score_modifiers modifiers = modifiers_for(p, x.alibi, batch, head);
 
     simd_fragment q_cache[MFA_CACHED_FRAGMENTS];
     if (fc_cache_parallel) cache_slab(q_cache, parallel_tile, queries, thread_index, simd_index);
@@ -60,20 +132,42 @@ inline void attention_forward(device const uchar* q, device const uchar* k, devi
     clear_fragments(out, fc_out_fragments);
     softmax_row stats = softmax_row_start();
 
-    const block_range blocks =
-        key_blocks_for_rows(p, query_first, query_last, int(fc_block_traversal));
+    // The entry state's lse of this lane's row, read before any lane can overwrite it: the four
+    // lanes of a row read it, and one of them stores the new L (after the barrier below).
+    const operand_slice o_slice = slice_from_row(p.o, s.batch, head, s.q_row0);
+    const operand_slice l_slice = slice_from_row(p.l, s.batch, head, s.q_row0);
+    const float entry_lse = fc_initial_state ? l[l_slice.at(query, 0)] : 0.0f;
+
+    block_range blocks = key_blocks_for_rows(s, query_first, query_last, int(fc_block_traversal));
+    if (fc_split_keys) {
+        const int per_split = p.split_keys / int(fc_block_traversal);
+        blocks.begin = max(blocks.begin, int(split) * per_split);
+        blocks.end = min(blocks.end, (int(split) + 1) * per_split);
+    }
     for (int block = blocks.begin; block < blocks.end; ++block) {
         const int key0 = block * int(fc_block_traversal);
+        const int key_last = key0 + int(fc_block_traversal) - 1;
+        bool read_mask = fc_has_mask;
+        if (fc_has_block_mask) {
+            const uint verdict =
+                tile_summary(p, x.block_mask, batch, head_first, head_last, query_first, query_last,
+                             key0, min(key_last, s.seq_k - 1));
+            if (verdict == 0) continue;
+            read_mask = verdict != 2;
+        }
+        if (fc_paged)
+            locate_keys(page_blocks, page_rows, x.block_table, p, batch, key0, s.seq_k,
+                        thread_index);
         keys.row0 = key0;
         values.row0 = key0;
 
-        // S = scale Q K^T, then P = exp(S - m) with the running max m.
+        // S = the scores of the tile, then P = exp(S - m) with the running max m.
         simd_fragment scores[MFA_TRAVERSAL_FRAGMENTS];
         compute_scores(scores, q_cache, fc_cache_parallel, parallel_tile, queries, traversal_tile,
                        keys, thread_index, simd_index);
-        const bool edge = !block_fully_visible(p, query_first, query_last, key0,
-                                               key0 + int(fc_block_traversal) - 1);
-        to_scores(scores, p, edge, score_orientation::query_rows, query, key0, lane);
+        const bool edge = !block_fully_visible(s, query_first, query_last, key0, key_last);
+        to_scores(scores, nullptr, p, s, edge, read_mask, modifiers, x.mask,
+                  score_orientation::query_rows, query, key0, lane);
         const float correction = softmax_row_update(stats, scores, fc_traversal_fragments);
 
         // O = O * exp(m_old - m_new) + P V
@@ -82,11 +176,30 @@ inline void attention_forward(device const uchar* q, device const uchar* k, devi
                            thread_index);
     }
 
+    if (fc_initial_state) threadgroup_barrier(mem_flags::mem_device);
     if (row >= row_count) return;
-    store_rows(o, slice_of(p.o, batch, head), out, out_cols, query, softmax_row_normalizer(stats),
-               lane);
-    if (fc_has_lse && out_block == 0 && fragment_row_quarter(lane) == 0)
-        l[slice_of(p.l, batch, head).at(query, 0)] = softmax_row_log_sum_exp(stats);
+    const bool writes_lse = out_block == 0 && fragment_row_quarter(lane) == 0;
+    if (fc_split_keys) {
+        const operand_slice part = slice_from_row(p.partial_o, s.batch, head, s.q_row0);
+        store_partial_rows(x.partial_o, long(split) * p.split_stride_o + part.at(query, 0),
+                           part.col_stride, out, out_cols, softmax_row_normalizer(stats), lane);
+        if (writes_lse)
+            x.partial_l[long(split) * p.split_stride_l +
+                        slice_from_row(p.partial_l, s.batch, head, s.q_row0).at(query, 0)] =
+                softmax_row_log_sum_exp(stats);
+        return;
+    }
+    if (fc_has_sinks) {
+        const float sink = x.sinks[p.sinks.origin + long(head) * p.sinks.stride[1]];
+        scale_fragments(out, fc_out_fragments, softmax_row_fold(stats, sink).correction);
+    }
+    if (fc_initial_state) {
+        if (!lse_is_empty(entry_lse))
+            fold_entry_output(out, softmax_row_fold(stats, entry_lse), o, o_slice, out_cols, query,
+                              lane);
+    }
+    store_rows(o, o_slice, out, out_cols, query, softmax_row_normalizer(stats), lane);
+    if (fc_has_lse && writes_lse) l[l_slice.at(query, 0)] = softmax_row_log_sum_exp(stats);
 }
 
 #endif

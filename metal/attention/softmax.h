@@ -21,7 +21,19 @@
 //     into c ? 0 : x * y, dropping a NaN x. One select of 0 is deliberate: the backward's
 //     probabilities of a row whose stored lse is -inf (probability_from_stored_lse), decided
 //     on the lse's bits; dropping a NaN score there is the contract, as masking drops one;
-//   - the one float compare left (softmax_reference) keeps a NaN whichever way it goes.
+//   - the one float compare left (softmax_reference) keeps a NaN whichever way it goes;
+//   - the score modifiers (modifiers.h) keep to the same rules: a boolean mask and an additive
+//     -inf hide a pair on integer bits (its score becomes kMaskedScore, NaN or not, as masking
+//     by the band does); softcap's tanh, ALiBi's subtraction and an additive mask's addition
+//     carry a NaN by arithmetic; the softcap derivative of a hidden pair is a selected 0, so a
+//     NaN score it hides cannot reach the gradients through a 0 probability;
+//   - folding a term into a row (softmax_row_fold: a sink's logit, an earlier state's lse, a
+//     partial result's lse) is arithmetic only: a NaN or +inf term gives a NaN weight, a -inf
+//     one (a sink of -inf, a part that saw no key) the weight exp2(-inf) = 0. Where such a part
+//     also has an output (an initial state, a merge), a part whose lse is -inf is told on its
+//     bits and its output is not read at all: mfa.h says it is not read, and it may hold NaN;
+//   - the sink gradient takes nothing from a row whose lse is -inf (a selected 0, as the
+//     backward's probabilities of such a row are): mfa.h gives such rows zero gradients.
 // On Metal this is a construction, not a language guarantee: under fast math the result of NaN
 // arithmetic is formally unspecified, and only compiling without it (MTLCompileOptions, a host
 // decision) would make it one. It relies on the GPU's exp2, add, multiply and fma returning NaN
@@ -105,6 +117,30 @@ inline float softmax_row_log_sum_exp(softmax_row row) {
     return softmax_row_is_empty(row) ? as_type<float>(kEmptyRowLogSumExpBits)
                                      : row.max_score + log2(row.sum) * kLn2;
 }
+
+// Folds one more term of the softmax into a row: a part whose log-sum-exp is `lse` relative to
+// the row's scores (a sink: its logit t, which adds exp(t) to the sum and nothing to the output;
+// an earlier partial result: its lse). The row's accumulator is then rescaled by `correction`,
+// and a part's normalised output joins it times `weight`. A row that has seen nothing takes the
+// part's maximum: exp(kMaskedScore - lse) is 0 for every finite lse, exactly (see
+// softmax_reference), and a -inf part leaves the row as it was.
+struct fold_factors {
+    float correction;
+    float weight;
+};
+
+inline fold_factors softmax_row_fold(thread softmax_row& row, float lse) {
+    const float new_max = max(row.max_score, lse);
+    fold_factors f;
+    f.correction = exp_of_difference(row.max_score - new_max);
+    f.weight = exp_of_difference(lse - new_max);
+    row.sum = row.sum * f.correction + f.weight;
+    row.max_score = new_max;
+    return f;
+}
+
+// Whether a stored log-sum-exp is -inf: a row or part that saw no key (on the bits).
+inline bool lse_is_empty(float lse) { return as_type<uint>(lse) == kEmptyRowLogSumExpBits; }
 
 // 1 / sum, or 0 for a row that saw no key, whose output accumulator is exactly 0.
 inline float softmax_row_normalizer(softmax_row row) {

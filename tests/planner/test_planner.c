@@ -145,7 +145,7 @@ static void check_pass(const mfa_problem* p, const mfa_pass_plan* pass, uint32_t
     if (pass->kind == MFA_PASS_FORWARD) {
         CHECK(found == 1 && has_lse == (p->lse.data != NULL), "has_lse");
     } else {
-        CHECK(found == 0, "has_lse only in forward");
+        CHECK(found == 1 && has_lse == 1, "has_lse: the backward always reads L");
     }
     /* Caching never exceeds the kernels' register arrays. */
     if (constant_value(pass, MFA_FC_CACHE_PARALLEL, &found))
@@ -428,6 +428,73 @@ static void test_limits_and_errors(void) {
                 MFA_ERROR_UNSUPPORTED, "sequence lengths Nq=1073741825 Nk=64 exceed 2^30");
 }
 
+/* Split keys: decoding against a long cache splits the keys (and a combine pass follows, binding
+ * the partial results exactly as the forward does); a grid that fills the GPU does not; an
+ * initial state over rows shared by output blocks goes through the combine from one split. The
+ * backward's sink gradient and a paged cache's appends are passes of their own. */
+static const mfa_buffer_binding* binding_of(const mfa_pass_plan* pass, mfa_operand operand) {
+    for (uint32_t i = 0; i < pass->num_bindings; ++i)
+        if (pass->bindings[i].operand == operand) return &pass->bindings[i];
+    return NULL;
+}
+
+static void test_split_keys_and_row_passes(void) {
+    static char base[16];
+    mfa_plan plan;
+    for (size_t f = 0; f < sizeof families / sizeof families[0]; ++f) {
+        mfa_problem p = make_problem(MFA_DTYPE_F32, 1, 8, 2, 1, 4096, 64, 64, 1);
+        CHECK(mfa_plan_forward(&p, families[f], 1024, &plan) == MFA_OK, "%s", mfa_last_error());
+        const mfa_pass_plan* forward = &plan.passes[0];
+        const mfa_pass_plan* combine = &plan.passes[1];
+        CHECK(plan.num_passes == 2 && combine->kind == MFA_PASS_COMBINE && plan.splits > 1,
+              "decode: %u passes, %u splits", plan.num_passes, plan.splits);
+        if (plan.num_passes != 2) continue;
+        const int64_t keys = forward->params.split_keys;
+        CHECK(keys % forward->block_traversal == 0 && keys * plan.splits >= 4096 &&
+                  keys * (plan.splits - 1) < 4096,
+              "%u splits of %lld keys", plan.splits, (long long)keys);
+        CHECK(forward->threadgroups[0] % plan.splits == 0, "a threadgroup per split");
+        CHECK(binding_of(forward, MFA_OPERAND_L) == NULL && binding_of(combine, MFA_OPERAND_L),
+              "the combine, not the forward, stores L");
+        for (mfa_operand op = MFA_OPERAND_PARTIAL_O; op <= MFA_OPERAND_PARTIAL_L; ++op) {
+            const mfa_buffer_binding *a = binding_of(forward, op), *b = binding_of(combine, op);
+            CHECK(a && b && a->byte_length == b->byte_length && a->byte_offset == 0,
+                  "%s bound alike", mfa_operand_name(op));
+        }
+        CHECK(plan.scratch_bytes == (int64_t)plan.splits * 8 * (64 + 1) * 4, "scratch %lld",
+              (long long)plan.scratch_bytes);
+        CHECK(combine->params.split_stride_o == 8 * 64 && combine->params.split_stride_l == 8,
+              "split strides %lld %lld", (long long)combine->params.split_stride_o,
+              (long long)combine->params.split_stride_l);
+
+        p = make_problem(MFA_DTYPE_F16, 4, 16, 16, 1024, 1024, 64, 64, 1);
+        CHECK(mfa_plan_forward(&p, families[f], 1024, &plan) == MFA_OK && plan.num_passes == 1 &&
+                  plan.splits == 0,
+              "prefill splits %u", plan.splits);
+
+        p = make_problem(MFA_DTYPE_BF16, 1, 2, 2, 40, 70, 32, 200, 1);
+        p.initial_state = 1;
+        CHECK(mfa_plan_forward(&p, families[f], 1024, &plan) == MFA_OK && plan.num_passes == 2 &&
+                  plan.splits == 1,
+              "wide initial state: %u passes, %u splits", plan.num_passes, plan.splits);
+        p.head_dim_v = 64;
+        contiguous(&p.v, base + 3, 2, 70, 64);
+        contiguous(&p.out, base + 4, 2, 40, 64);
+        CHECK(mfa_plan_forward(&p, families[f], 1024, &plan) == MFA_OK && plan.num_passes == 1,
+              "narrow initial state: %u passes", plan.num_passes);
+
+        p = make_problem(MFA_DTYPE_F32, 2, 4, 2, 30, 30, 16, 16, 1);
+        contiguous(&p.sinks, base + 10, 4, 1, 1);
+        contiguous(&p.dsinks, base + 11, 4, 1, 1);
+        CHECK(mfa_plan_backward(&p, families[f], 1024, &plan) == MFA_OK && plan.num_passes == 3 &&
+                  plan.passes[2].kind == MFA_PASS_SINK_GRADIENT &&
+                  plan.passes[2].threadgroups[0] == 4 &&
+                  binding_of(&plan.passes[2], MFA_OPERAND_DELTA)->byte_length ==
+                      binding_of(&plan.passes[0], MFA_OPERAND_DELTA)->byte_length,
+              "sink gradient after the backward: %u passes", plan.num_passes);
+    }
+}
+
 int main(void) {
     test_table_rows();
     test_all_head_dims();
@@ -435,5 +502,6 @@ int main(void) {
     test_band();
     test_strided_bindings();
     test_limits_and_errors();
+    test_split_keys_and_row_passes();
     return test_finish("planner tests");
 }

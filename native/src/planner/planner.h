@@ -17,8 +17,9 @@
  *   4. dispatch  = dispatchThreadgroups:`threadgroups` threadsPerThreadgroup:
  *                  (threads_per_threadgroup, 1, 1). Passes whose threadgroup count is zero
  *                  have no work and are skipped.
- * Backward plans need a float scratch buffer of `scratch_bytes` bytes for operand delta, written
- * by the first pass and read by the second; encode the passes in order in one queue.
+ * Scratch operands (delta of the backward, the partial results of split keys) are f32 memory of
+ * the call alone, byte_length bytes each, written by one pass and read by a later one; encode
+ * the passes in order in one queue.
  */
 #ifndef MFA_PLANNER_PLANNER_H
 #define MFA_PLANNER_PLANNER_H
@@ -33,11 +34,14 @@ extern "C" {
 #endif
 
 typedef enum mfa_pass_kind {
-    MFA_PASS_FORWARD = 0,           /* O and L */
-    MFA_PASS_BACKWARD_QUERY = 1,    /* delta = rowsum(dO * O), then dQ */
-    MFA_PASS_BACKWARD_KEY_VALUE = 2 /* dK and dV */
+    MFA_PASS_FORWARD = 0,            /* O and L, or one split's partial results */
+    MFA_PASS_BACKWARD_QUERY = 1,     /* delta = rowsum(dO * O), then dQ */
+    MFA_PASS_BACKWARD_KEY_VALUE = 2, /* dK and dV */
+    MFA_PASS_SINK_GRADIENT = 3,      /* dsinks from L and delta */
+    MFA_PASS_APPEND = 4,             /* k_new / v_new into a paged cache, before the forward */
+    MFA_PASS_COMBINE = 5             /* the splits' partial results (and sinks, initial state) */
 } mfa_pass_kind;
-#define MFA_PASS_KIND_COUNT 3
+#define MFA_PASS_KIND_COUNT 6
 
 /* The memory a binding refers to: one of MFA_OPERAND_* (attention_params.h), which is also the
  * kernel argument index the operand is bound at. */
@@ -58,15 +62,15 @@ typedef struct mfa_buffer_binding {
     mfa_operand operand;
     int32_t writable;    /* the kernel writes through this binding */
     int64_t byte_offset; /* from the operand view's data pointer to the first byte bound; <= 0
-                              when strides are negative; 0 for the delta scratch */
+                              when strides are negative; 0 for scratch operands */
     int64_t byte_length; /* bytes from there that the kernel may touch (exact extent); 0 when
                               the operand has no elements: the kernel never reads it, but the
                               index still needs some buffer bound */
 } mfa_buffer_binding;
 
-#define MFA_PLAN_MAX_CONSTANTS 16
-#define MFA_PLAN_MAX_BINDINGS  10
-#define MFA_PLAN_MAX_PASSES    2
+#define MFA_PLAN_MAX_CONSTANTS 32
+#define MFA_PLAN_MAX_BINDINGS  16
+#define MFA_PLAN_MAX_PASSES    3
 
 typedef struct mfa_pass_plan {
     mfa_pass_kind kind;
@@ -90,9 +94,10 @@ typedef struct mfa_pass_plan {
 } mfa_pass_plan;
 
 typedef struct mfa_plan {
-    uint32_t num_passes; /* forward 1, backward 2 */
+    uint32_t num_passes; /* forward: [append,] forward[, combine]; backward: 2[, sinks] */
     mfa_pass_plan passes[MFA_PLAN_MAX_PASSES];
-    int64_t scratch_bytes; /* backward: bytes of the f32 delta scratch; else 0 */
+    int64_t scratch_bytes; /* bytes of all scratch operands together (delta, partials) */
+    uint32_t splits;       /* forward: splits of the keys (0: the forward stores O itself) */
 } mfa_plan;
 
 /* Largest threadgroup memory a plan requests (Apple4+: 32 KB). */
@@ -114,8 +119,11 @@ mfa_status mfa_plan_backward(const mfa_problem* problem, mfa_gpu_family family,
  * NULL for an unknown kind. Static storage. */
 const char* mfa_pass_kernel_name(mfa_pass_kind kind);
 
-/* The memory behind an operand of problem: the caller's view (NULL for delta, the call's
- * scratch, contiguous [B, Hq, Nq]), the shape the problem gives it and its element size. */
+/* The memory behind an operand of problem: the caller's view (NULL for a scratch operand:
+ * mfa_operand_is_scratch), the shape the problem gives it (a scratch operand: the shape of one
+ * split, laid out as out or lse are, contiguous) and its element size. Shapes follow the
+ * problem's layout: packed operands span [1, H, total rows, D], paged caches
+ * [num_blocks, Hkv, block_size, D]. */
 typedef struct mfa_operand_view {
     const mfa_view* view;
     int64_t shape[4];
@@ -125,8 +133,12 @@ typedef struct mfa_operand_view {
 /* mfa_problem_operand(): fill *out for operand; 0 for an operand that is not an MFA_OPERAND_*. */
 int mfa_problem_operand(const mfa_problem* problem, mfa_operand operand, mfa_operand_view* out);
 
+/* mfa_operand_is_scratch(): delta, partial_o and partial_l: memory of the call, not the caller. */
+int mfa_operand_is_scratch(mfa_operand operand);
+
 /* mfa_operand_name(): the operand as messages name it: the public argument ("q", "out", "lse",
- * "dout", ...) or "delta" for the backward's scratch; "?" otherwise. Static storage. */
+ * "mask", ...) or the scratch's name ("delta", "partial_o", "partial_l"); "?" otherwise. Static
+ * storage. */
 const char* mfa_operand_name(mfa_operand operand);
 
 #ifdef __cplusplus

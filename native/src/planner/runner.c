@@ -106,7 +106,8 @@ static mfa_status plan_with_pipelines(mfa_gpu_call* call, bool backward) {
 
 /* The memory behind one operand for the whole call: the one place that maps an operand to
  * memory. Every operand is caller memory in host address space, wrapped or staged by the
- * device, except delta, the call's scratch; a binding without bytes gets the placeholder. */
+ * device, except the scratch operands (delta, partial results), memory of the call's own; a
+ * binding without bytes gets the placeholder. */
 static mfa_status resolve_operand(const mfa_gpu_call* call, const mfa_buffer_binding* binding,
                                   bool writable, mfa_gpu_memory* out) {
     const mfa_gpu_device* device = call->device;
@@ -121,16 +122,13 @@ static mfa_status resolve_operand(const mfa_gpu_call* call, const mfa_buffer_bin
                              device->backend, name, (long long)binding->byte_length, device->name,
                              (unsigned long long)device->max_buffer_length);
     }
-    if (binding->operand == MFA_OPERAND_DELTA) {
-        if (binding->byte_offset != 0 || binding->byte_length != call->plan.scratch_bytes) {
+    if (mfa_operand_is_scratch(binding->operand)) {
+        if (binding->byte_offset != 0) {
             return mfa_set_error(MFA_ERROR_INTERNAL,
-                                 "%s: the plan binds %lld bytes of delta at %lld; its scratch "
-                                 "has %lld",
-                                 device->backend, (long long)binding->byte_length,
-                                 (long long)binding->byte_offset,
-                                 (long long)call->plan.scratch_bytes);
+                                 "%s: the plan binds scratch %s at byte %lld, not at its start",
+                                 device->backend, name, (long long)binding->byte_offset);
         }
-        return device->ops->scratch(device->self, (uint64_t)call->plan.scratch_bytes, out);
+        return device->ops->scratch(device->self, (uint64_t)binding->byte_length, out);
     }
     mfa_operand_view view;
     if (!mfa_problem_operand(call->problem, binding->operand, &view) || view.view == NULL ||
