@@ -480,8 +480,18 @@ def attention_varlen(
     return_lse: bool = False,
     backend: str | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
-    """:func:`mfa_native.attention_varlen` on torch tensors (packed ``[total, H, D]``),
-    differentiable as :func:`attention` is; lse is ``[Hq, total_q]``."""
+    """:func:`mfa_native.attention_varlen` on torch tensors, differentiable as
+    :func:`attention` is.
+
+    q is ``[total_q, Hq, D]``, k and v ``[total_k, Hkv, D]`` and ``[total_k, Hkv, Dv]``:
+    sequence b has the query rows ``cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1`` and the key
+    rows of ``cu_seqlens_k`` likewise (int32 ``[B + 1]`` tensors), attended on its own with
+    causal, the window and ALiBi aligned with its own lengths; ``max_seqlen_q`` and
+    ``max_seqlen_k`` bound the lengths. The other options are :func:`attention`'s. The result
+    is ``[total_q, Hq, Dv]`` (and, with ``return_lse=True``, the float32 lse
+    ``[Hq, total_q]``, without a gradient); ``loss.backward()`` runs
+    :func:`mfa_native.attention_varlen_backward` with the forward's options, sinks included.
+    """
     options = _options(
         causal=causal, causal_alignment=causal_alignment, window=window, scale=scale,
         mask=mask, block_mask=block_mask, softcap=softcap, alibi_slopes=alibi_slopes,
