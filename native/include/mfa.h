@@ -236,7 +236,8 @@ mfa_status mfa_context_create(mfa_backend backend, const mfa_context_options* op
                               mfa_context** out);
 
 /* mfa_context_destroy(): release a context and everything it owns. Accepts NULL. The caller
- * must ensure no other thread is using the context. */
+ * must ensure no other thread is using the context, and that no command buffer holds work
+ * encoded on it that has not completed (destroy those, or wait for them, first). */
 void mfa_context_destroy(mfa_context* ctx);
 
 /* mfa_context_backend(): the backend the context runs (never AUTO). */
@@ -466,12 +467,17 @@ mfa_status mfa_attention_compute(mfa_context* ctx, mfa_direction direction,
  * running is returned here, and then nothing was encoded. Errors while running are reported by
  * the command buffer: metal, its status and error; metal-sim, mfa_command_buffer_wait. The
  * integer arrays are read now, on the host: they must already hold their values (not be written
- * by earlier work in the same command buffer) and keep them until it completes. Scratch (the
- * backward's delta, split-key partial results) comes from a pool of the context and goes back
- * to it when the command buffer completes: its size depends on the plan the device's tables
- * give, which a caller cannot know in advance, and a pool reuses memory between calls as the
- * frameworks' allocators do. Encodes on one context into different command buffers may run
- * concurrently; one command buffer takes one encode at a time. */
+ * by earlier work in the same command buffer) and keep them until it completes; so must every
+ * array's buffer stay alive (libmfa retains none). Scratch (the backward's delta, split-key
+ * partial results) is the context's, not the caller's, and goes back when the command buffer
+ * completes: its size depends on the plan the device's tables give, which a caller cannot know
+ * in advance (metal-sim: from a pool of the context that reuses memory between calls as the
+ * frameworks' allocators do; metal: a private MTLBuffer per call, released by the command
+ * buffer's completed handler). Commit every command buffer encoded into: on metal one released
+ * without being committed never completes, and its calls' scratch is never released (metal-sim
+ * drops the work and returns the scratch). Encodes on one context into different command
+ * buffers may run concurrently; one command buffer takes one encode at a time, and none after
+ * it was committed (MFA_ERROR_INVALID_ARGUMENT). */
 mfa_status mfa_attention_encode(mfa_context* ctx, void* command_buffer, mfa_direction direction,
                                 const mfa_attention_params* params, const mfa_attention_args* args);
 
@@ -534,11 +540,15 @@ void mfa_buffer_destroy(mfa_context* ctx, void* buffer);
 
 /* mfa_command_buffer_create(): a command buffer on the context's queue (metal: an
  * id<MTLCommandBuffer> retained for the caller). *command_buffer is NULL on failure.
- * mfa_command_buffer_commit(): submit what was encoded into it, once.
+ * mfa_command_buffer_commit(): submit what was encoded into it, once (a second commit is
+ * MFA_ERROR_INVALID_ARGUMENT). metal returns at once; metal-sim runs the work here, in encoding
+ * order, stopping at the first failure, and returns MFA_OK whatever the work did.
  * mfa_command_buffer_wait(): block until a committed command buffer has completed; MFA_OK, or
- * the status of its failure (MFA_ERROR_DEVICE, MFA_ERROR_OUT_OF_MEMORY) with its message.
+ * the status of its failure (MFA_ERROR_DEVICE, MFA_ERROR_OUT_OF_MEMORY) with its message, as
+ * often as it is asked; MFA_ERROR_INVALID_ARGUMENT for one never committed.
  * mfa_command_buffer_destroy(): release it; accepts NULL. A committed command buffer is waited
- * for first; work encoded but never committed is dropped and its scratch returned. */
+ * for first. Work encoded but never committed is dropped (metal-sim: its scratch returned;
+ * metal: see mfa_attention_encode). */
 mfa_status mfa_command_buffer_create(mfa_context* ctx, void** command_buffer);
 mfa_status mfa_command_buffer_commit(mfa_context* ctx, void* command_buffer);
 mfa_status mfa_command_buffer_wait(mfa_context* ctx, void* command_buffer);

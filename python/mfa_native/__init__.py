@@ -55,6 +55,7 @@ from ._attention import (
 )
 from ._context import Capabilities, Context, MFAError, available_backends
 from ._context import resolve_context as _resolve_context
+from ._device import CommandBuffer, DeviceArray, DeviceBuffer
 from ._library import ffi as _ffi
 from ._library import header_path as _header_path
 from ._library import lib as _lib
@@ -70,7 +71,10 @@ __all__ = [
     "mask_summary",
     "merge_attention_states",
     "Capabilities",
+    "CommandBuffer",
     "Context",
+    "DeviceArray",
+    "DeviceBuffer",
     "Info",
     "MFAError",
     "available_backends",

@@ -8,6 +8,11 @@ array library that exports it. DLPack capsules are read with cffi in place, not 
 capsule stays alive beside the view for the duration of the call, and its destructor returns
 the memory to the producer as the DLPack specification prescribes for unconsumed capsules.
 
+Arrays in the device buffers of :mod:`mfa_native._device` (``DeviceBuffer.array``) are read as
+a buffer handle plus a byte offset, as are DLPack arrays in Metal memory (kDLMetal: ``data`` is
+the ``id<MTLBuffer>``, ``byte_offset`` the offset into it); results are never allocated for
+them.
+
 Results take the kind of the array they are shaped after (numpy in, numpy out; torch in, torch
 out; MLX in, MLX out); arrays of any other DLPack producer get numpy results, since this package
 cannot allocate in a library it does not know.
@@ -24,10 +29,12 @@ import ml_dtypes
 import numpy as np
 
 from ._context import DTYPES
+from ._device import DeviceArray
 
 __all__ = [
     "CPU",
     "METAL",
+    "DEVICE_BUFFER",
     "BOOL",
     "INT32",
     "UINT8",
@@ -40,7 +47,9 @@ __all__ = [
 # DLPack device types (dlpack.h, DLDeviceType).
 CPU = 1
 METAL = 8
+DEVICE_BUFFER = -1  # not a DLPack device: an mfa_native.DeviceBuffer of a context
 _DEVICE_NAMES = {
+    -1: "an mfa device buffer's",
     1: "CPU",
     2: "CUDA",
     3: "CUDA host",
@@ -127,9 +136,10 @@ def device_name(device):
 class ArrayView:
     """One array argument as libmfa sees it.
 
-    ``address`` is the first element's address for CPU memory; for Metal memory it is the
-    ``id<MTLBuffer>`` handle and ``byte_offset`` the offset of the first element in it (0 for
-    CPU memory, where the offset is already added). ``strides`` count elements. ``kind`` tells
+    ``address`` is the first element's address for CPU memory; for device memory (Metal, a
+    DeviceBuffer) it is the buffer handle (metal: the ``id<MTLBuffer>``) and ``byte_offset``
+    the offset of the first element in it (0 for CPU memory, where the offset is already
+    added). ``strides`` count elements. ``kind`` tells
     what kind of array results shaped after this one are. ``keepalive`` holds whatever keeps
     the memory valid (the DLPack capsule) for as long as the view is used.
     """
@@ -303,7 +313,8 @@ class _TorchKind:
                 f"{name} is on the {tensor.device.type!r} device; mfa reads CPU memory (and, "
                 "with the metal backend's device-buffer path, Metal buffers)"
             )
-        _check_alignment(name, address + byte_offset, itemsize)
+        # Metal: the handle is an object, not memory; the offset into the buffer is aligned.
+        _check_alignment(name, address + byte_offset if device == CPU else byte_offset, itemsize)
         return ArrayView(
             self,
             device,
@@ -429,7 +440,8 @@ def _read_dlpack(kind, name, array, dtype):
     address = int(_dlpack.cast(_UINTPTR, tensor.data))
     byte_offset = tensor.byte_offset
     itemsize = numpy_dtype.itemsize
-    _check_alignment(name, address + byte_offset, itemsize)
+    # Metal: the handle is an object, not memory; the offset into the buffer is aligned.
+    _check_alignment(name, address + byte_offset if device == CPU else byte_offset, itemsize)
     if device == CPU:
         address, byte_offset = address + byte_offset, 0
     return ArrayView(
@@ -449,6 +461,8 @@ def _kind_of(array_type):
         kind = OTHER
         if issubclass(array_type, np.ndarray):
             kind = NUMPY
+        elif issubclass(array_type, DeviceArray):
+            kind = DEVICE
         else:
             # A tensor of these libraries can only exist once they are imported.
             torch = sys.modules.get("torch")
@@ -471,6 +485,30 @@ def _mlx_kind(mx):
     return _MlxKind(mx)
 
 
+class _DeviceKind:
+    """Arrays in a DeviceBuffer: read as the buffer plus a byte offset. Results are never
+    allocated for them (allocate)."""
+
+    name = "device"
+
+    def read(self, name, array, dtype):
+        _check_dtype(name, array.dtype, dtype)
+        return ArrayView(
+            self,
+            DEVICE_BUFFER,
+            array.buffer.handle,
+            array.byte_offset,
+            array.dtype,
+            array.shape,
+            array.strides,
+            True,
+            array,
+        )
+
+
+DEVICE = _DeviceKind()
+
+
 def read_array(name, array, dtype=None):
     """Check one array argument and view it in place.
 
@@ -485,7 +523,17 @@ def read_array(name, array, dtype=None):
     return kind.read(name, array, dtype)
 
 
-def allocate(kind, specs):
+def allocate(kind, specs, device=CPU):
     """[(result, view)] of new C-contiguous arrays of the given kind, one for each (shape,
-    numpy dtype) in specs."""
-    return kind.empty(specs) if specs else []
+    numpy dtype) in specs, for a call in `device`'s memory. Results are allocated in CPU memory
+    only: a call in device memory (a DeviceBuffer, kDLMetal) takes every output explicitly,
+    and a ValueError says so before anything is written."""
+    if not specs:
+        return []
+    if device != CPU:
+        raise ValueError(
+            f"the arrays are in {device_name(device)} memory: pass every output (out=, lse=, "
+            "dq=, ...) as an array in the same memory; mfa_native allocates results in CPU "
+            "memory only"
+        )
+    return kind.empty(specs)

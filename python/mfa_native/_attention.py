@@ -20,8 +20,9 @@ from typing import Any, Literal, Optional, Protocol, TypeVar, Union, overload
 
 import numpy as np
 
-from ._arrays import BOOL, CPU, INT32, UINT8, allocate, device_name, read_array
+from ._arrays import BOOL, CPU, INT32, METAL, UINT8, allocate, device_name, read_array
 from ._context import DTYPES, Context, resolve_context
+from ._device import encoding_target
 from ._keywords import MFA_NAMES, keyword_hints
 from ._library import ffi, lib
 
@@ -203,11 +204,12 @@ class _Call:
     """The arrays of one library call: each one's C view (shape and strides in the C API's
     axis order) under its role, and the (name, view) pairs that must share one memory kind."""
 
-    __slots__ = ("roles", "named")
+    __slots__ = ("roles", "named", "device")
 
     def __init__(self):
         self.roles = []
         self.named = []
+        self.device = CPU  # of every array, once check_memory has run
 
     def add(self, role, name, view, c_view):
         self.roles.append((role, view, c_view))
@@ -218,14 +220,15 @@ class _Call:
         arrays = ffi.new(
             _ARRAYS,
             [
-                (ffi.cast(_VOID_P, view.address), ffi.NULL, 0, _MFA_DTYPES[view.dtype], *c_view)
+                _memory_fields(view) + (_MFA_DTYPES[view.dtype], *c_view)
                 for _, view, c_view in self.roles
             ],
         )
         return arrays, {role: arrays + index for index, (role, _, _) in enumerate(self.roles)}
 
-    def check_memory(self):
-        """The arrays of a call share one memory kind, which is CPU memory here."""
+    def check_memory(self, context):
+        """The arrays of a call share one memory kind; Metal memory is for the metal backend
+        only (its handles mean nothing to another)."""
         first_name, first = self.named[0]
         for name, view in self.named[1:]:
             if view.device != first.device:
@@ -233,19 +236,27 @@ class _Call:
                     f"{name} is in {device_name(view.device)} memory but {first_name} is in "
                     f"{device_name(first.device)} memory: the arrays of a call must share one"
                 )
-        if first.device != CPU:
-            _refuse_device_memory(first.device)
+        if first.device == METAL and context.backend != "metal":
+            _refuse_metal_memory(context.backend)
+        self.device = first.device
 
 
-def _refuse_device_memory(device):
-    """Metal memory (MPS tensors, MLX arrays on a Mac: DLPack kDLMetal) is for the metal
-    backend's device-buffer entry points, which this package does not use yet. It is refused
-    here, before anything is allocated or written, and never copied behind the caller's back."""
+def _memory_fields(view):
+    """(data, buffer, byte_offset) of the mfa_array of a view: host memory, or a device buffer
+    (a DeviceBuffer's handle, or kDLMetal's id<MTLBuffer>) at its byte offset."""
+    if view.device == CPU:
+        return (ffi.cast(_VOID_P, view.address), ffi.NULL, 0)
+    return (ffi.NULL, ffi.cast(_VOID_P, view.address), view.byte_offset)
+
+
+def _refuse_metal_memory(backend):
+    """Metal memory (MPS tensors, MLX arrays on a Mac: DLPack kDLMetal) goes to the metal
+    backend's device buffers only. Elsewhere it is refused before anything is allocated or
+    written, and never copied behind the caller's back."""
     raise NotImplementedError(
-        f"the arrays are in {device_name(device)} memory (DLPack kDLMetal: MPS tensors, MLX "
-        "arrays on an Apple GPU); they need the metal backend's device-buffer path, which "
-        "mfa_native does not use yet. Copy them to CPU memory explicitly (tensor.cpu(), "
-        "numpy.array(x)) to run them on the cpu backend"
+        "the arrays are in Metal memory (DLPack kDLMetal: MPS tensors, MLX arrays on an Apple "
+        f"GPU), which only the metal backend reads, not {backend!r}. Use backend='metal', or "
+        "copy them to CPU memory explicitly (tensor.cpu(), numpy.array(x))"
     )
 
 
@@ -494,7 +505,18 @@ def _compute(context, direction, params, call, softcap, extra=()):
     arrays, fields = call.arrays()
     # mfa_attention_args_init's defaults are all bytes zero, as ffi.new leaves them.
     fields.update(extra, struct_size=_ARGS_SIZE, softcap=softcap)
-    context._call(lib.mfa_attention_compute, direction, params, ffi.new(_ARGS, fields))
+    args = ffi.new(_ARGS, fields)
+    target = encoding_target()
+    if target is None:
+        context._call(lib.mfa_attention_compute, direction, params, args)
+        return
+    if target.context is not context:
+        raise ValueError(
+            "the call is encoding into a CommandBuffer of another context: give the "
+            "command buffer's context as backend="
+        )
+    # The arrays stay referenced by the command buffer until it is closed.
+    target.encode(direction, params, args, (arrays, call))
 
 
 def _lse_shape(arrays, sizes):
@@ -523,13 +545,14 @@ def _forward(q, call, arrays, sizes, options, extra=()):
         lse_view = _read_output("lse", lse, lse_shape, _F32, " (batch, heads, queries)")
         call.named.append(("lse", lse_view))
     context = resolve_context(backend)
-    call.check_memory()
+    call.check_memory(context)
 
     results = iter(
         allocate(
             q.kind,
             ([(out_shape, q.dtype)] if out is None else [])
             + ([(lse_shape, _F32)] if lse is None and return_lse else []),
+            call.device,
         )
     )
     if out is None:
@@ -577,11 +600,12 @@ def _backward(arrays, sizes, call, operands, options, extra=()):
             views[name] = _read_output(name, array, *specs[name])
             call.named.append((name, views[name]))
     context = resolve_context(backend)
-    call.check_memory()
+    call.check_memory(context)
 
     wanted = ("dq", "dk", "dv", "dsinks") if return_dsinks else ("dq", "dk", "dv")
     missing = [name for name in wanted if results[name] is None]
-    for name, (array, view) in zip(missing, allocate(q.kind, [specs[n][:2] for n in missing])):
+    allocated = allocate(q.kind, [specs[n][:2] for n in missing], call.device)
+    for name, (array, view) in zip(missing, allocated):
         results[name], views[name] = array, view
     for name in ("dq", "dk", "dv"):
         call.add(name, name, views[name], arrays.view(views[name]))
@@ -748,8 +772,8 @@ def attention(
         function does not record autograd: use :func:`mfa_native.torch.attention`) and for a
         keyword of another library (``is_causal=``, ``softmax_scale=``...), naming mfa's.
     NotImplementedError
-        For arrays in Metal memory (MPS tensors, MLX arrays on an Apple GPU), which need the
-        metal backend's device-buffer path; they are never copied to the CPU implicitly.
+        For arrays in Metal memory (MPS tensors, MLX arrays on an Apple GPU) on a backend
+        other than metal; they are never copied to the CPU implicitly.
     MFAError
         For what the library rejects (also before anything is written): ``INVALID_ARGUMENT``
         for outputs overlapping each other or an input; ``UNSUPPORTED`` for a feature (a
@@ -1367,8 +1391,8 @@ def mask_summary(mask: Array, seq_q: int, seq_k: int, *, backend: Backend = None
     call.add("mask", "mask", view, (shape, strides))
     summary_shape = _summary_shape(shape, strides, seq_q, seq_k)
     context = resolve_context(backend)
-    call.check_memory()
-    ((summary, summary_view),) = allocate(view.kind, [(summary_shape, UINT8)])
+    call.check_memory(context)
+    ((summary, summary_view),) = allocate(view.kind, [(summary_shape, UINT8)], call.device)
     call.add("summary", "summary", summary_view, (summary_shape, summary_view.strides))
     arrays, pointers = call.arrays()
     context._call(lib.mfa_mask_summarize, pointers["mask"], seq_q, seq_k, pointers["summary"])
@@ -1489,12 +1513,13 @@ def merge_attention_states(
         lse_view = _read_output("lse", lse, lse_shape, _F32, " (from outs[0])")
         call.named.append(("lse", lse_view))
     context = resolve_context(backend)
-    call.check_memory()
+    call.check_memory(context)
     results = iter(
         allocate(
             first.kind,
             ([(first.shape, first.dtype)] if out is None else [])
             + ([(lse_shape, _F32)] if lse is None and return_lse else []),
+            call.device,
         )
     )
     if out is None:

@@ -623,6 +623,10 @@ static void compute_outcome(const call* c, const mfa_capabilities* caps, outcome
                             bool* unrunnable) {
     const compute_tweaks* t = &c->tweaks;
     if (t->encode && !(caps->features & MFA_FEATURE_ENCODE)) violation(o, MFA_ERROR_UNSUPPORTED);
+    /* Encoding takes device arrays only, and the fuzzed arrays are host memory: rejected before
+     * the (fake) command buffer is looked at. */
+    if (t->encode && (caps->features & MFA_FEATURE_ENCODE))
+        violation(o, MFA_ERROR_INVALID_ARGUMENT);
     if (t->direction != MFA_FORWARD && t->direction != MFA_BACKWARD)
         violation(o, MFA_ERROR_INVALID_ARGUMENT);
     if (t->args != 0) violation(o, MFA_ERROR_INVALID_ARGUMENT);

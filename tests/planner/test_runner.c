@@ -5,6 +5,9 @@
  * passes, the re-plan loop when a pipeline runs fewer threads than planned, the checks against
  * the device's limits, and on every failure (planning, pipeline, memory, commands) an error
  * before anything is encoded and everything acquired given back without copying results.
+ * Device memory: operands in a device buffer bound in place at their byte offsets, a byte range
+ * outside the length the buffer reports refused naming the operand, and a call encoded into a
+ * caller's command buffer that keeps its scratch until the command buffer completes.
  *
  * metal-sim runs the same runner with real kernels in every numeric test; this test reaches
  * the paths a simulator never takes (a pipeline with a lower thread limit, failing devices).
@@ -37,13 +40,17 @@ typedef struct fake_device {
     uint32_t pipeline_max[MFA_PASS_KIND_COUNT]; /* threads each kernel's pipeline runs */
     int fail_pipeline;                          /* every pipeline request fails */
     int fail_wrap;                              /* wrapping this operand fails; -1: none */
-    int fail_scratch, fail_begin, fail_commit;
+    int fail_scratch, fail_begin, fail_commit, fail_begin_encode, fail_end_encode;
+    uint64_t device_length; /* what every device buffer reports */
     /* Record */
     int pipelines, wraps, scratches, begins, commits, live, released_completed, released_failed;
     int wrapped[MFA_OPERAND_COUNT];  /* times each operand was wrapped */
     int writable[MFA_OPERAND_COUNT]; /* as wrap_host was told */
     int encoded;
     encoded_pass passes[MAX_ENCODED];
+    int device_buffers, begin_encodes, end_encodes;
+    void (*completed)(void* arg, bool ran); /* end_encode's, until the test completes it */
+    void* completed_arg;
 } fake_device;
 
 static char placeholder[16];
@@ -141,8 +148,16 @@ static mfa_status fake_commit(void* self, void* commands, const char* what) {
     return f->fail_commit ? mfa_set_error(MFA_ERROR_DEVICE, "fake: the GPU failed") : MFA_OK;
 }
 
-static const mfa_gpu_device_ops fake_ops = {fake_pipeline, fake_wrap,  fake_scratch, fake_release,
-                                            fake_encode,   fake_begin, fake_commit};
+/* Device buffers are the test's `memory`, whatever handle the view names. */
+static mfa_status fake_device_buffer(void* self, void* buffer, mfa_gpu_memory* out);
+static mfa_status fake_begin_encode(void* self, void* command_buffer, const char* label,
+                                    void** commands);
+static mfa_status fake_end_encode(void* self, void* commands, void (*completed)(void*, bool),
+                                  void* arg);
+
+static const mfa_gpu_device_ops fake_ops = {
+    fake_pipeline, fake_wrap,   fake_scratch,       fake_release,      fake_encode,
+    fake_begin,    fake_commit, fake_device_buffer, fake_begin_encode, fake_end_encode};
 
 static void fake_init(fake_device* f) {
     memset(f, 0, sizeof *f);
@@ -164,6 +179,52 @@ static void fake_init(fake_device* f) {
 
 /* A contiguous bhsd problem over one buffer, each operand at its own offset (never read). */
 static char memory[1 << 16];
+static int device_buffer_token, command_buffer_token;
+
+static mfa_status fake_device_buffer(void* self, void* buffer, mfa_gpu_memory* out) {
+    fake_device* f = (fake_device*)self;
+    CHECK(buffer == &device_buffer_token, "not the problem's buffer");
+    f->device_buffers++;
+    out->buffer = memory;
+    out->offset = 0;
+    out->length = f->device_length;
+    out->owner = NULL;
+    return MFA_OK;
+}
+
+static mfa_status fake_begin_encode(void* self, void* command_buffer, const char* label,
+                                    void** commands) {
+    fake_device* f = (fake_device*)self;
+    (void)label;
+    CHECK(command_buffer == &command_buffer_token, "not the caller's command buffer");
+    f->begin_encodes++;
+    if (f->fail_begin_encode) return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT, "fake: committed");
+    *commands = &commands_token;
+    return MFA_OK;
+}
+
+static mfa_status fake_end_encode(void* self, void* commands, void (*completed)(void*, bool),
+                                  void* arg) {
+    fake_device* f = (fake_device*)self;
+    CHECK(commands == &commands_token, "commands not from begin_encode");
+    f->end_encodes++;
+    if (f->fail_end_encode) return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT, "fake: committed");
+    f->completed = completed;
+    f->completed_arg = arg;
+    return MFA_OK;
+}
+
+/* The problem's views moved into the device buffer: the same byte offsets, no host pointers. */
+static void to_device(mfa_problem* p) {
+    mfa_view* views[] = {&p->q, &p->k, &p->v, &p->out, &p->lse, &p->dout, &p->dq, &p->dk, &p->dv};
+    for (size_t i = 0; i < sizeof views / sizeof views[0]; ++i) {
+        if (views[i]->data == NULL) continue;
+        views[i]->byte_offset = views[i]->data - memory;
+        views[i]->buffer = &device_buffer_token;
+        views[i]->data = NULL;
+    }
+    p->memory = MFA_MEMORY_DEVICE;
+}
 
 static mfa_problem make_problem(int64_t batch, int with_lse) {
     const int64_t hq = 4, hkv = 2, nq = 33, nk = 70, d = 16, dv = 8;
@@ -368,8 +429,130 @@ static void test_no_work(void) {
           f.begins);
 }
 
+/* Device operands are bound in place: the buffer's memory at view byte_offset + the binding's
+ * offset, for exactly the binding's length, never wrapped; one byte beyond the length the
+ * buffer reports, or a range starting before it, is refused naming the operand before anything
+ * is encoded. */
+static void test_device_operands(void) {
+    for (int backward = 0; backward < 2; ++backward) {
+        fake_device f;
+        fake_init(&f);
+        f.device_length = sizeof memory;
+        mfa_problem p = make_problem(2, 1);
+        to_device(&p);
+        mfa_plan plan;
+        CHECK((backward ? mfa_plan_backward : mfa_plan_forward)(&p, f.device.family, 1024, &plan) ==
+                  MFA_OK,
+              "%s", mfa_last_error());
+        CHECK(mfa_gpu_run(&f.device, &p, backward) == MFA_OK, "run: %s", mfa_last_error());
+        CHECK(f.wraps == 0 && f.device_buffers > 0, "%d wraps, %d device buffers", f.wraps,
+              f.device_buffers);
+        /* The highest byte any binding reaches, to place the buffer's end right after it. */
+        int64_t end = 0;
+        mfa_operand last = MFA_OPERAND_COUNT;
+        for (int i = 0; i < f.encoded && i < (int)plan.num_passes; ++i) {
+            for (uint32_t j = 0; j < f.passes[i].num_buffers; ++j) {
+                const mfa_buffer_binding* b = &plan.passes[i].bindings[j];
+                const mfa_gpu_memory* m = &f.passes[i].memory[j];
+                if (b->operand == MFA_OPERAND_DELTA) continue;
+                mfa_operand_view view;
+                mfa_problem_operand(&p, b->operand, &view);
+                const int64_t first = view.view->byte_offset + b->byte_offset;
+                CHECK(m->buffer == memory && m->offset == (uint64_t)first &&
+                          m->length == (uint64_t)b->byte_length,
+                      "%s: bound at %llu for %llu bytes", mfa_operand_name(b->operand),
+                      (unsigned long long)m->offset, (unsigned long long)m->length);
+                if (first + b->byte_length > end) {
+                    end = first + b->byte_length;
+                    last = b->operand;
+                }
+            }
+        }
+        CHECK(f.live == 0, "%d owners left", f.live);
+
+        fake_init(&f);
+        f.device_length = (uint64_t)end;
+        CHECK(mfa_gpu_run(&f.device, &p, backward) == MFA_OK, "exact fit: %s", mfa_last_error());
+        fake_init(&f);
+        f.device_length = (uint64_t)end - 1;
+        char expected[96];
+        snprintf(expected, sizeof expected, "fake: operand %s reaches bytes",
+                 mfa_operand_name(last));
+        CHECK_ERROR("one byte short", mfa_gpu_run(&f.device, &p, backward),
+                    MFA_ERROR_INVALID_ARGUMENT, expected);
+        check_nothing_ran(&f, "one byte short");
+
+        fake_init(&f);
+        f.device_length = sizeof memory;
+        const int64_t saved = p.q.byte_offset;
+        p.q.byte_offset = -4;
+        CHECK_ERROR("before the start", mfa_gpu_run(&f.device, &p, backward),
+                    MFA_ERROR_INVALID_ARGUMENT, "fake: operand q reaches bytes -4");
+        check_nothing_ran(&f, "before the start");
+        p.q.byte_offset = saved;
+
+        /* A device without device memory refuses it, naming the operand. */
+        static const mfa_gpu_device_ops host_only = {fake_pipeline, fake_wrap,   fake_scratch,
+                                                     fake_release,  fake_encode, fake_begin,
+                                                     fake_commit};
+        fake_init(&f);
+        f.device.ops = &host_only;
+        CHECK_ERROR("host-only device", mfa_gpu_run(&f.device, &p, backward), MFA_ERROR_UNSUPPORTED,
+                    "is in a device buffer");
+        check_nothing_ran(&f, "host-only device");
+    }
+}
+
+/* mfa_gpu_encode: everything encoded into the caller's command buffer and nothing run; the
+ * call's scratch held until the command buffer reports completion, then given back (as
+ * completed or not, as it says); a failure of begin_encode or end_encode gives everything back
+ * at once. */
+static void test_encode(void) {
+    fake_device f;
+    fake_init(&f);
+    f.device_length = sizeof memory;
+    mfa_problem p = make_problem(2, 1);
+    to_device(&p);
+    for (int ran = 0; ran < 2; ++ran) {
+        fake_init(&f);
+        f.device_length = sizeof memory;
+        CHECK(mfa_gpu_encode(&f.device, &command_buffer_token, &p, true) == MFA_OK, "%s",
+              mfa_last_error());
+        CHECK(f.begin_encodes == 1 && f.end_encodes == 1 && f.begins == 0 && f.commits == 0,
+              "begin_encode %d end_encode %d begin %d commit %d", f.begin_encodes, f.end_encodes,
+              f.begins, f.commits);
+        CHECK(f.encoded > 0 && f.scratches == 1 && f.live == 1,
+              "%d encoded, %d scratches, %d live before completion", f.encoded, f.scratches,
+              f.live);
+        CHECK(f.completed != NULL, "no completion arranged");
+        if (f.completed) f.completed(f.completed_arg, ran);
+        CHECK(f.live == 0 && f.released_completed == ran && f.released_failed == !ran,
+              "after completion: %d live, %d completed, %d failed", f.live, f.released_completed,
+              f.released_failed);
+    }
+    for (int which = 0; which < 2; ++which) {
+        fake_init(&f);
+        f.device_length = sizeof memory;
+        f.fail_begin_encode = which == 0;
+        f.fail_end_encode = which == 1;
+        CHECK_ERROR(which ? "end_encode fails" : "begin_encode fails",
+                    mfa_gpu_encode(&f.device, &command_buffer_token, &p, true),
+                    MFA_ERROR_INVALID_ARGUMENT, "fake: committed");
+        CHECK(f.live == 0 && f.released_completed == 0 && f.completed == NULL,
+              "%d live, %d completed", f.live, f.released_completed);
+    }
+    /* Planning fails: nothing begun. */
+    fake_init(&f);
+    f.device_length = sizeof memory;
+    f.fail_pipeline = 1;
+    CHECK(mfa_gpu_encode(&f.device, &command_buffer_token, &p, false) != MFA_OK, "no pipeline");
+    CHECK(f.begin_encodes == 0 && f.live == 0, "begun %d, live %d", f.begin_encodes, f.live);
+}
+
 int main(void) {
     test_bindings();
+    test_device_operands();
+    test_encode();
     test_replan();
     test_failures_before_running();
     test_failure_while_running();

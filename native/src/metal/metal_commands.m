@@ -1,5 +1,8 @@
 // The runner's command operations on Metal: a call's passes encoded into one compute encoder of
-// a command buffer from the context's queue, committed, waited for and checked.
+// a command buffer, either one from the context's queue that is committed, waited for and
+// checked here (the synchronous calls), or the caller's (mfa_attention_encode), which the caller
+// commits; the call is then finished by the command buffer's completed handler. And caller
+// MTLBuffers bound in place.
 #import "metal_host.h"
 
 _Static_assert(sizeof(mfa_kernel_params) <= 4096, "setBytes carries at most 4 KB");
@@ -87,7 +90,64 @@ static mfa_status metal_commit_and_wait(void* device, void* commands, const char
     return MFA_OK;
 }
 
+// A caller's MTLBuffer is bound as it is: the runner checks the bytes each binding reaches
+// against its length. Not retained: the caller keeps it alive until the work completes.
+static mfa_status metal_device_buffer(void* device, void* buffer, mfa_gpu_memory* out) {
+    (void)device;
+    id<MTLBuffer> mtl_buffer = (__bridge id<MTLBuffer>)buffer;
+    out->buffer = buffer;
+    out->offset = 0;
+    out->length = mtl_buffer.length;
+    out->owner = NULL;
+    return MFA_OK;
+}
+
+// A compute encoder of the caller's command buffer. Metal gives none (nil) for a command buffer
+// that was already committed or has another encoder open.
+static mfa_status metal_begin_encode(void* device, void* command_buffer, const char* label,
+                                     void** commands) {
+    LibMFAMetalContext* context = (__bridge LibMFAMetalContext*)device;
+    id<MTLCommandBuffer> buffer = (__bridge id<MTLCommandBuffer>)command_buffer;
+    if (buffer.status != MTLCommandBufferStatusNotEnqueued) {
+        return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
+                             "metal: mfa_attention_encode: the command buffer was already "
+                             "committed (status %lu); encode into a new one",
+                             (unsigned long)buffer.status);
+    }
+    id<MTLComputeCommandEncoder> encoder = [buffer computeCommandEncoder];
+    if (encoder == nil) {
+        return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
+                             "metal: %s gave no compute encoder for attention %s: the command "
+                             "buffer may have another encoder open",
+                             context.deviceName, label);
+    }
+    LibMFACommands* list = [[LibMFACommands alloc] initWithBuffer:buffer encoder:encoder];
+    if (list == nil) {
+        [encoder endEncoding];
+        return mfa_set_error(MFA_ERROR_OUT_OF_MEMORY, "metal: cannot allocate a command list");
+    }
+    *commands = (__bridge_retained void*)list;
+    return MFA_OK;
+}
+
+// Ends the call's encoder and finishes the call once the caller's command buffer has completed
+// (completed or failed: Metal calls completed handlers either way). A command buffer released
+// without being committed never calls it: mfa.h asks callers to commit what they encoded into.
+static mfa_status metal_end_encode(void* device, void* commands,
+                                   void (*completed)(void* arg, bool ran), void* arg) {
+    LibMFAMetalContext* context = (__bridge LibMFAMetalContext*)device;
+    LibMFACommands* list = (__bridge_transfer LibMFACommands*)commands;
+    [list.encoder endEncoding];
+    [list.buffer addCompletedHandler:^(id<MTLCommandBuffer> done) {
+        const bool ran = done.status == MTLCommandBufferStatusCompleted;
+        if (ran) [context recordGPUStart:done.GPUStartTime end:done.GPUEndTime];
+        completed(arg, ran);
+    }];
+    return MFA_OK;
+}
+
 const mfa_gpu_device_ops mfa_metal_device_ops = {
     mfa_metal_pipeline, mfa_metal_wrap_host, mfa_metal_scratch,     mfa_metal_release,
-    metal_encode,       metal_begin,         metal_commit_and_wait,
+    metal_encode,       metal_begin,         metal_commit_and_wait, metal_device_buffer,
+    metal_begin_encode, metal_end_encode,
 };

@@ -10,9 +10,10 @@
  *   metal_pipelines.m  the thread-safe pipeline cache; the runner's `pipeline`
  *   metal_operands.m   caller memory as MTLBuffers (zero-copy or staged) and the scratch; the
  *                      runner's `wrap_host`, `scratch` and `release`
- *   metal_commands.m   command buffers and compute encoders; the runner's `encode`, `begin`
- *                      and `commit_and_wait`
- *   metal_backend.m    the C entry points of mfa_backend_ops
+ *   metal_commands.m   command buffers and compute encoders; the runner's `encode`, `begin`,
+ *                      `commit_and_wait`, and for callers' MTLBuffers and command buffers
+ *                      `device_buffer`, `begin_encode` and `end_encode`
+ *   metal_backend.m    the C entry points of mfa_backend_ops and mfa_device_ops
  *   metal_errors.m     NSError and Metal failures as an mfa_status with a message
  *   metal_portable.c   the arithmetic that needs no Metal (tested on Linux): page spans,
  *                      staged copy-back, pipeline keys
@@ -109,7 +110,9 @@ mfa_status mfa_metal_wrap_host(void* device, const mfa_host_range* range, mfa_gp
 mfa_status mfa_metal_scratch(void* device, uint64_t bytes, mfa_gpu_memory* out);
 void mfa_metal_release(void* device, void* owner, bool completed);
 
-/* metal_commands.m: the table of all seven, with encode, begin and commit_and_wait. */
+/* metal_commands.m: the table of them all, with encode, begin, commit_and_wait, device_buffer
+ * (a caller's MTLBuffer bound in place), begin_encode and end_encode (a caller's command
+ * buffer). */
 extern const mfa_gpu_device_ops mfa_metal_device_ops;
 
 #pragma clang assume_nonnull end

@@ -1,22 +1,129 @@
 // The metal-sim backend: the plan runner (planner/runner.h), the same one the Metal host uses,
 // drives the simulator as its device, so the kernels, the configuration and the host-side rules
 // it tests are exactly those a Mac would run. What is left here is the simulator's side of the
-// device: caller memory is used in place, the scratch is heap memory, and the commands of a call
-// are recorded dispatches that run when committed. Everything a call needs is reserved before
-// its first pass runs (the scratch at prepare, the fiber stacks of every pass at commit), so a
-// call that fails for lack of resources has written nothing.
+// device: caller memory is used in place (host arrays, and the contents of the device buffers
+// of command_buffer.h), the scratch comes from a pool of the context, and the commands of a call
+// are recorded dispatches that run when committed: at once for a synchronous call, with the
+// caller's command buffer for mfa_attention_encode. Everything a call needs is reserved before
+// its first pass runs (the scratch at prepare, the fiber stacks of every pass when it runs), so
+// a call that fails for lack of resources has written nothing.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <new>
 #include <thread>
+#include <vector>
+
+#if defined(__SANITIZE_ADDRESS__)
+#define MFA_SIM_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define MFA_SIM_ASAN 1
+#endif
+#endif
+#ifdef MFA_SIM_ASAN
+#include <sanitizer/asan_interface.h>
+#endif
 
 #include "core/backend.h"
+#include "metal_sim/command_buffer.h"
 #include "metal_sim/fiber.h"
 #include "metal_sim/sim.h"
 #include "planner/runner.h"
 
 namespace {
+
+// The context's scratch: blocks given back by finished calls are kept for later ones (up to
+// kPooledBytes in all), as the frameworks' allocators keep GPU memory, so that encoded calls do
+// not allocate per call. A block kept in the pool is poisoned under AddressSanitizer, so a pass
+// that touched scratch after its call gave it back would be reported.
+class ScratchPool {
+  public:
+    static constexpr size_t kPooledBytes = size_t(64) << 20;
+    static constexpr size_t kPoolSlots = 64;
+
+    ScratchPool() = default;
+    ScratchPool(const ScratchPool&) = delete;
+    ScratchPool& operator=(const ScratchPool&) = delete;
+    ~ScratchPool() {
+        for (Block* block : free_) release(block);
+    }
+
+    // Room for kPoolSlots kept blocks, so that giving one back never allocates.
+    void reserve_slots() { free_.reserve(kPoolSlots); }
+
+    // The smallest kept block of at least `bytes` (and at most twice that, so that a small call
+    // does not hold a large block), else a new one; nullptr when memory runs out.
+    void* take(size_t bytes) {
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            size_t best = free_.size();
+            for (size_t i = 0; i < free_.size(); ++i) {
+                const size_t size = free_[i]->bytes;
+                if (size >= bytes && size / 2 <= bytes &&
+                    (best == free_.size() || size < free_[best]->bytes))
+                    best = i;
+            }
+            if (best != free_.size()) {
+                Block* block = free_[best];
+                free_[best] = free_.back();
+                free_.pop_back();
+                pooled_ -= block->bytes;
+                unpoison(block);
+                return block->payload();
+            }
+        }
+        if (bytes > SIZE_MAX - 2 * sizeof(Block)) return nullptr;
+        const size_t total =
+            (sizeof(Block) + bytes + sizeof(Block) - 1) / sizeof(Block) * sizeof(Block);
+        auto* block = static_cast<Block*>(std::aligned_alloc(alignof(Block), total));
+        if (!block) return nullptr;
+        block->bytes = bytes;
+        return block->payload();
+    }
+
+    // Back from a finished call: kept while the pool has room, else freed.
+    void give_back(void* memory) {
+        Block* block = reinterpret_cast<Block*>(static_cast<char*>(memory) - sizeof(Block));
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (pooled_ + block->bytes <= kPooledBytes && free_.size() < free_.capacity()) {
+            poison(block);
+            free_.push_back(block);
+            pooled_ += block->bytes;
+        } else {
+            std::free(block);
+        }
+    }
+
+  private:
+    // A block's size, then its bytes: a 64-byte header, so the payload is 64-byte aligned.
+    struct alignas(64) Block {
+        size_t bytes;
+        void* payload() { return reinterpret_cast<char*>(this) + sizeof(Block); }
+    };
+    static void poison(Block* block) {
+#ifdef MFA_SIM_ASAN
+        ASAN_POISON_MEMORY_REGION(block->payload(), block->bytes);
+#else
+        (void)block;
+#endif
+    }
+    static void unpoison(Block* block) {
+#ifdef MFA_SIM_ASAN
+        ASAN_UNPOISON_MEMORY_REGION(block->payload(), block->bytes);
+#else
+        (void)block;
+#endif
+    }
+    static void release(Block* block) {
+        unpoison(block);
+        std::free(block);
+    }
+    std::mutex mutex_;
+    std::vector<Block*> free_; // kept, poisoned; capacity reserved at creation
+    size_t pooled_ = 0;
+};
 
 struct SimState {
     mfa_gpu_family family;
@@ -25,17 +132,41 @@ struct SimState {
     char device_name[64];
     mfa_gpu_device device;
     mfa::sim::FiberStackPool stacks; // the context's: reused by its calls, unmapped with it
+    ScratchPool scratch;
 };
 
 // Bound where a pass has nothing to bind; the kernels never touch it.
 char placeholder_bytes[16];
 
-// A call's commands: its passes, recorded with everything they refer to, run by commit.
-struct SimCommands {
+// A call's commands: its passes, recorded with everything they refer to, run by commit (of the
+// synchronous path, or of the caller's command buffer they were encoded into).
+struct SimCommands final : mfa::sim::EncodedWork {
+    SimState* state = nullptr;
     uint32_t count = 0;
     mfa::sim::Dispatch dispatches[MFA_PLAN_MAX_PASSES];
     mfa::sim::FunctionConstant constants[MFA_PLAN_MAX_PASSES][MFA_PLAN_MAX_CONSTANTS];
     mfa_kernel_params params[MFA_PLAN_MAX_PASSES];
+    // Encoded into a caller's command buffer: where the runner learns that the call is over.
+    mfa::sim::CommandBuffer* command_buffer = nullptr;
+    void (*on_completed)(void* arg, bool ran) = nullptr;
+    void* on_completed_arg = nullptr;
+
+    // The fiber stacks every recorded dispatch needs are reserved first, so that a call that
+    // cannot get them fails before its first pass writes anything; then the dispatches run in
+    // order, each to completion before the next, as one serial compute encoder runs them.
+    mfa_status run() override {
+        mfa::sim::FiberStackReservation stacks;
+        mfa_status status = mfa::sim::reserve(state->stacks, dispatches, count, &stacks);
+        for (uint32_t i = 0; i < count && status == MFA_OK; ++i) {
+            dispatches[i].stacks = &stacks;
+            status = mfa::sim::dispatch(dispatches[i]);
+        }
+        return status;
+    }
+
+    void completed(bool ran) override {
+        if (on_completed) on_completed(on_completed_arg, ran);
+    }
 };
 
 mfa_status sim_pipeline(void* device, const mfa_pass_plan* pass, mfa_gpu_pipeline* out) {
@@ -60,8 +191,8 @@ mfa_status sim_wrap_host(void* device, const mfa_host_range* range, mfa_gpu_memo
 }
 
 mfa_status sim_scratch(void* device, uint64_t bytes, mfa_gpu_memory* out) {
-    (void)device;
-    void* memory = bytes <= SIZE_MAX ? std::malloc((size_t)bytes) : nullptr;
+    auto* s = static_cast<SimState*>(device);
+    void* memory = bytes <= SIZE_MAX ? s->scratch.take((size_t)bytes) : nullptr;
     if (!memory)
         return mfa_set_error(MFA_ERROR_OUT_OF_MEMORY,
                              "metal-sim: cannot allocate %llu bytes of scratch",
@@ -73,18 +204,18 @@ mfa_status sim_scratch(void* device, uint64_t bytes, mfa_gpu_memory* out) {
     return MFA_OK;
 }
 
+// The only owner a call acquires here is its scratch: caller memory is used in place.
 void sim_release(void* device, void* owner, bool completed) {
-    (void)device;
     (void)completed; // nothing is staged: outputs were written in place
-    std::free(owner);
+    static_cast<SimState*>(device)->scratch.give_back(owner);
 }
 
 mfa_status sim_begin(void* device, const char* label, void** commands) {
-    (void)device;
     (void)label;
     auto* recorded = new (std::nothrow) SimCommands;
     if (!recorded)
         return mfa_set_error(MFA_ERROR_OUT_OF_MEMORY, "metal-sim: cannot allocate commands");
+    recorded->state = static_cast<SimState*>(device);
     *commands = recorded;
     return MFA_OK;
 }
@@ -126,26 +257,53 @@ void sim_encode(void* device, void* commands, const mfa_gpu_dispatch* dispatch) 
     d.num_workers = s->workers;
 }
 
-// The fiber stacks every recorded dispatch needs are reserved first, so that a call that cannot
-// get them fails before its first pass writes anything; then the dispatches run in order, each
-// to completion before the next, as one serial compute encoder runs them.
 mfa_status sim_commit_and_wait(void* device, void* commands, const char* what) {
+    (void)device;
     (void)what; // the simulator's own message names the kernel and the fault
-    auto* s = static_cast<SimState*>(device);
     auto* recorded = static_cast<SimCommands*>(commands);
-    mfa::sim::FiberStackReservation stacks;
-    mfa_status status =
-        mfa::sim::reserve(s->stacks, recorded->dispatches, recorded->count, &stacks);
-    for (uint32_t i = 0; i < recorded->count && status == MFA_OK; ++i) {
-        recorded->dispatches[i].stacks = &stacks;
-        status = mfa::sim::dispatch(recorded->dispatches[i]);
-    }
+    const mfa_status status = recorded->run();
     delete recorded;
     return status;
 }
 
-const mfa_gpu_device_ops device_ops = {sim_pipeline, sim_wrap_host, sim_scratch,        sim_release,
-                                       sim_encode,   sim_begin,     sim_commit_and_wait};
+// A caller's device buffer: its contents are the memory the kernels see.
+mfa_status sim_device_buffer(void* device, void* buffer, mfa_gpu_memory* out) {
+    (void)device;
+    mfa::sim::Buffer* b = mfa::sim::buffer_of(buffer);
+    if (!b)
+        return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
+                             "metal-sim: a device array's buffer is not a live buffer of "
+                             "mfa_buffer_create");
+    out->buffer = b->contents;
+    out->offset = 0;
+    out->length = b->length;
+    out->owner = nullptr;
+    return MFA_OK;
+}
+
+mfa_status sim_begin_encode(void* device, void* command_buffer, const char* label,
+                            void** commands) {
+    auto* target = static_cast<mfa::sim::CommandBuffer*>(command_buffer);
+    mfa_status status = target->check_encoding("mfa_attention_encode");
+    if (status == MFA_OK) status = sim_begin(device, label, commands);
+    if (status == MFA_OK) static_cast<SimCommands*>(*commands)->command_buffer = target;
+    return status;
+}
+
+mfa_status sim_end_encode(void* device, void* commands, void (*completed)(void* arg, bool ran),
+                          void* arg) {
+    (void)device;
+    auto* recorded = static_cast<SimCommands*>(commands);
+    recorded->on_completed = completed;
+    recorded->on_completed_arg = arg;
+    const mfa_status status = recorded->command_buffer->append(recorded, "mfa_attention_encode");
+    if (status != MFA_OK) delete recorded;
+    return status;
+}
+
+const mfa_gpu_device_ops device_ops = {
+    sim_pipeline, sim_wrap_host,       sim_scratch,       sim_release,      sim_encode,
+    sim_begin,    sim_commit_and_wait, sim_device_buffer, sim_begin_encode, sim_end_encode};
 
 int available() {
     for (int kind = 0; kind < MFA_PASS_KIND_COUNT; ++kind)
@@ -182,6 +340,12 @@ mfa_status create(const mfa_context_options* options, void** state) {
     device.max_buffer_length = SIZE_MAX;
     device.placeholder.buffer = placeholder_bytes;
     device.placeholder.length = sizeof placeholder_bytes;
+    try {
+        s->scratch.reserve_slots();
+    } catch (const std::bad_alloc&) {
+        delete s;
+        return mfa_set_error(MFA_ERROR_OUT_OF_MEMORY, "metal-sim: cannot allocate a context");
+    }
     *state = s;
     return MFA_OK;
 }
@@ -200,7 +364,7 @@ void capabilities(void* state, mfa_capabilities* caps) {
     caps->features = MFA_FEATURE_BACKWARD | MFA_FEATURE_LSE | MFA_FEATURE_CAUSAL |
                      MFA_FEATURE_WINDOW | MFA_FEATURE_GQA | MFA_FEATURE_VALUE_HEAD_DIM |
                      MFA_FEATURE_STRIDES | modifiers | MFA_FEATURE_VARLEN | MFA_FEATURE_PAGED_KV |
-                     MFA_FEATURE_INITIAL_STATE;
+                     MFA_FEATURE_INITIAL_STATE | MFA_FEATURE_DEVICE_BUFFERS | MFA_FEATURE_ENCODE;
     caps->backward_features = MFA_FEATURE_CAUSAL | MFA_FEATURE_WINDOW | MFA_FEATURE_GQA |
                               MFA_FEATURE_VALUE_HEAD_DIM | MFA_FEATURE_STRIDES | modifiers |
                               MFA_FEATURE_VARLEN;
@@ -217,9 +381,80 @@ mfa_status backward(void* state, const mfa_problem* problem) {
     return mfa_gpu_run(&static_cast<SimState*>(state)->device, problem, true);
 }
 
+// ---- mfa.h's device buffers and command buffers (mfa_device_ops) ----
+
+mfa_status buffer_create(void* state, size_t length, void** buffer) {
+    (void)state;
+    mfa::sim::Buffer* b = nullptr;
+    const mfa_status status = mfa::sim::buffer_create(length, &b);
+    *buffer = b;
+    return status;
+}
+
+void* buffer_contents(void* state, void* buffer) {
+    (void)state;
+    mfa::sim::Buffer* b = mfa::sim::buffer_of(buffer);
+    return b ? b->contents : nullptr;
+}
+
+// 0 for a handle that is not a live buffer, so validation rejects every view in it.
+size_t buffer_length(void* state, void* buffer) {
+    (void)state;
+    mfa::sim::Buffer* b = mfa::sim::buffer_of(buffer);
+    return b ? b->length : 0;
+}
+
+void buffer_destroy(void* state, void* buffer) {
+    (void)state;
+    if (mfa::sim::Buffer* b = mfa::sim::buffer_of(buffer)) mfa::sim::buffer_destroy(b);
+}
+
+mfa_status encode(void* state, void* command_buffer, mfa_direction direction,
+                  const mfa_problem* problem) {
+    return mfa_gpu_encode(&static_cast<SimState*>(state)->device, command_buffer, problem,
+                          direction == MFA_BACKWARD);
+}
+
+mfa_status command_buffer_create(void* state, void** command_buffer) {
+    (void)state;
+    *command_buffer = new (std::nothrow) mfa::sim::CommandBuffer;
+    if (!*command_buffer)
+        return mfa_set_error(MFA_ERROR_OUT_OF_MEMORY,
+                             "metal-sim: cannot allocate a command buffer");
+    return MFA_OK;
+}
+
+mfa_status command_buffer_commit(void* state, void* command_buffer) {
+    (void)state;
+    return static_cast<mfa::sim::CommandBuffer*>(command_buffer)->commit();
+}
+
+mfa_status command_buffer_wait(void* state, void* command_buffer) {
+    (void)state;
+    return static_cast<mfa::sim::CommandBuffer*>(command_buffer)->wait();
+}
+
+void command_buffer_destroy(void* state, void* command_buffer) {
+    (void)state;
+    delete static_cast<mfa::sim::CommandBuffer*>(command_buffer);
+}
+
+const mfa_device_ops device_memory_ops = {buffer_create,
+                                          buffer_contents,
+                                          buffer_length,
+                                          buffer_destroy,
+                                          encode,
+                                          command_buffer_create,
+                                          command_buffer_commit,
+                                          command_buffer_wait,
+                                          command_buffer_destroy,
+                                          nullptr,
+                                          nullptr};
+
 // No GPU timing: a simulated dispatch's time says nothing about a GPU's.
-const mfa_backend_ops ops = {MFA_BACKEND_METAL_SIM, available, create,   destroy, device_name,
-                             capabilities,          forward,   backward, nullptr, nullptr};
+const mfa_backend_ops ops = {
+    MFA_BACKEND_METAL_SIM, available, create,   destroy, device_name,
+    capabilities,          forward,   backward, nullptr, &device_memory_ops};
 
 } // namespace
 

@@ -3,6 +3,7 @@
  */
 #include "planner/runner.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 int mfa_pass_has_work(const mfa_pass_plan* pass) {
@@ -104,10 +105,45 @@ static mfa_status plan_with_pipelines(mfa_gpu_call* call, bool backward) {
     return MFA_OK;
 }
 
+/* An operand in a caller's device buffer, bound in place at its byte offset. The bytes the
+ * binding reaches, [view byte_offset + binding byte_offset, + byte_length), must lie inside the
+ * length the buffer reports now: the core checked the view, and this checks the exact extent
+ * the kernels bind, so that no disagreement between them can become a GPU access outside the
+ * buffer. */
+static mfa_status resolve_device_operand(const mfa_gpu_call* call,
+                                         const mfa_buffer_binding* binding, const mfa_view* view,
+                                         mfa_gpu_memory* out) {
+    const mfa_gpu_device* device = call->device;
+    const char* name = mfa_operand_name(binding->operand);
+    if (device->ops->device_buffer == NULL) {
+        return mfa_set_error(MFA_ERROR_UNSUPPORTED,
+                             "%s: operand %s is in a device buffer; %s binds host memory only",
+                             device->backend, name, device->name);
+    }
+    mfa_gpu_memory whole;
+    mfa_status status = device->ops->device_buffer(device->self, view->buffer, &whole);
+    if (status != MFA_OK) return status;
+    /* In 128 bits: a view's offsets were checked to fit 64, their sum need not. */
+    const __int128 first = (__int128)view->byte_offset + binding->byte_offset;
+    const __int128 end = first + binding->byte_length;
+    if (first < 0 || end > (__int128)whole.length) {
+        return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
+                             "%s: operand %s reaches bytes %lld to %lld of its device buffer "
+                             "(byte_offset %lld), outside the buffer's %llu bytes",
+                             device->backend, name, (long long)first, (long long)(end - 1),
+                             (long long)view->byte_offset, (unsigned long long)whole.length);
+    }
+    out->buffer = whole.buffer;
+    out->offset = whole.offset + (uint64_t)first;
+    out->length = (uint64_t)binding->byte_length;
+    out->owner = NULL;
+    return MFA_OK;
+}
+
 /* The memory behind one operand for the whole call: the one place that maps an operand to
- * memory. Every operand is caller memory in host address space, wrapped or staged by the
- * device, except the scratch operands (delta, partial results), memory of the call's own; a
- * binding without bytes gets the placeholder. */
+ * memory. Every operand is caller memory, in host address space (wrapped or staged by the
+ * device) or in a device buffer (bound in place), except the scratch operands (delta, partial
+ * results), memory of the call's own; a binding without bytes gets the placeholder. */
 static mfa_status resolve_operand(const mfa_gpu_call* call, const mfa_buffer_binding* binding,
                                   bool writable, mfa_gpu_memory* out) {
     const mfa_gpu_device* device = call->device;
@@ -132,10 +168,11 @@ static mfa_status resolve_operand(const mfa_gpu_call* call, const mfa_buffer_bin
     }
     mfa_operand_view view;
     if (!mfa_problem_operand(call->problem, binding->operand, &view) || view.view == NULL ||
-        view.view->data == NULL) {
+        !mfa_view_present(view.view)) {
         return mfa_set_error(MFA_ERROR_INTERNAL, "%s: the plan binds %s, which the call lacks",
                              device->backend, name);
     }
+    if (view.view->buffer != NULL) return resolve_device_operand(call, binding, view.view, out);
     mfa_host_range range;
     range.operand = binding->operand;
     range.first = view.view->data + binding->byte_offset;
@@ -231,5 +268,47 @@ mfa_status mfa_gpu_run(const mfa_gpu_device* device, const mfa_problem* problem,
         }
     }
     mfa_gpu_call_finish(&call, status == MFA_OK);
+    return status;
+}
+
+/* The heap call of mfa_gpu_encode, finished when its command buffer completes or is dropped. */
+static void encoded_call_completed(void* arg, bool ran) {
+    mfa_gpu_call* call = (mfa_gpu_call*)arg;
+    mfa_gpu_call_finish(call, ran);
+    free(call);
+}
+
+mfa_status mfa_gpu_encode(const mfa_gpu_device* device, void* command_buffer,
+                          const mfa_problem* problem, bool backward) {
+    const char* what = backward ? "backward" : "forward";
+    if (device->ops->begin_encode == NULL || device->ops->end_encode == NULL) {
+        return mfa_set_error(MFA_ERROR_UNSUPPORTED,
+                             "%s: %s cannot encode into a caller's command "
+                             "buffer",
+                             device->backend, device->name);
+    }
+    mfa_gpu_call* call = (mfa_gpu_call*)malloc(sizeof *call);
+    if (call == NULL) {
+        return mfa_set_error(MFA_ERROR_OUT_OF_MEMORY, "%s: cannot allocate an encoded %s call",
+                             device->backend, what);
+    }
+    mfa_status status = mfa_gpu_call_prepare(call, device, problem, backward);
+    if (status != MFA_OK) {
+        free(call);
+        return status;
+    }
+    /* The problem belongs to the public call that is returning: the call must not keep it. */
+    call->problem = NULL;
+    if (!mfa_gpu_call_has_work(call)) {
+        encoded_call_completed(call, true);
+        return MFA_OK;
+    }
+    void* commands = NULL;
+    status = device->ops->begin_encode(device->self, command_buffer, what, &commands);
+    if (status == MFA_OK) {
+        mfa_gpu_call_encode(call, commands);
+        status = device->ops->end_encode(device->self, commands, encoded_call_completed, call);
+    }
+    if (status != MFA_OK) encoded_call_completed(call, false);
     return status;
 }

@@ -11,14 +11,17 @@
  *
  * A call has three steps, so that nothing is encoded, run or written by a call that fails:
  *   1. mfa_gpu_call_prepare(): plan, get every pipeline, check the plan against the device,
- *      allocate the scratch and resolve every operand's memory, bounds included. Everything
- *      that can fail fails here, and then releases what it acquired.
+ *      allocate the scratch and resolve every operand's memory, bounds included: host memory
+ *      wrapped or staged by the device, a device buffer bound in place at its byte offset after
+ *      the byte range the binding reaches was checked against the length the buffer reports.
+ *      Everything that can fail fails here, and then releases what it acquired.
  *   2. mfa_gpu_call_encode(): encode the passes that have work, in order, into commands of the
  *      device's (on metal a command buffer's compute encoder). Cannot fail.
  *   3. mfa_gpu_call_finish(): after the commands ran, or when they never will: copy staged
  *      outputs back if they completed, and release everything the call acquired.
  * mfa_gpu_run() is the synchronous call: prepare, the device's own commands (begin, encode,
- * commit and wait), finish.
+ * commit and wait), finish. mfa_gpu_encode() encodes into a caller's command buffer instead and
+ * finishes when that completes.
  *
  * All state of a call lives in its mfa_gpu_call, so calls on one device may run concurrently;
  * the device's operations must be thread-safe.
@@ -101,6 +104,25 @@ typedef struct mfa_gpu_device_ops {
      * MFA_ERROR_OUT_OF_MEMORY when the device failed while running). `what` names the call in
      * messages. */
     mfa_status (*commit_and_wait)(void* device, void* commands, const char* what);
+
+    /* Device memory (problems in MFA_MEMORY_DEVICE); NULL where the device has none. */
+    /* A caller's device buffer as a whole: the object the encoder binds (metal: the
+     * id<MTLBuffer> itself; metal-sim: its contents), offset 0, and the length in bytes the
+     * buffer reports. Borrowed (owner NULL): the caller keeps the buffer alive. */
+    mfa_status (*device_buffer)(void* device, void* buffer, mfa_gpu_memory* out);
+
+    /* Encoding into a caller's command buffer (mfa_gpu_encode); NULL where the device has
+     * none. begin_encode: commands of the device's that encode into command_buffer; on
+     * failure (e.g. a command buffer already committed) nothing is encoded... */
+    mfa_status (*begin_encode)(void* device, void* command_buffer, const char* label,
+                               void** commands);
+    /* ...then, after the passes were encoded into commands, hand them to command_buffer and
+     * arrange for completed(arg, ran) to be called exactly once: when command_buffer has
+     * completed (ran: without error) or is dropped without running (ran false). On failure
+     * nothing of commands reached command_buffer, commands are freed and completed is never
+     * called. */
+    mfa_status (*end_encode)(void* device, void* commands, void (*completed)(void* arg, bool ran),
+                             void* arg);
 } mfa_gpu_device_ops;
 
 /* A device as the runner drives it; each GPU backend keeps one per context. */
@@ -152,6 +174,13 @@ void mfa_gpu_call_finish(mfa_gpu_call* call, bool completed);
 
 /* mfa_gpu_run(): one synchronous call, as the public entry points make it. */
 mfa_status mfa_gpu_run(const mfa_gpu_device* device, const mfa_problem* problem, bool backward);
+
+/* mfa_gpu_encode(): one call encoded into a caller's command buffer (mfa_attention_encode):
+ * prepare, begin_encode, encode, end_encode. The call lives on the heap until command_buffer
+ * completes or is dropped, and is finished then (its scratch given back). On failure nothing
+ * was encoded and nothing stays acquired. */
+mfa_status mfa_gpu_encode(const mfa_gpu_device* device, void* command_buffer,
+                          const mfa_problem* problem, bool backward);
 
 #ifdef __cplusplus
 }

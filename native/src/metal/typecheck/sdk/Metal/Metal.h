@@ -114,6 +114,9 @@ typedef enum MTLCommandBufferError : NSUInteger {
 - (void)dispatchThreadgroups:(MTLSize)threadgroupsPerGrid threadsPerThreadgroup:(MTLSize)threadsPerThreadgroup;
 @end
 
+@protocol MTLCommandBuffer;
+typedef void (^MTLCommandBufferHandler)(id<MTLCommandBuffer> buffer);
+
 @protocol MTLCommandBuffer <NSObject>
 @property (nullable, copy, atomic) NSString *label;
 @property (readonly) MTLCommandBufferStatus status;
@@ -121,6 +124,7 @@ typedef enum MTLCommandBufferError : NSUInteger {
 @property (readonly) CFTimeInterval GPUStartTime;
 @property (readonly) CFTimeInterval GPUEndTime;
 - (nullable id<MTLComputeCommandEncoder>)computeCommandEncoder;
+- (void)addCompletedHandler:(MTLCommandBufferHandler)block;
 - (void)commit;
 - (void)waitUntilCompleted;
 @end
