@@ -641,3 +641,13 @@ def routed() -> Iterator[None]:
     finally:
         with _routing_lock:
             _install(previous)
+
+
+def __getattr__(name: str):
+    # ring_attention and the zig-zag helpers (mfa_native.ring) import torch.distributed: they
+    # are loaded on first use.
+    if name in ("ring_attention", "zigzag_indices", "zigzag_shard", "zigzag_unshard"):
+        from . import ring
+
+        return getattr(ring, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -37,11 +37,8 @@ static const char* metal_device_name(void* state) {
 static void metal_capabilities(void* state, mfa_capabilities* caps) {
     LibMFAMetalContext* context = (__bridge LibMFAMetalContext*)state;
     caps->dtypes = (1u << MFA_DTYPE_F32) | (1u << MFA_DTYPE_F16) | (1u << MFA_DTYPE_BF16);
-    caps->features = MFA_FEATURE_BACKWARD | MFA_FEATURE_LSE | MFA_FEATURE_CAUSAL |
-                     MFA_FEATURE_WINDOW | MFA_FEATURE_GQA | MFA_FEATURE_VALUE_HEAD_DIM |
-                     MFA_FEATURE_STRIDES | MFA_FEATURE_DEVICE_BUFFERS | MFA_FEATURE_ENCODE;
-    caps->backward_features = MFA_FEATURE_CAUSAL | MFA_FEATURE_WINDOW | MFA_FEATURE_GQA |
-                              MFA_FEATURE_VALUE_HEAD_DIM | MFA_FEATURE_STRIDES;
+    caps->features = MFA_PLAN_FEATURES | MFA_FEATURE_DEVICE_BUFFERS | MFA_FEATURE_ENCODE;
+    caps->backward_features = MFA_PLAN_BACKWARD_FEATURES;
     caps->max_head_dim = MFA_PLAN_MAX_HEAD_DIM;
     caps->gpu_family = context.family;
     caps->num_threads = 0;

@@ -357,17 +357,8 @@ const char* device_name(void* state) { return static_cast<SimState*>(state)->dev
 void capabilities(void* state, mfa_capabilities* caps) {
     const auto* s = static_cast<SimState*>(state);
     caps->dtypes = 1u << MFA_DTYPE_F32 | 1u << MFA_DTYPE_F16 | 1u << MFA_DTYPE_BF16;
-    // What the kernels compute, each checked against the float64 reference on metal-sim
-    // (tests/python, capability-gated, and tests/metal_sim).
-    const uint32_t modifiers = MFA_FEATURE_MASK | MFA_FEATURE_BLOCK_MASK | MFA_FEATURE_SOFTCAP |
-                               MFA_FEATURE_ALIBI | MFA_FEATURE_SINKS;
-    caps->features = MFA_FEATURE_BACKWARD | MFA_FEATURE_LSE | MFA_FEATURE_CAUSAL |
-                     MFA_FEATURE_WINDOW | MFA_FEATURE_GQA | MFA_FEATURE_VALUE_HEAD_DIM |
-                     MFA_FEATURE_STRIDES | modifiers | MFA_FEATURE_VARLEN | MFA_FEATURE_PAGED_KV |
-                     MFA_FEATURE_INITIAL_STATE | MFA_FEATURE_DEVICE_BUFFERS | MFA_FEATURE_ENCODE;
-    caps->backward_features = MFA_FEATURE_CAUSAL | MFA_FEATURE_WINDOW | MFA_FEATURE_GQA |
-                              MFA_FEATURE_VALUE_HEAD_DIM | MFA_FEATURE_STRIDES | modifiers |
-                              MFA_FEATURE_VARLEN;
+    caps->features = MFA_PLAN_FEATURES | MFA_FEATURE_DEVICE_BUFFERS | MFA_FEATURE_ENCODE;
+    caps->backward_features = MFA_PLAN_BACKWARD_FEATURES;
     caps->max_head_dim = MFA_PLAN_MAX_HEAD_DIM;
     caps->gpu_family = s->family;
     caps->num_threads = s->workers;

@@ -105,6 +105,20 @@ typedef struct mfa_plan {
 /* Largest D and Dv the kernels accept. */
 #define MFA_PLAN_MAX_HEAD_DIM 1024
 
+/* What the kernels compute through these plans, forward and backward (mfa_capabilities): both
+ * GPU backends declare these, because the Metal host and metal-sim run the same plans through
+ * the same runner; metal-sim's runs check every bit against the float64 reference. Paged caches
+ * and initial states are forward-only, as in mfa.h. */
+#define MFA_PLAN_SCORE_MODIFIERS                                                                   \
+    (MFA_FEATURE_MASK | MFA_FEATURE_BLOCK_MASK | MFA_FEATURE_SOFTCAP | MFA_FEATURE_ALIBI |         \
+     MFA_FEATURE_SINKS)
+#define MFA_PLAN_BACKWARD_FEATURES                                                                 \
+    (MFA_FEATURE_CAUSAL | MFA_FEATURE_WINDOW | MFA_FEATURE_GQA | MFA_FEATURE_VALUE_HEAD_DIM |      \
+     MFA_FEATURE_STRIDES | MFA_PLAN_SCORE_MODIFIERS | MFA_FEATURE_VARLEN)
+#define MFA_PLAN_FEATURES                                                                          \
+    (MFA_FEATURE_BACKWARD | MFA_FEATURE_LSE | MFA_PLAN_BACKWARD_FEATURES | MFA_FEATURE_PAGED_KV |  \
+     MFA_FEATURE_INITIAL_STATE)
+
 /* mfa_plan_forward() / mfa_plan_backward(): fill *plan for problem on family (APPLE7, 8 or 9).
  * max_threads_per_threadgroup bounds the threadgroup size (1024 unless a pipeline reported
  * less). Fails with mfa_set_error (INVALID_ARGUMENT for a bad family or limit, UNSUPPORTED for
