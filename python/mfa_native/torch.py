@@ -643,7 +643,7 @@ def routed() -> Iterator[None]:
             _install(previous)
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     # ring_attention and the zig-zag helpers (mfa_native.ring) import torch.distributed: they
     # are loaded on first use.
     if name in ("ring_attention", "zigzag_indices", "zigzag_shard", "zigzag_unshard"):
