@@ -407,7 +407,8 @@ typedef enum mfa_direction { MFA_FORWARD = 0, MFA_BACKWARD = 1 } mfa_direction;
  * values until the work that uses them completes. */
 typedef struct mfa_attention_args {
     size_t struct_size;    /* set by mfa_attention_args_init(args, sizeof *args) */
-    float softcap;         /* 0 (default): none; > 0 and finite: the softcap of the scores */
+    float softcap;         /* 0 (default): none; > 0 and finite: the softcap of the scores;
+                              negative, NaN or infinite: MFA_ERROR_INVALID_ARGUMENT */
     int32_t initial_state; /* 0 (default) or 1: see above */
     int64_t max_seqlen_q;  /* packed sequences: >= every query length; else 0 (default) */
     int64_t max_seqlen_k;  /* packed sequences: >= every key length; else 0 (default) */

@@ -637,14 +637,11 @@ static void test_device_entry_points(void) {
 }
 
 int main(void) {
-    const mfa_backend backends[] = {MFA_BACKEND_CPU, MFA_BACKEND_METAL_SIM, MFA_BACKEND_METAL};
-    for (size_t i = 0; i < sizeof backends / sizeof backends[0]; ++i) {
-        if (!mfa_backend_available(backends[i])) continue;
-        mfa_context_options options;
-        mfa_context_options_init(&options);
-        options.num_threads = 1;
-        ctx = test_context(backends[i], backends[i] == MFA_BACKEND_METAL ? NULL : &options,
-                           mfa_backend_name(backends[i]));
+    mfa_context_options options;
+    mfa_context_options_init(&options);
+    options.num_threads = 1;
+    for (int i = 0; i < TEST_BACKEND_COUNT; ++i) {
+        ctx = test_backend_context(i, &options);
         if (!ctx) continue;
         caps.struct_size = sizeof caps;
         mfa_context_capabilities(ctx, &caps);

@@ -7,34 +7,14 @@
 #include "test_reference.h"
 #include "test_util.h"
 
-typedef struct config {
-    const char* name;
-    mfa_dtype dtype;
-    int64_t b, hq, hkv, nq, nk, d, dv;
-    int causal;
-    mfa_alignment alignment;
-    int64_t left, right;
-    test_layout layout;
-} config;
-
-static const config configs[] = {
+static const test_problem configs[] = {
     {"f32 causal bottom-right Nq < Nk", MFA_DTYPE_F32, 2, 2, 2, 9, 17, 16, 16, 1,
-     MFA_ALIGN_BOTTOM_RIGHT, -1, -1, TEST_BHSD},
+     MFA_ALIGN_BOTTOM_RIGHT, -1, -1, TEST_BHSD, 0},
     {"f16 GQA window top-left", MFA_DTYPE_F16, 1, 4, 2, 13, 11, 8, 8, 0, MFA_ALIGN_TOP_LEFT, 3, 2,
-     TEST_BSHD},
+     TEST_BSHD, 0},
     {"bf16 Dv != D, reversed rows", MFA_DTYPE_BF16, 1, 2, 1, 7, 20, 16, 8, 1, MFA_ALIGN_TOP_LEFT, 5,
-     -1, TEST_REVERSED},
+     -1, TEST_REVERSED, 0},
 };
-
-static mfa_array array_of(const mfa_tensor* t) {
-    mfa_array a;
-    memset(&a, 0, sizeof a);
-    a.data = t->data;
-    a.dtype = t->dtype;
-    memcpy(a.shape, t->shape, sizeof a.shape);
-    memcpy(a.strides, t->strides, sizeof a.strides);
-    return a;
-}
 
 /* The nine arrays of a test_attention, and args pointing at them. */
 typedef struct arrays {
@@ -43,9 +23,11 @@ typedef struct arrays {
 
 static void arrays_of(const test_attention* a, arrays* x, mfa_attention_args* args,
                       mfa_direction direction) {
-    x->q = array_of(&a->q.t), x->k = array_of(&a->k.t), x->v = array_of(&a->v.t);
-    x->out = array_of(&a->out.t), x->lse = array_of(&a->lse.t), x->dout = array_of(&a->dout.t);
-    x->dq = array_of(&a->dq.t), x->dk = array_of(&a->dk.t), x->dv = array_of(&a->dv.t);
+    x->q = test_array_of(&a->q.t), x->k = test_array_of(&a->k.t), x->v = test_array_of(&a->v.t);
+    x->out = test_array_of(&a->out.t), x->lse = test_array_of(&a->lse.t),
+    x->dout = test_array_of(&a->dout.t);
+    x->dq = test_array_of(&a->dq.t), x->dk = test_array_of(&a->dk.t),
+    x->dv = test_array_of(&a->dv.t);
     mfa_attention_args_init(args, sizeof *args);
     args->q = &x->q, args->k = &x->k, args->v = &x->v, args->out = &x->out, args->lse = &x->lse;
     if (direction == MFA_BACKWARD) {
@@ -63,14 +45,14 @@ static void check(const char* label, const char* what, const test_tensor* got, m
 
 /* Forward and backward of one configuration, through entry point `via` (0: compute, 1: the 0.1
  * calls), against the reference read from the stored inputs. */
-static void run_config(mfa_context* ctx, const char* backend, const config* c, int via) {
+static void run_config(mfa_context* ctx, const char* backend, const test_problem* c, int via) {
     char label[200];
     snprintf(label, sizeof label, "%s: %s via %s", backend, c->name,
              via ? "mfa_attention_forward/backward" : "mfa_attention_compute");
     test_attention a =
         test_attention_make(c->dtype, c->b, c->hq, c->hkv, c->nq, c->nk, c->d, c->dv, c->layout);
     const mfa_attention_params params =
-        test_params(c->causal, c->alignment, c->left, c->right, 0.0f);
+        test_params(c->causal, c->alignment, c->left, c->right, c->scale);
     test_fill_nan(&a.out);
     test_fill_nan(&a.lse);
     arrays x;
@@ -219,15 +201,13 @@ static void test_args_sizes(mfa_context* ctx) {
 }
 
 int main(void) {
-    const mfa_backend backends[] = {MFA_BACKEND_CPU, MFA_BACKEND_METAL_SIM, MFA_BACKEND_METAL};
-    for (size_t i = 0; i < sizeof backends / sizeof backends[0]; ++i) {
-        if (!mfa_backend_available(backends[i])) continue;
-        const char* name = mfa_backend_name(backends[i]);
-        mfa_context* ctx = test_context(backends[i], NULL, name);
+    for (int i = 0; i < TEST_BACKEND_COUNT; ++i) {
+        mfa_context* ctx = test_backend_context(i, NULL);
         if (!ctx) continue;
+        const char* name = mfa_backend_name(test_backends[i]);
         for (size_t c = 0; c < sizeof configs / sizeof configs[0]; ++c)
             for (int via = 0; via < 2; ++via) run_config(ctx, name, &configs[c], via);
-        if (backends[i] == MFA_BACKEND_CPU) test_args_sizes(ctx);
+        if (test_backends[i] == MFA_BACKEND_CPU) test_args_sizes(ctx);
         mfa_context_destroy(ctx);
     }
     return test_finish("test_compute");

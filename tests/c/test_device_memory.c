@@ -86,23 +86,13 @@ static placed place(arena* a, const test_tensor* x) {
     return p;
 }
 
-typedef struct config {
-    const char* name;
-    mfa_dtype dtype;
-    int64_t b, hq, hkv, nq, nk, d, dv;
-    int causal;
-    mfa_alignment alignment;
-    int64_t left, right;
-    test_layout layout;
-} config;
-
-static const config configs[] = {
+static const test_problem configs[] = {
     {"f32 causal bottom-right Nq < Nk", MFA_DTYPE_F32, 2, 2, 2, 9, 17, 16, 16, 1,
-     MFA_ALIGN_BOTTOM_RIGHT, -1, -1, TEST_BHSD},
+     MFA_ALIGN_BOTTOM_RIGHT, -1, -1, TEST_BHSD, 0},
     {"f16 GQA window top-left bshd", MFA_DTYPE_F16, 1, 4, 2, 13, 11, 8, 8, 0, MFA_ALIGN_TOP_LEFT, 3,
-     2, TEST_BSHD},
+     2, TEST_BSHD, 0},
     {"bf16 Dv != D, reversed rows", MFA_DTYPE_BF16, 1, 2, 1, 7, 20, 16, 8, 1, MFA_ALIGN_TOP_LEFT, 5,
-     -1, TEST_REVERSED},
+     -1, TEST_REVERSED, 0},
 };
 
 /* The nine operands of a call placed in one arena; outputs start as NaN. */
@@ -113,7 +103,7 @@ typedef struct device_call {
     mfa_attention_params params;
 } device_call;
 
-static void device_call_make(device_call* c, mfa_context* ctx, const config* cfg) {
+static void device_call_make(device_call* c, mfa_context* ctx, const test_problem* cfg) {
     c->host = test_attention_make(cfg->dtype, cfg->b, cfg->hq, cfg->hkv, cfg->nq, cfg->nk, cfg->d,
                                   cfg->dv, cfg->layout);
     test_tensor* outputs[] = {&c->host.out, &c->host.lse, &c->host.dq, &c->host.dk, &c->host.dv};
@@ -128,7 +118,7 @@ static void device_call_make(device_call* c, mfa_context* ctx, const config* cfg
     c->lse = place(&c->arena, &c->host.lse), c->dout = place(&c->arena, &c->host.dout);
     c->dq = place(&c->arena, &c->host.dq), c->dk = place(&c->arena, &c->host.dk);
     c->dv = place(&c->arena, &c->host.dv);
-    c->params = test_params(cfg->causal, cfg->alignment, cfg->left, cfg->right, 0.0f);
+    c->params = test_params(cfg->causal, cfg->alignment, cfg->left, cfg->right, cfg->scale);
 }
 
 static void device_call_free(device_call* c) {
@@ -157,7 +147,7 @@ static void check(const char* label, const char* what, const placed* got, mfa_dt
 /* out and lse against the reference of the inputs; with backward, dq, dk and dv against the
  * gradients of the forward as stored (what the backward reads, as test_compute checks them).
  * Tolerances: ref_allowed_error for the dtype, as test_compute. */
-static void check_results(const char* label, const device_call* c, const config* cfg,
+static void check_results(const char* label, const device_call* c, const test_problem* cfg,
                           bool backward) {
     const ref_problem problem =
         ref_problem_of(&c->host.q.t, &c->host.k.t, &c->host.v.t, &c->params);
@@ -206,7 +196,7 @@ static void test_buffers(mfa_context* ctx) {
 static void test_compute_and_encode(mfa_context* ctx) {
     for (size_t i = 0; i < sizeof configs / sizeof configs[0]; ++i) {
         for (int via_encode = 0; via_encode < 2; ++via_encode) {
-            const config* cfg = &configs[i];
+            const test_problem* cfg = &configs[i];
             char label[200];
             snprintf(label, sizeof label, "%s via %s", cfg->name,
                      via_encode ? "mfa_attention_encode" : "mfa_attention_compute");
@@ -251,7 +241,7 @@ static void test_compute_and_encode(mfa_context* ctx) {
  * element before the start: refused naming it, nothing encoded (the command buffer then runs
  * nothing) and no byte of the buffer written. */
 static void test_out_of_range(mfa_context* ctx) {
-    const config* cfg = &configs[2]; /* reversed rows: the lowest byte is below the origin */
+    const test_problem* cfg = &configs[2]; /* reversed rows: the lowest byte is below the origin */
     device_call c;
     device_call_make(&c, ctx, cfg);
     placed* operands[] = {&c.q, &c.k, &c.v, &c.out, &c.lse, &c.dout, &c.dq, &c.dk, &c.dv};
@@ -311,7 +301,7 @@ static void test_out_of_range(mfa_context* ctx) {
 /* ---- Command buffer states ------------------------------------------------------------------ */
 
 static void test_status(mfa_context* ctx) {
-    const config* cfg = &configs[0];
+    const test_problem* cfg = &configs[0];
     device_call c;
     device_call_make(&c, ctx, cfg);
     mfa_attention_args forward, backward;
@@ -438,7 +428,7 @@ enum { THREADS = 4 };
 
 typedef struct worker {
     mfa_context* ctx;
-    const config* cfg;
+    const test_problem* cfg;
     device_call call;
 } worker;
 

@@ -11,16 +11,6 @@
 
 static const mfa_dtype float_dtypes[3] = {MFA_DTYPE_F32, MFA_DTYPE_F16, MFA_DTYPE_BF16};
 
-static mfa_array array_of(const mfa_tensor* t) {
-    mfa_array a;
-    memset(&a, 0, sizeof a);
-    a.data = t->data;
-    a.dtype = t->dtype;
-    memcpy(a.shape, t->shape, sizeof a.shape);
-    memcpy(a.strides, t->strides, sizeof a.strides);
-    return a;
-}
-
 /* ---- Merge --------------------------------------------------------------------------------- */
 
 enum { B = 2, H = 3, N = 5, DV = 7, MAX_PARTS = 8 };
@@ -50,8 +40,8 @@ static void parts_make(parts* p, int count, int rotate, test_layout layout) {
                     if (b == 1 && h == 2 && n == 3) l = -INFINITY; /* every part empty */
                     test_set(&p->lse[i].t, b, h, n, 0, (float)l);
                 }
-        p->out_arrays[i] = array_of(&p->out[i].t);
-        p->lse_arrays[i] = array_of(&p->lse[i].t);
+        p->out_arrays[i] = test_array_of(&p->out[i].t);
+        p->lse_arrays[i] = test_array_of(&p->lse[i].t);
         p->outs[i] = &p->out_arrays[i];
         p->lses[i] = &p->lse_arrays[i];
     }
@@ -66,67 +56,16 @@ static void parts_free(parts* p) {
 
 /* The merge of mfa.h, in double, from the parts as stored. */
 static void reference_merge(const parts* p, double* out, double* lse) {
-    for (int64_t b = 0; b < B; ++b)
-        for (int64_t h = 0; h < H; ++h)
-            for (int64_t n = 0; n < N; ++n) {
-                const int64_t row = (b * H + h) * N + n;
-                double m = -INFINITY;
-                int invalid = 0;
-                for (int i = 0; i < p->count; ++i) {
-                    const double l = test_get(&p->lse[i].t, b, h, n, 0);
-                    if (isnan(l) || l == INFINITY) invalid = 1;
-                    if (l > m) m = l;
-                }
-                double total = 0;
-                for (int i = 0; i < p->count && !invalid && m > -INFINITY; ++i)
-                    total += exp(test_get(&p->lse[i].t, b, h, n, 0) - m);
-                lse[row] = invalid ? NAN : m == -INFINITY ? -INFINITY : m + log(total);
-                for (int64_t d = 0; d < DV; ++d) {
-                    double sum = 0;
-                    for (int i = 0; i < p->count && !invalid && m > -INFINITY; ++i) {
-                        const double l = test_get(&p->lse[i].t, b, h, n, 0);
-                        if (l == -INFINITY) continue;
-                        sum += exp(l - m) * test_get(&p->out[i].t, b, h, n, d);
-                    }
-                    out[row * DV + d] = invalid ? NAN : m == -INFINITY ? 0.0 : sum / total;
-                }
-            }
+    const mfa_tensor* outs[MAX_PARTS];
+    const mfa_tensor* lses[MAX_PARTS];
+    for (int i = 0; i < p->count; ++i) outs[i] = &p->out[i].t, lses[i] = &p->lse[i].t;
+    ref_merge(p->count, outs, lses, out, lse);
 }
 
-/* The result is rounded once to its dtype from a double computation: within one unit of
- * rounding of the dtype (2^-24 f32, 2^-11 f16, 2^-8 bf16 relative) of the reference, plus
- * double's own error, negligible next to it. Values are weighted averages of numbers in
- * [-1, 1], so 2 u relative to max(|want|, 2^-10) covers subnormal-free outputs. */
 static void compare_merge(const char* label, const mfa_tensor* out, const mfa_tensor* lse,
                           const double* want_out, const double* want_lse) {
-    const double u = ref_unit_roundoff(out->dtype);
-    for (int64_t b = 0; b < B; ++b)
-        for (int64_t h = 0; h < H; ++h)
-            for (int64_t n = 0; n < N; ++n) {
-                const int64_t row = (b * H + h) * N + n;
-                for (int64_t d = 0; d < DV; ++d) {
-                    const double got = test_get(out, b, h, n, d), want = want_out[row * DV + d];
-                    const int ok = isnan(want)
-                                       ? isnan(got)
-                                       : fabs(got - want) <= 2 * u * fmax(fabs(want), 0x1p-10);
-                    if (!ok) {
-                        CHECK(0, "%s: out[%lld, %lld, %lld, %lld] = %.9g, reference %.9g", label,
-                              (long long)b, (long long)h, (long long)n, (long long)d, got, want);
-                        return;
-                    }
-                }
-                if (lse == NULL) continue;
-                const double got = test_get(lse, b, h, n, 0), want = want_lse[row];
-                const int ok = isnan(want) ? isnan(got)
-                               : want == -INFINITY
-                                   ? got == -INFINITY
-                                   : fabs(got - want) <= 0x1p-23 * fmax(fabs(want), 1);
-                if (!ok) {
-                    CHECK(0, "%s: lse[%lld, %lld, %lld] = %.9g, reference %.9g", label,
-                          (long long)b, (long long)h, (long long)n, got, want);
-                    return;
-                }
-            }
+    char why[200];
+    CHECK(ref_compare_merge(out, lse, want_out, want_lse, why, sizeof why), "%s: %s", label, why);
 }
 
 static void test_merge_values(mfa_context* ctx, const char* backend) {
@@ -143,7 +82,7 @@ static void test_merge_values(mfa_context* ctx, const char* backend) {
                 test_tensor lse = test_tensor_make(MFA_DTYPE_F32, B, H, N, 1, TEST_BHSD);
                 test_fill_nan(&out);
                 test_fill_nan(&lse);
-                mfa_array out_array = array_of(&out.t), lse_array = array_of(&lse.t);
+                mfa_array out_array = test_array_of(&out.t), lse_array = test_array_of(&lse.t);
                 snprintf(label, sizeof label, "%s: merge of %d parts (rotation %d) into %s",
                          backend, count, rotate, mfa_dtype_name(float_dtypes[t]));
                 CHECK(mfa_attention_merge(ctx, count, p.outs, p.lses, &out_array, &lse_array) ==
@@ -189,7 +128,7 @@ static void test_merge_special_values(mfa_context* ctx, const char* backend) {
     test_set(&p.out[1].t, 0, 0, 3, 5, NAN); /* row 3: NaN in a part with keys */
     test_tensor out = test_tensor_make(MFA_DTYPE_F32, B, H, N, DV, TEST_BHSD);
     test_tensor lse = test_tensor_make(MFA_DTYPE_F32, B, H, N, 1, TEST_BHSD);
-    mfa_array out_array = array_of(&out.t), lse_array = array_of(&lse.t);
+    mfa_array out_array = test_array_of(&out.t), lse_array = test_array_of(&lse.t);
     CHECK(mfa_attention_merge(ctx, 3, p.outs, p.lses, &out_array, &lse_array) == MFA_OK, "%s: %s",
           backend, mfa_last_error());
     for (int64_t d = 0; d < DV; ++d) {
@@ -239,14 +178,14 @@ static void test_merge_of_attention(mfa_context* ctx, const char* backend) {
         CHECK(mfa_attention_forward(ctx, &part_params, &a.q.t, &k, &v, &outs[part].t,
                                     &lses[part].t) == MFA_OK,
               "%s: forward of block %d: %s", backend, part, mfa_last_error());
-        out_arrays[part] = array_of(&outs[part].t);
-        lse_arrays[part] = array_of(&lses[part].t);
+        out_arrays[part] = test_array_of(&outs[part].t);
+        lse_arrays[part] = test_array_of(&lses[part].t);
         out_ptrs[part] = &out_arrays[part];
         lse_ptrs[part] = &lse_arrays[part];
     }
     test_tensor out = test_tensor_make(MFA_DTYPE_F32, 1, 2, NQ, D, TEST_BSHD);
     test_tensor lse = test_tensor_make(MFA_DTYPE_F32, 1, 2, NQ, 1, TEST_BHSD);
-    mfa_array out_array = array_of(&out.t), lse_array = array_of(&lse.t);
+    mfa_array out_array = test_array_of(&out.t), lse_array = test_array_of(&lse.t);
     CHECK(mfa_attention_merge(ctx, 3, out_ptrs, lse_ptrs, &out_array, &lse_array) == MFA_OK,
           "%s: merge: %s", backend, mfa_last_error());
     const ref_problem problem = ref_problem_of(&a.q.t, &a.k.t, &a.v.t, &whole);
@@ -287,7 +226,7 @@ static void test_merge_arguments(mfa_context* ctx) {
     parts_make(&p, 3, 0, TEST_BHSD);
     test_tensor out = test_tensor_make(MFA_DTYPE_F32, B, H, N, DV, TEST_BHSD);
     test_tensor lse = test_tensor_make(MFA_DTYPE_F32, B, H, N, 1, TEST_BHSD);
-    mfa_array out_array = array_of(&out.t), lse_array = array_of(&lse.t);
+    mfa_array out_array = test_array_of(&out.t), lse_array = test_array_of(&lse.t);
 #define MERGE_CASE(label, status, substring, call)                                                 \
     do {                                                                                           \
         memset(out.storage, CANARY, out.bytes);                                                    \
@@ -335,11 +274,11 @@ static void test_merge_arguments(mfa_context* ctx) {
     out_array.strides[1] = 0;
     MERGE_CASE("out broadcast", INVALID, "out: stride 0 of dim 1 (heads) makes elements overlap",
                mfa_attention_merge(ctx, 3, p.outs, p.lses, &out_array, &lse_array));
-    out_array = array_of(&out.t);
+    out_array = test_array_of(&out.t);
     lse_array.data = out.storage;
     MERGE_CASE("lse overlaps out", INVALID, "out overlaps lse",
                mfa_attention_merge(ctx, 3, p.outs, p.lses, &out_array, &lse_array));
-    lse_array = array_of(&lse.t);
+    lse_array = test_array_of(&lse.t);
     /* In place is exactly one part's view; anything else that overlaps a part is refused. */
     mfa_array shifted = p.out_arrays[1];
     shifted.data = (float*)shifted.data + 1;
@@ -454,7 +393,7 @@ static void test_mask_summaries(mfa_context* ctx, const char* backend) {
             test_tensor mask = test_tensor_make(dtypes[d], shapes[s].b, shapes[s].h, shapes[s].q,
                                                 shapes[s].k, s % 2 ? TEST_BSHD : TEST_BHSD);
             fill_mask(&mask.t, (int)s);
-            mfa_array mask_array = array_of(&mask.t);
+            mfa_array mask_array = test_array_of(&mask.t);
             int64_t summary_b = shapes[s].b;
             if (shapes[s].batch_stride_zero) { /* batch 2 through stride 0: summary batch 1 */
                 mask_array.strides[0] = 0;
@@ -465,7 +404,7 @@ static void test_mask_summaries(mfa_context* ctx, const char* backend) {
             test_tensor summary =
                 test_tensor_make(MFA_DTYPE_BOOL, summary_b, shapes[s].h, rows, cols, TEST_BHSD);
             memset(summary.storage, 0xEE, summary.bytes);
-            mfa_array summary_array = array_of(&summary.t);
+            mfa_array summary_array = test_array_of(&summary.t);
             snprintf(label, sizeof label, "%s: summary of a %s mask [%lld, %lld, %lld, %lld]%s",
                      backend, mfa_dtype_name(dtypes[d]), (long long)shapes[s].b,
                      (long long)shapes[s].h, (long long)shapes[s].q, (long long)shapes[s].k,
@@ -492,14 +431,14 @@ static void test_summary_arguments(mfa_context* ctx) {
     test_tensor mask = test_tensor_make(MFA_DTYPE_BOOL, 2, 3, SQ, SK, TEST_BHSD);
     fill_mask(&mask.t, 0);
     test_tensor summary = test_tensor_make(MFA_DTYPE_BOOL, 2, 3, 2, 3, TEST_BHSD);
-    mfa_array m = array_of(&mask.t), s = array_of(&summary.t);
+    mfa_array m = test_array_of(&mask.t), s = test_array_of(&summary.t);
 #define SUMMARY_CASE(label, substring, call)                                                       \
     do {                                                                                           \
         memset(summary.storage, CANARY, summary.bytes);                                            \
         expect(label, call, INVALID, substring);                                                   \
         CHECK(filled_with(&summary, CANARY), "%s: summary written", label);                        \
-        m = array_of(&mask.t);                                                                     \
-        s = array_of(&summary.t);                                                                  \
+        m = test_array_of(&mask.t);                                                                \
+        s = test_array_of(&summary.t);                                                             \
     } while (0)
     SUMMARY_CASE("ctx", "ctx is NULL", mfa_mask_summarize(NULL, &m, SQ, SK, &s));
     SUMMARY_CASE("seq_q", "seq_q must be >= 1, got 0", mfa_mask_summarize(ctx, &m, 0, SK, &s));
@@ -533,18 +472,16 @@ static void test_summary_arguments(mfa_context* ctx) {
 }
 
 int main(void) {
-    const mfa_backend backends[] = {MFA_BACKEND_CPU, MFA_BACKEND_METAL_SIM, MFA_BACKEND_METAL};
-    for (size_t i = 0; i < sizeof backends / sizeof backends[0]; ++i) {
-        if (!mfa_backend_available(backends[i])) continue;
-        const char* name = mfa_backend_name(backends[i]);
-        mfa_context* ctx = test_context(backends[i], NULL, name);
+    for (int i = 0; i < TEST_BACKEND_COUNT; ++i) {
+        mfa_context* ctx = test_backend_context(i, NULL);
         if (!ctx) continue;
+        const char* name = mfa_backend_name(test_backends[i]);
         printf("test_merge: %s\n", name);
         test_merge_values(ctx, name);
         test_merge_special_values(ctx, name);
         test_merge_of_attention(ctx, name);
         test_mask_summaries(ctx, name);
-        if (backends[i] == MFA_BACKEND_CPU) {
+        if (test_backends[i] == MFA_BACKEND_CPU) {
             test_merge_arguments(ctx);
             test_summary_arguments(ctx);
         }

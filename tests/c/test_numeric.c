@@ -2,17 +2,6 @@
  * test_reference.h. */
 #include "test_reference.h"
 
-typedef struct config {
-    const char* name;
-    mfa_dtype dtype;
-    int64_t b, hq, hkv, nq, nk, d, dv;
-    int causal;
-    mfa_alignment alignment;
-    int64_t left, right;
-    float scale; /* 0 = default */
-    int bshd;
-} config;
-
 /* Outputs are compared with an absolute tolerance relative to the largest reference value:
  * fp32 accumulation over at most a few hundred terms keeps f32 results within ~1e-5 of that
  * scale; f16 and bf16 outputs are rounded once on store (2^-11 and 2^-8 relative) and their
@@ -66,11 +55,11 @@ static void compare_lse(const char* label, const test_tensor* got, const double*
     CHECK(max_err <= 1e-4, "%s: lse max error %.3g", label, max_err);
 }
 
-static void run(mfa_context* ctx, const char* backend, const config* c) {
+static void run(mfa_context* ctx, const char* backend, const test_problem* c) {
     char label[160];
     snprintf(label, sizeof label, "%s/%s", backend, c->name);
     test_attention t =
-        test_attention_make(c->dtype, c->b, c->hq, c->hkv, c->nq, c->nk, c->d, c->dv, c->bshd);
+        test_attention_make(c->dtype, c->b, c->hq, c->hkv, c->nq, c->nk, c->d, c->dv, c->layout);
     /* NaN-poison the outputs: every element must be written. */
     test_fill_nan(&t.out);
     test_fill_nan(&t.dq);
@@ -106,25 +95,29 @@ static void run(mfa_context* ctx, const char* backend, const config* c) {
     test_attention_free(&t);
 }
 
-static const config configs[] = {
-    {"plain f32", MFA_DTYPE_F32, 1, 2, 2, 17, 17, 16, 16, 0, MFA_ALIGN_BOTTOM_RIGHT, -1, -1, 0, 0},
+static const test_problem configs[] = {
+    {"plain f32", MFA_DTYPE_F32, 1, 2, 2, 17, 17, 16, 16, 0, MFA_ALIGN_BOTTOM_RIGHT, -1, -1,
+     TEST_BHSD, 0},
     {"nq<nk causal bottom-right", MFA_DTYPE_F32, 2, 2, 1, 9, 23, 8, 5, 1, MFA_ALIGN_BOTTOM_RIGHT,
-     -1, -1, 0, 0},
+     -1, -1, TEST_BHSD, 0},
     {"nq>nk causal bottom-right (masked rows)", MFA_DTYPE_F32, 1, 3, 3, 21, 6, 12, 12, 1,
-     MFA_ALIGN_BOTTOM_RIGHT, -1, -1, 0, 0},
-    {"causal top-left", MFA_DTYPE_F32, 1, 2, 2, 13, 30, 7, 9, 1, MFA_ALIGN_TOP_LEFT, -1, -1, 0, 1},
-    {"window gqa bshd", MFA_DTYPE_F32, 2, 4, 2, 40, 33, 33, 20, 0, MFA_ALIGN_BOTTOM_RIGHT, 5, 2, 0,
-     1},
-    {"window masks rows", MFA_DTYPE_F32, 1, 2, 1, 12, 40, 4, 4, 0, MFA_ALIGN_TOP_LEFT, 0, -1, 0, 0},
+     MFA_ALIGN_BOTTOM_RIGHT, -1, -1, TEST_BHSD, 0},
+    {"causal top-left", MFA_DTYPE_F32, 1, 2, 2, 13, 30, 7, 9, 1, MFA_ALIGN_TOP_LEFT, -1, -1,
+     TEST_BSHD, 0},
+    {"window gqa bshd", MFA_DTYPE_F32, 2, 4, 2, 40, 33, 33, 20, 0, MFA_ALIGN_BOTTOM_RIGHT, 5, 2,
+     TEST_BSHD, 0},
+    {"window masks rows", MFA_DTYPE_F32, 1, 2, 1, 12, 40, 4, 4, 0, MFA_ALIGN_TOP_LEFT, 0, -1,
+     TEST_BHSD, 0},
     {"mqa custom scale", MFA_DTYPE_F32, 1, 6, 1, 31, 19, 24, 40, 0, MFA_ALIGN_BOTTOM_RIGHT, -1, -1,
-     0.3f, 0},
-    {"single row and key", MFA_DTYPE_F32, 1, 1, 1, 1, 1, 1, 1, 0, MFA_ALIGN_BOTTOM_RIGHT, -1, -1, 0,
-     0},
+     TEST_BHSD, 0.3f},
+    {"single row and key", MFA_DTYPE_F32, 1, 1, 1, 1, 1, 1, 1, 0, MFA_ALIGN_BOTTOM_RIGHT, -1, -1,
+     TEST_BHSD, 0},
     {"large head dim", MFA_DTYPE_F32, 1, 1, 1, 9, 70, 300, 130, 1, MFA_ALIGN_BOTTOM_RIGHT, -1, -1,
-     0, 0},
-    {"f16 causal gqa", MFA_DTYPE_F16, 1, 4, 2, 37, 37, 64, 64, 1, MFA_ALIGN_BOTTOM_RIGHT, -1, -1, 0,
-     1},
-    {"bf16 window", MFA_DTYPE_BF16, 2, 2, 2, 29, 45, 32, 16, 0, MFA_ALIGN_BOTTOM_RIGHT, 8, 8, 0, 0},
+     TEST_BHSD, 0},
+    {"f16 causal gqa", MFA_DTYPE_F16, 1, 4, 2, 37, 37, 64, 64, 1, MFA_ALIGN_BOTTOM_RIGHT, -1, -1,
+     TEST_BSHD, 0},
+    {"bf16 window", MFA_DTYPE_BF16, 2, 2, 2, 29, 45, 32, 16, 0, MFA_ALIGN_BOTTOM_RIGHT, 8, 8,
+     TEST_BHSD, 0},
 };
 
 static void run_all(mfa_backend backend, const mfa_context_options* options, const char* label) {

@@ -52,11 +52,20 @@ int main(void) {
     bad_input_cpu_context = test_context(MFA_BACKEND_CPU, NULL, "cpu");
     if (!bad_input_cpu_context) return test_finish("test_validation");
     test_valid_calls_succeed();
-    for (int i = 0; i < BAD_INPUT_COUNT; ++i) bad_input_run(i);
+    for (int i = 0; i < BAD_INPUT_COUNT; ++i) bad_input_run(i, bad_input_cpu_context);
+    /* The rules of the arguments alone, on the simulator's context too. */
+    int on_sim = 0;
+    if (mfa_backend_available(MFA_BACKEND_METAL_SIM)) {
+        mfa_context* sim = test_context(MFA_BACKEND_METAL_SIM, NULL, "metal-sim");
+        for (int i = 0; sim && i < BAD_INPUT_COUNT; ++i)
+            if (bad_input_any_backend(&bad_inputs[i])) bad_input_run(i, sim), ++on_sim;
+        mfa_context_destroy(sim);
+    }
     test_unavailable_backend();
     test_errors_are_per_thread();
     mfa_context_destroy(bad_input_cpu_context);
     mfa_context_destroy(NULL);
-    printf("test_validation: %d bad inputs\n", BAD_INPUT_COUNT);
+    printf("test_validation: %d bad inputs on cpu, %d of them on metal-sim\n", BAD_INPUT_COUNT,
+           on_sim);
     return test_finish("test_validation");
 }

@@ -140,10 +140,27 @@ static void fail(const char* what, ...) {
 
 static char* guard_region; /* PROT_NONE: where tensors too large to allocate point */
 
+/* Each allocation is fenced by CANARY_BYTES of poison on both sides. Under AddressSanitizer
+ * the fences are poisoned for it, so any access there is reported at once; elsewhere they are
+ * compared after every call, so a write just outside an array is caught in any build. */
+#define CANARY_BYTES 64
+#ifndef __has_feature
+#define __has_feature(x) 0
+#endif
+#if defined(__SANITIZE_ADDRESS__) || __has_feature(address_sanitizer)
+#include <sanitizer/asan_interface.h>
+#define FENCES_POISONED 1
+#else
+#define FENCES_POISONED                            0
+#define ASAN_POISON_MEMORY_REGION(address, size)   ((void)(address), (void)(size))
+#define ASAN_UNPOISON_MEMORY_REGION(address, size) ((void)(address), (void)(size))
+#endif
+
 typedef struct allocation {
-    unsigned char* bytes; /* NULL: none */
+    unsigned char* bytes; /* NULL: none; else CANARY_BYTES into block */
     size_t size;
-    unsigned char* snapshot; /* contents before the call */
+    unsigned char* block;    /* fence, bytes, fence */
+    unsigned char* snapshot; /* contents of bytes before the call */
 } allocation;
 
 /* A tensor of the call, as built and as the oracle sees it. */
@@ -325,7 +342,11 @@ static void decode_params(reader* r, call* c) {
     c->params.window_right = windows[next_byte(r) % (sizeof windows / sizeof windows[0])];
 }
 
-/* Mutations that change what a tensor claims; applied before buffers are sized. */
+/* Mutations: of what an array claims (applied before buffers are sized: NULL array, dtype,
+ * shape, stride), of where its data lives (after: NULL data, misalignment, an alias of another
+ * array's memory, a wild pointer); the merges and summaries add becoming exactly another
+ * array's view or that view shifted by one element; the calls with the arguments of 0.2 add a
+ * hostile value written into an integer array and a hostile max_seqlen. */
 enum {
     M_NULL_TENSOR,
     M_NULL_DATA,
@@ -336,7 +357,13 @@ enum {
     M_MISALIGN,
     M_ALIAS,
     M_WILD_POINTER,
-    M_KINDS
+    M_KINDS, /* of the 0.1 calls */
+    M_SAME_VIEW = M_KINDS,
+    M_SHIFTED_VIEW,
+    M_ARRAY_KINDS, /* of merges and mask summaries */
+    M_VALUE = M_ARRAY_KINDS,
+    M_MAX_SEQLEN,
+    M_FEATURE_KINDS /* of the calls with the arguments of 0.2 */
 };
 
 typedef struct mutation {
@@ -344,22 +371,26 @@ typedef struct mutation {
     int64_t value;
 } mutation;
 
-static int decode_mutations(reader* r, mutation* m, int max) {
+/* Up to max mutations of `kinds` kinds, each of an array in [first, arrays) (the other array of
+ * an alias or view in [0, arrays)). */
+static int decode_mutations(reader* r, mutation* m, int max, int kinds, int first, int arrays) {
     const int n = next_byte(r) % (max + 1);
     for (int i = 0; i < n; ++i) {
-        m[i].kind = next_byte(r) % M_KINDS;
-        m[i].role = next_byte(r) % ROLES;
-        m[i].other = next_byte(r) % ROLES;
+        m[i].kind = next_byte(r) % kinds;
+        m[i].role = first + next_byte(r) % (arrays - first);
+        m[i].other = next_byte(r) % arrays;
         m[i].dim = next_byte(r) % 4;
-        m[i].value = m[i].kind == M_SHAPE_NUDGE ? (next_byte(r) % 2 ? 1 : -1) : next_hostile(r);
+        m[i].value = m[i].kind == M_SHAPE_NUDGE ? (next_byte(r) % 2 ? 1 : -1)
+                     : m[i].kind == M_VALUE     ? next_byte(r) | (int64_t)next_byte(r) << 8
+                                                : next_hostile(r);
     }
     return n;
 }
 
-static void apply_claim(call* c, const mutation* m) {
-    mfa_tensor* t = &c->tensors[m->role].t;
+static void apply_claim(fuzz_tensor* f, const mutation* m) {
+    mfa_tensor* t = &f[m->role].t;
     switch (m->kind) {
-        case M_NULL_TENSOR: c->tensors[m->role].present = false; break;
+        case M_NULL_TENSOR: f[m->role].present = false; break;
         case M_DTYPE: t->dtype = (mfa_dtype)(int)m->value; break;
         case M_SHAPE: t->shape[m->dim] = m->value; break;
         case M_SHAPE_NUDGE: /* wraps: INT64_MAX + 1 is one more hostile value, INT64_MIN */
@@ -375,24 +406,34 @@ static const uintptr_t wild_pointers[] = {
 };
 
 /* Mutations of where the data lives; applied after buffers exist. */
-static void apply_pointer(call* c, const mutation* m) {
-    fuzz_tensor* f = &c->tensors[m->role];
+static void apply_pointer(fuzz_tensor* f, const mutation* m) {
+    fuzz_tensor *x = &f[m->role], *y = &f[m->other];
     switch (m->kind) {
         case M_NULL_DATA:
-            f->t.data = NULL;
-            f->lives_in = -1;
+            x->t.data = NULL;
+            x->lives_in = -1;
             break;
-        case M_MISALIGN: f->t.data = (void*)((uintptr_t)f->t.data + 1); break;
+        case M_MISALIGN: x->t.data = (void*)((uintptr_t)x->t.data + 1); break;
         case M_ALIAS:
-            if (m->other != m->role && c->tensors[m->other].lives_in >= 0) {
-                f->t.data = c->tensors[m->other].t.data;
-                f->lives_in = c->tensors[m->other].lives_in;
+            if (m->other != m->role && y->lives_in >= 0) {
+                x->t.data = y->t.data;
+                x->lives_in = y->lives_in;
             }
             break;
         case M_WILD_POINTER:
-            f->t.data = (void*)wild_pointers[(uint64_t)m->value %
+            x->t.data = (void*)wild_pointers[(uint64_t)m->value %
                                              (sizeof wild_pointers / sizeof wild_pointers[0])];
-            f->lives_in = -1;
+            x->lives_in = -1;
+            break;
+        case M_SAME_VIEW:
+        case M_SHIFTED_VIEW:
+            if (m->other != m->role && y->lives_in >= 0 && y->present) {
+                x->t = y->t;
+                x->lo = y->lo, x->hi = y->hi, x->overflow = y->overflow;
+                x->lives_in = y->lives_in;
+                if (m->kind == M_SHIFTED_VIEW)
+                    x->t.data = (char*)x->t.data + storage_size((int)x->t.dtype);
+            }
             break;
         default: break;
     }
@@ -495,6 +536,19 @@ static bool byte_range(const fuzz_tensor* f, __int128* first, __int128* end) {
 }
 
 static void violation(outcome* o, mfa_status s) { o->required |= STATUS_BIT(s); }
+
+/* A call's status against its outcome: a violated rule requires a failure with one of the
+ * required (or permitted) statuses; otherwise the call succeeds or fails with a permitted one. */
+static void check_status(const char* what, outcome expected, mfa_status status) {
+    const unsigned allowed = expected.required | expected.permitted;
+    if (expected.required && (status == MFA_OK || !(STATUS_BIT(status) & allowed)))
+        fail("%s returned %d (%s) but the rules require one of mask 0x%x (maybe 0x%x); message: %s",
+             what, (int)status, mfa_status_string(status), expected.required, expected.permitted,
+             mfa_last_error());
+    if (!expected.required && status != MFA_OK && !(STATUS_BIT(status) & expected.permitted))
+        fail("%s of valid arguments failed: %s: %s", what, mfa_status_string(status),
+             mfa_last_error());
+}
 
 static outcome expected_outcome(const call* c, const mfa_capabilities* caps) {
     outcome o = {0, 0};
@@ -716,7 +770,8 @@ static mfa_status call_compute(const call* c, const mfa_capabilities* caps,
  * never gets past validation would look green while testing little. */
 static struct {
     long long checked[2], rejected[2], skipped[2], contexts_created, contexts_rejected;
-    long long through_compute, merges[3], summaries[3]; /* checked, rejected, not run */
+    long long through_compute, merges[3], summaries[3], features[3]; /* checked, rejected,
+                                                                        not run */
 } stats;
 
 static void print_stats(void) {
@@ -724,11 +779,12 @@ static void print_stats(void) {
             "fuzz_attention: forward %lld checked against the reference, %lld rejected, %lld valid "
             "but too large to run; backward %lld / %lld / %lld (%lld of these calls through "
             "mfa_attention_compute); contexts %lld created, %lld rejected; merges %lld / %lld / "
-            "%lld; mask summaries %lld / %lld / %lld\n",
+            "%lld; mask summaries %lld / %lld / %lld; 0.2 arguments %lld / %lld / %lld\n",
             stats.checked[0], stats.rejected[0], stats.skipped[0], stats.checked[1],
             stats.rejected[1], stats.skipped[1], stats.through_compute, stats.contexts_created,
             stats.contexts_rejected, stats.merges[0], stats.merges[1], stats.merges[2],
-            stats.summaries[0], stats.summaries[1], stats.summaries[2]);
+            stats.summaries[0], stats.summaries[1], stats.summaries[2], stats.features[0],
+            stats.features[1], stats.features[2]);
 }
 
 static mfa_context* contexts[4]; /* cpu with 1 and 2 threads, then metal-sim ones if built */
@@ -774,25 +830,6 @@ static void fill_forward_results(call* c, const ref_problem* p) {
     ref_free(&r);
 }
 
-/* Bytes of an output's own buffer that are not elements must keep the poison. */
-static void check_gaps(const call* c, int role) {
-    const fuzz_tensor* f = &c->tensors[role];
-    if (f->lives_in != role) return;
-    const int64_t es = storage_size((int)f->t.dtype);
-    unsigned char* element = (unsigned char*)calloc(f->own.size, 1);
-    for (int64_t b = 0; b < f->t.shape[0]; ++b)
-        for (int64_t h = 0; h < f->t.shape[1]; ++h)
-            for (int64_t s = 0; s < f->t.shape[2]; ++s)
-                for (int64_t d = 0; d < f->t.shape[3]; ++d)
-                    memset(element + ((char*)f->t.data - (char*)f->own.bytes) +
-                               test_offset(&f->t, b, h, s, d) * es,
-                           1, (size_t)es);
-    for (size_t i = 0; i < f->own.size; ++i)
-        if (!element[i] && f->own.bytes[i] != POISON)
-            fail("%s: byte %zu between elements was written", role_names[role], i);
-    free(element);
-}
-
 static void check_results(const call* c, const ref_problem* p, mfa_dtype dtype) {
     char why[256];
     const fuzz_tensor* f = c->tensors;
@@ -820,10 +857,102 @@ static void check_results(const call* c, const ref_problem* p, mfa_dtype dtype) 
     ref_free(&r);
 }
 
-static void release(call* c) {
-    for (int i = 0; i < ROLES; ++i) {
-        free(c->tensors[i].own.bytes);
-        free(c->tensors[i].own.snapshot);
+/* Exactly sized, fenced buffers for small arrays, the guard region for the others, filled
+ * with poison. A call is only made with an array in the guard region when the rules say that
+ * it must be rejected before that array is read. */
+static void allocate(fuzz_tensor* f, int count) {
+    for (int i = 0; i < count; ++i) {
+        measure(&f[i]);
+        const int64_t es = storage_size((int)f[i].t.dtype);
+        const __int128 elements = (__int128)f[i].hi - f[i].lo + 1;
+        f[i].lives_in = -1;
+        if (f[i].present && !f[i].overflow && es && shapes_positive(&f[i].t) &&
+            elements <= MAX_ELEMENTS) {
+            allocation* a = &f[i].own;
+            a->size = (size_t)elements * (size_t)es;
+            a->block = (unsigned char*)malloc(a->size + 2 * CANARY_BYTES);
+            memset(a->block, POISON, a->size + 2 * CANARY_BYTES);
+            a->bytes = a->block + CANARY_BYTES;
+            ASAN_POISON_MEMORY_REGION(a->block, CANARY_BYTES);
+            ASAN_POISON_MEMORY_REGION(a->bytes + a->size, CANARY_BYTES);
+            f[i].t.data = a->bytes - f[i].lo * es;
+            f[i].lives_in = i;
+        } else {
+            f[i].t.data = guard_region + 4096;
+        }
+    }
+}
+
+static void snapshot(fuzz_tensor* f, int count) {
+    for (int i = 0; i < count; ++i) {
+        if (!f[i].own.bytes) continue;
+        f[i].own.snapshot = (unsigned char*)malloc(f[i].own.size);
+        memcpy(f[i].own.snapshot, f[i].own.bytes, f[i].own.size);
+    }
+}
+
+/* Every fence still holds the poison (under AddressSanitizer a touch was already reported). */
+static void check_fences(const char* what, const fuzz_tensor* f, int count) {
+    for (int i = 0; i < count && !FENCES_POISONED; ++i) {
+        const allocation* a = &f[i].own;
+        if (!a->bytes) continue;
+        for (size_t x = 0; x < CANARY_BYTES; ++x)
+            if (a->block[x] != POISON || a->bytes[a->size + x] != POISON)
+                fail("%s: a byte %s array %d was written", what,
+                     a->block[x] != POISON ? "before" : "after", i);
+    }
+}
+
+static bool backed_by_itself_or(const fuzz_tensor* f, const fuzz_tensor* all) {
+    return f->lives_in >= 0 && spans_inside(f, &all[f->lives_in].own) &&
+           all[f->lives_in].t.dtype == f->t.dtype;
+}
+
+/* Bytes of an array's own allocation that hold no element are as they were. */
+static void check_gaps(const char* what, const fuzz_tensor* x) {
+    if (!x->own.bytes || !spans_inside(x, &x->own)) return;
+    const int64_t es = storage_size((int)x->t.dtype);
+    unsigned char* element = (unsigned char*)calloc(x->own.size, 1);
+    const int64_t origin = (char*)x->t.data - (char*)x->own.bytes;
+    for (int64_t b = 0; b < x->t.shape[0]; ++b)
+        for (int64_t h = 0; h < x->t.shape[1]; ++h)
+            for (int64_t s = 0; s < x->t.shape[2]; ++s)
+                for (int64_t d = 0; d < x->t.shape[3]; ++d)
+                    memset(element + origin + test_offset(&x->t, b, h, s, d) * es, 1, (size_t)es);
+    for (size_t i = 0; i < x->own.size; ++i)
+        if (!element[i] && x->own.bytes[i] != x->own.snapshot[i])
+            fail("%s: byte %zu between elements was written", what, i);
+    free(element);
+}
+
+/* After a call: on failure a new, non-empty message and no byte changed; on success only the
+ * allocations in `written` (bits) may have; no fence touched. names (or NULL: numbers) name the
+ * arrays in messages. */
+static void check_memory(const char* what, const fuzz_tensor* f, int count,
+                         const char* const* names, mfa_status status, unsigned written) {
+    const char* message = mfa_last_error();
+    if (status != MFA_OK && (message[0] == '\0' || strncmp(message, stale_message_marker,
+                                                           sizeof stale_message_marker - 1) == 0))
+        fail("%s: status %s with an empty or stale message", what, mfa_status_string(status));
+    for (int i = 0; i < count; ++i) {
+        if (!f[i].own.bytes) continue;
+        if ((status != MFA_OK || !((written >> i) & 1)) &&
+            memcmp(f[i].own.bytes, f[i].own.snapshot, f[i].own.size) != 0) {
+            char label[32];
+            snprintf(label, sizeof label, "array %d", i);
+            fail("%s: %s was modified (status %s; message: %s)", what, names ? names[i] : label,
+                 mfa_status_string(status), message);
+        }
+    }
+    check_fences(what, f, count);
+}
+
+static void release_all(fuzz_tensor* f, int count) {
+    for (int i = 0; i < count; ++i) {
+        allocation* a = &f[i].own;
+        if (a->block) ASAN_UNPOISON_MEMORY_REGION(a->block, a->size + 2 * CANARY_BYTES);
+        free(a->block);
+        free(a->snapshot);
     }
 }
 
@@ -838,27 +967,12 @@ static void run_attention(reader* r, bool backward, bool compute) {
     decode_problem(r, &c);
     decode_params(r, &c);
     mutation m[8];
-    const int n = decode_mutations(r, m, 8);
-    for (int i = 0; i < n; ++i) apply_claim(&c, &m[i]);
+    const int n = decode_mutations(r, m, 8, M_KINDS, 0, ROLES);
+    for (int i = 0; i < n; ++i) apply_claim(c.tensors, &m[i]);
     if (compute) decode_tweaks(r, backward, &c.tweaks);
 
-    for (int i = 0; i < ROLES; ++i) {
-        fuzz_tensor* f = &c.tensors[i];
-        measure(f);
-        const int64_t es = storage_size((int)f->t.dtype);
-        const __int128 elements = (__int128)f->hi - f->lo + 1;
-        if (f->present && !f->overflow && es && shapes_positive(&f->t) &&
-            elements <= MAX_ELEMENTS) {
-            f->own.size = (size_t)elements * (size_t)es;
-            f->own.bytes = (unsigned char*)malloc(f->own.size);
-            memset(f->own.bytes, POISON, f->own.size);
-            f->t.data = f->own.bytes - f->lo * es;
-            f->lives_in = i;
-        } else {
-            f->t.data = guard_region + 4096;
-        }
-    }
-    for (int i = 0; i < n; ++i) apply_pointer(&c, &m[i]);
+    allocate(c.tensors, ROLES);
+    for (int i = 0; i < n; ++i) apply_pointer(c.tensors, &m[i]);
 
     mfa_capabilities caps;
     caps.struct_size = sizeof caps;
@@ -887,18 +1001,13 @@ static void run_attention(reader* r, bool backward, bool compute) {
             __builtin_mul_overflow(test_element_count(q) / q->shape[3], kv, &work) ||
             work > max_work[context]) {
             ++stats.skipped[backward];
-            return release(&c);
+            return release_all(c.tensors, ROLES);
         }
         ref_problem p = problem_of(&c);
         fill_inputs(&c);
         if (backward) fill_forward_results(&c, &p);
     }
-    for (int i = 0; i < ROLES; ++i) {
-        allocation* a = &c.tensors[i].own;
-        if (!a->bytes) continue;
-        a->snapshot = (unsigned char*)malloc(a->size);
-        memcpy(a->snapshot, a->bytes, a->size);
-    }
+    snapshot(c.tensors, ROLES);
 
     const mfa_tensor* arg[ROLES];
     for (int i = 0; i < ROLES; ++i) arg[i] = c.tensors[i].present ? &c.tensors[i].t : NULL;
@@ -911,39 +1020,21 @@ static void run_attention(reader* r, bool backward, bool compute) {
                                      arg[LSE], arg[DQ], arg[DK], arg[DV])
             : mfa_attention_forward(c.ctx, params, arg[Q], arg[K], arg[V], arg[OUT], arg[LSE]);
     if (compute) ++stats.through_compute;
-    const char* message = mfa_last_error();
-    const unsigned allowed = expected.required | expected.permitted;
-
-    if (expected.required && (status == MFA_OK || !(STATUS_BIT(status) & allowed)))
-        fail("%s returned %d (%s) but the rules require one of mask 0x%x (maybe 0x%x); message: %s",
-             backward ? "backward" : "forward", (int)status, mfa_status_string(status),
-             expected.required, expected.permitted, message);
-    if (!expected.required && status != MFA_OK && !(STATUS_BIT(status) & expected.permitted))
-        fail("%s of a valid call failed: %s: %s", backward ? "backward" : "forward",
-             mfa_status_string(status), message);
-
-    for (int i = 0; i < ROLES; ++i) {
-        const fuzz_tensor* f = &c.tensors[i];
-        if (!f->own.bytes) continue;
-        /* Inputs never change; outputs change only on success. */
-        if ((status != MFA_OK || !is_output(&c, i) || !f->present) &&
-            memcmp(f->own.bytes, f->own.snapshot, f->own.size) != 0)
-            fail("%s: %s's buffer was modified (status %s; message: %s)",
-                 backward ? "backward" : "forward", role_names[i], mfa_status_string(status),
-                 message);
-    }
+    const char* what = backward ? "backward" : "forward";
+    check_status(what, expected, status);
+    /* Inputs never change; outputs (their own buffers) change only on success. */
+    unsigned written = 0;
+    for (int i = 0; i < ROLES; ++i)
+        if (is_output(&c, i) && c.tensors[i].present) written |= 1u << i;
+    check_memory(what, c.tensors, ROLES, role_names, status, written);
     ++(status == MFA_OK ? stats.checked : stats.rejected)[backward];
-    if (status != MFA_OK) {
-        if (message[0] == '\0') fail("status %s with an empty message", mfa_status_string(status));
-        if (strncmp(message, stale_message_marker, sizeof stale_message_marker - 1) == 0)
-            fail("status %s left an earlier call's message", mfa_status_string(status));
-    } else {
+    if (status == MFA_OK) {
         for (int i = 0; i < ROLES; ++i)
-            if (is_output(&c, i) && c.tensors[i].present) check_gaps(&c, i);
+            if ((written >> i) & 1) check_gaps(role_names[i], &c.tensors[i]);
         ref_problem p = problem_of(&c);
         check_results(&c, &p, q->dtype);
     }
-    release(&c);
+    release_all(c.tensors, ROLES);
 }
 
 /* ---- The rules of any one array, for the calls below -------------------------------------- */
@@ -999,136 +1090,6 @@ static void overlap_outcome(const fuzz_tensor* output, const fuzz_tensor* other,
             violation(o, MFA_ERROR_INVALID_ARGUMENT);
         else
             o->permitted |= STATUS_BIT(MFA_ERROR_INVALID_ARGUMENT);
-    }
-}
-
-/* Exactly sized buffers for small arrays, the guard region for the others (run_attention's
- * rule), filled with poison. */
-static void allocate(fuzz_tensor* f, int count) {
-    for (int i = 0; i < count; ++i) {
-        measure(&f[i]);
-        const int64_t es = storage_size((int)f[i].t.dtype);
-        const __int128 elements = (__int128)f[i].hi - f[i].lo + 1;
-        f[i].lives_in = -1;
-        if (f[i].present && !f[i].overflow && es && shapes_positive(&f[i].t) &&
-            elements <= MAX_ELEMENTS) {
-            f[i].own.size = (size_t)elements * (size_t)es;
-            f[i].own.bytes = (unsigned char*)malloc(f[i].own.size);
-            memset(f[i].own.bytes, POISON, f[i].own.size);
-            f[i].t.data = f[i].own.bytes - f[i].lo * es;
-            f[i].lives_in = i;
-        } else {
-            f[i].t.data = guard_region + 4096;
-        }
-    }
-}
-
-static void snapshot(fuzz_tensor* f, int count) {
-    for (int i = 0; i < count; ++i) {
-        if (!f[i].own.bytes) continue;
-        f[i].own.snapshot = (unsigned char*)malloc(f[i].own.size);
-        memcpy(f[i].own.snapshot, f[i].own.bytes, f[i].own.size);
-    }
-}
-
-static bool backed_by_itself_or(const fuzz_tensor* f, const fuzz_tensor* all) {
-    return f->lives_in >= 0 && spans_inside(f, &all[f->lives_in].own) &&
-           all[f->lives_in].t.dtype == f->t.dtype;
-}
-
-/* After a call: on failure a new, non-empty message and no byte changed; on success only the
- * allocations in `written` (bits) may have. */
-static void check_memory(const char* what, const fuzz_tensor* f, int count, mfa_status status,
-                         unsigned written) {
-    const char* message = mfa_last_error();
-    if (status != MFA_OK && (message[0] == '\0' || strncmp(message, stale_message_marker,
-                                                           sizeof stale_message_marker - 1) == 0))
-        fail("%s: status %s with an empty or stale message", what, mfa_status_string(status));
-    for (int i = 0; i < count; ++i) {
-        if (!f[i].own.bytes) continue;
-        if ((status != MFA_OK || !((written >> i) & 1)) &&
-            memcmp(f[i].own.bytes, f[i].own.snapshot, f[i].own.size) != 0)
-            fail("%s: array %d was modified (status %s; message: %s)", what, i,
-                 mfa_status_string(status), message);
-    }
-}
-
-static void release_all(fuzz_tensor* f, int count) {
-    for (int i = 0; i < count; ++i) {
-        free(f[i].own.bytes);
-        free(f[i].own.snapshot);
-    }
-}
-
-static mfa_array array_of(const fuzz_tensor* f) {
-    mfa_array a;
-    memset(&a, 0, sizeof a);
-    a.data = f->t.data;
-    a.dtype = f->t.dtype;
-    memcpy(a.shape, f->t.shape, sizeof a.shape);
-    memcpy(a.strides, f->t.strides, sizeof a.strides);
-    return a;
-}
-
-/* Claims and pointers of the small calls' arrays: the kinds of run_attention, and (on outputs)
- * becoming exactly another array's view, or that view shifted by one element. */
-enum { M_SAME_VIEW = M_KINDS, M_SHIFTED_VIEW, M_ARRAY_KINDS };
-
-static void decode_array_mutations(reader* r, mutation* m, int* n, int max, int arrays) {
-    *n = next_byte(r) % (max + 1);
-    for (int i = 0; i < *n; ++i) {
-        m[i].kind = next_byte(r) % M_ARRAY_KINDS;
-        m[i].role = next_byte(r) % arrays;
-        m[i].other = next_byte(r) % arrays;
-        m[i].dim = next_byte(r) % 4;
-        m[i].value = m[i].kind == M_SHAPE_NUDGE ? (next_byte(r) % 2 ? 1 : -1) : next_hostile(r);
-    }
-}
-
-static void apply_array_claim(fuzz_tensor* f, const mutation* m) {
-    mfa_tensor* t = &f[m->role].t;
-    switch (m->kind) {
-        case M_NULL_TENSOR: f[m->role].present = false; break;
-        case M_DTYPE: t->dtype = (mfa_dtype)(int)m->value; break;
-        case M_SHAPE: t->shape[m->dim] = m->value; break;
-        case M_SHAPE_NUDGE:
-            t->shape[m->dim] = (int64_t)((uint64_t)t->shape[m->dim] + (uint64_t)m->value);
-            break;
-        case M_STRIDE: t->strides[m->dim] = m->value; break;
-        default: break;
-    }
-}
-
-static void apply_array_pointer(fuzz_tensor* f, const mutation* m) {
-    fuzz_tensor *x = &f[m->role], *y = &f[m->other];
-    switch (m->kind) {
-        case M_NULL_DATA:
-            x->t.data = NULL;
-            x->lives_in = -1;
-            break;
-        case M_MISALIGN: x->t.data = (void*)((uintptr_t)x->t.data + 1); break;
-        case M_ALIAS:
-            if (m->other != m->role && y->lives_in >= 0) {
-                x->t.data = y->t.data;
-                x->lives_in = y->lives_in;
-            }
-            break;
-        case M_WILD_POINTER:
-            x->t.data = (void*)wild_pointers[(uint64_t)m->value %
-                                             (sizeof wild_pointers / sizeof wild_pointers[0])];
-            x->lives_in = -1;
-            break;
-        case M_SAME_VIEW:
-        case M_SHIFTED_VIEW:
-            if (m->other != m->role && y->lives_in >= 0 && y->present) {
-                x->t = y->t;
-                x->lo = y->lo, x->hi = y->hi, x->overflow = y->overflow;
-                x->lives_in = y->lives_in;
-                if (m->kind == M_SHIFTED_VIEW)
-                    x->t.data = (char*)x->t.data + storage_size((int)x->t.dtype);
-            }
-            break;
-        default: break;
     }
 }
 
@@ -1206,11 +1167,10 @@ static void run_merge(reader* r) {
         decode_layout(r, &f[i].t);
     }
     mutation m[6];
-    int mutations;
-    decode_array_mutations(r, m, &mutations, 6, MERGE_ARRAYS);
-    for (int i = 0; i < mutations; ++i) apply_array_claim(f, &m[i]);
+    const int mutations = decode_mutations(r, m, 6, M_ARRAY_KINDS, 0, MERGE_ARRAYS);
+    for (int i = 0; i < mutations; ++i) apply_claim(f, &m[i]);
     allocate(f, MERGE_ARRAYS);
-    for (int i = 0; i < mutations; ++i) apply_array_pointer(f, &m[i]);
+    for (int i = 0; i < mutations; ++i) apply_pointer(f, &m[i]);
     const bool want_lse = f[MERGE_LSE].present; /* NULL: not wanted, which is valid */
 
     const outcome expected = merge_outcome(count, f, want_lse);
@@ -1246,38 +1206,17 @@ static void run_merge(reader* r) {
     if (!expected.required) {
         want_out = (double*)calloc((size_t)(b * h * n * dv), sizeof *want_out);
         ref_lse = (double*)calloc((size_t)(b * h * n), sizeof *ref_lse);
-        for (int64_t x = 0; x < b; ++x)
-            for (int64_t y = 0; y < h; ++y)
-                for (int64_t z = 0; z < n; ++z) {
-                    const int64_t row = (x * h + y) * n + z;
-                    double top = -INFINITY, total = 0;
-                    bool poisoned = false;
-                    for (int i = 0; i < count; ++i) {
-                        const double l = test_get(&f[MERGE_LSES + i].t, x, y, z, 0);
-                        poisoned = poisoned || isnan(l) || l == INFINITY;
-                        if (l > top) top = l;
-                    }
-                    for (int i = 0; i < count && !poisoned && top > -INFINITY; ++i)
-                        total += exp(test_get(&f[MERGE_LSES + i].t, x, y, z, 0) - top);
-                    ref_lse[row] = poisoned ? NAN : top == -INFINITY ? -INFINITY : top + log(total);
-                    for (int64_t d = 0; d < dv; ++d) {
-                        double sum = 0;
-                        for (int i = 0; i < count && !poisoned && top > -INFINITY; ++i) {
-                            const double l = test_get(&f[MERGE_LSES + i].t, x, y, z, 0);
-                            if (l > -INFINITY)
-                                sum += exp(l - top) * test_get(&f[MERGE_OUTS + i].t, x, y, z, d);
-                        }
-                        want_out[row * dv + d] = poisoned           ? NAN
-                                                 : top == -INFINITY ? 0
-                                                                    : sum / total;
-                    }
-                }
+        const mfa_tensor* part_outs[MERGE_PARTS];
+        const mfa_tensor* part_lses[MERGE_PARTS];
+        for (int i = 0; i < count; ++i)
+            part_outs[i] = &f[MERGE_OUTS + i].t, part_lses[i] = &f[MERGE_LSES + i].t;
+        ref_merge(count, part_outs, part_lses, want_out, ref_lse);
     }
     snapshot(f, MERGE_ARRAYS);
     mfa_array arrays[MERGE_ARRAYS];
     const mfa_array* outs[MERGE_PARTS];
     const mfa_array* lses[MERGE_PARTS];
-    for (int i = 0; i < MERGE_ARRAYS; ++i) arrays[i] = array_of(&f[i]);
+    for (int i = 0; i < MERGE_ARRAYS; ++i) arrays[i] = test_array_of(&f[i].t);
     for (int i = 0; i < MERGE_PARTS; ++i) {
         outs[i] = f[MERGE_OUTS + i].present ? &arrays[MERGE_OUTS + i] : NULL;
         lses[i] = f[MERGE_LSES + i].present ? &arrays[MERGE_LSES + i] : NULL;
@@ -1286,43 +1225,16 @@ static void run_merge(reader* r) {
     const mfa_status status = mfa_attention_merge(ctx, count, outs, lses,
                                                   f[MERGE_OUT].present ? &arrays[MERGE_OUT] : NULL,
                                                   want_lse ? &arrays[MERGE_LSE] : NULL);
-    const unsigned allowed = expected.required | expected.permitted;
-    if (expected.required && (status == MFA_OK || !(STATUS_BIT(status) & allowed)))
-        fail("merge returned %s but the rules require mask 0x%x (maybe 0x%x): %s",
-             mfa_status_string(status), expected.required, expected.permitted, mfa_last_error());
-    if (!expected.required && status != MFA_OK && !(STATUS_BIT(status) & expected.permitted))
-        fail("merge of valid arguments failed: %s", mfa_last_error());
+    check_status("merge", expected, status);
     unsigned written = 0;
     if (f[MERGE_OUT].lives_in >= 0) written |= 1u << f[MERGE_OUT].lives_in;
     if (want_lse && f[MERGE_LSE].lives_in >= 0) written |= 1u << f[MERGE_LSE].lives_in;
-    check_memory("merge", f, MERGE_ARRAYS, status, written);
+    check_memory("merge", f, MERGE_ARRAYS, NULL, status, written);
     ++stats.merges[status == MFA_OK ? 0 : 1];
-    if (status == MFA_OK) {
-        /* Rounded once to the output's dtype from a double computation (test_merge.c). */
-        const mfa_tensor* out = &f[MERGE_OUT].t;
-        const double u = ref_unit_roundoff(out->dtype);
-        for (int64_t x = 0; x < b; ++x)
-            for (int64_t y = 0; y < h; ++y)
-                for (int64_t z = 0; z < n; ++z) {
-                    const int64_t row = (x * h + y) * n + z;
-                    for (int64_t d = 0; d < dv; ++d) {
-                        const double got = test_get(out, x, y, z, d), want = want_out[row * dv + d];
-                        if (isnan(want) ? !isnan(got)
-                                        : !(fabs(got - want) <= 2 * u * fmax(fabs(want), 0x1p-10)))
-                            fail("merge out[%lld, %lld, %lld, %lld] = %.9g, reference %.9g",
-                                 (long long)x, (long long)y, (long long)z, (long long)d, got, want);
-                    }
-                    if (!want_lse) continue;
-                    const double got = test_get(&f[MERGE_LSE].t, x, y, z, 0), want = ref_lse[row];
-                    const bool ok = isnan(want) ? isnan(got)
-                                    : want == -INFINITY
-                                        ? got == -INFINITY
-                                        : fabs(got - want) <= 0x1p-23 * fmax(fabs(want), 1);
-                    if (!ok)
-                        fail("merge lse[%lld, %lld, %lld] = %.9g, reference %.9g", (long long)x,
-                             (long long)y, (long long)z, got, want);
-                }
-    }
+    char why[200];
+    if (status == MFA_OK && !ref_compare_merge(&f[MERGE_OUT].t, want_lse ? &f[MERGE_LSE].t : NULL,
+                                               want_out, ref_lse, why, sizeof why))
+        fail("merge %s", why);
     free(want_out);
     free(ref_lse);
     release_all(f, MERGE_ARRAYS);
@@ -1395,11 +1307,10 @@ static void run_summary(reader* r) {
               seq_k < 1 ? 1 : mask_blocks(seq_k));
     decode_layout(r, &f[SUMMARY_OUT].t);
     mutation m[4];
-    int mutations;
-    decode_array_mutations(r, m, &mutations, 4, SUMMARY_ARRAYS);
-    for (int i = 0; i < mutations; ++i) apply_array_claim(f, &m[i]);
+    const int mutations = decode_mutations(r, m, 4, M_ARRAY_KINDS, 0, SUMMARY_ARRAYS);
+    for (int i = 0; i < mutations; ++i) apply_claim(f, &m[i]);
     allocate(f, SUMMARY_ARRAYS);
-    for (int i = 0; i < mutations; ++i) apply_array_pointer(f, &m[i]);
+    for (int i = 0; i < mutations; ++i) apply_pointer(f, &m[i]);
 
     outcome o = {0, 0};
     if (seq_q < 1 || seq_k < 1) violation(&o, MFA_ERROR_INVALID_ARGUMENT);
@@ -1420,7 +1331,14 @@ static void run_summary(reader* r) {
 
     const bool backed =
         backed_by_itself_or(&f[SUMMARY_MASK], f) && backed_by_itself_or(&f[SUMMARY_OUT], f);
-    if (!o.required && (!backed || seq_q * seq_k > MAX_WORK)) {
+    /* Filling the mask and checking the summary visit every element of the mask and, for every
+     * batch and head of the summary, every pair: both bounded (a broadcast dimension of a
+     * hostile size costs no memory, but would cost that much time). */
+    const int64_t *ms = mask->shape, *ss = f[SUMMARY_OUT].t.shape;
+    const bool too_long =
+        (double)ms[0] * (double)ms[1] * (double)ms[2] * (double)ms[3] > MAX_WORK ||
+        (double)ss[0] * (double)ss[1] * (double)seq_q * (double)seq_k > MAX_WORK;
+    if (!o.required && (!backed || too_long)) {
         ++stats.summaries[2];
         return release_all(f, SUMMARY_ARRAYS);
     }
@@ -1450,19 +1368,14 @@ static void run_summary(reader* r) {
                     }
     }
     snapshot(f, SUMMARY_ARRAYS);
-    const mfa_array mask_array = array_of(&f[SUMMARY_MASK]);
-    const mfa_array summary_array = array_of(&f[SUMMARY_OUT]);
+    const mfa_array mask_array = test_array_of(&f[SUMMARY_MASK].t);
+    const mfa_array summary_array = test_array_of(&f[SUMMARY_OUT].t);
     plant_stale_message();
     const mfa_status status =
         mfa_mask_summarize(ctx, f[SUMMARY_MASK].present ? &mask_array : NULL, seq_q, seq_k,
                            f[SUMMARY_OUT].present ? &summary_array : NULL);
-    const unsigned allowed = o.required | o.permitted;
-    if (o.required && (status == MFA_OK || !(STATUS_BIT(status) & allowed)))
-        fail("mask summary returned %s but the rules require mask 0x%x (maybe 0x%x): %s",
-             mfa_status_string(status), o.required, o.permitted, mfa_last_error());
-    if (!o.required && status != MFA_OK && !(STATUS_BIT(status) & o.permitted))
-        fail("mask summary of valid arguments failed: %s", mfa_last_error());
-    check_memory("mask summary", f, SUMMARY_ARRAYS, status, 1u << SUMMARY_OUT);
+    check_status("mask summary", o, status);
+    check_memory("mask summary", f, SUMMARY_ARRAYS, NULL, status, 1u << SUMMARY_OUT);
     ++stats.summaries[status == MFA_OK ? 0 : 1];
     if (status == MFA_OK) {
         const mfa_tensor* s = &f[SUMMARY_OUT].t;
@@ -1480,6 +1393,950 @@ static void run_summary(reader* r) {
                     }
     }
     release_all(f, SUMMARY_ARRAYS);
+}
+
+/* ---- mfa_attention_compute with the arguments of 0.2 ------------------------------------- */
+
+/* A valid call with score modifiers (mask, block mask, softcap, ALiBi, sinks and dsinks), an
+ * initial state, and a dense, packed (cu_seqlens) or paged (block table, cache lengths,
+ * appended keys) layout; then up to six mutations of its 0.2 arguments: the array kinds above
+ * (a NULL array, NULL data, dtype, shape, stride, misalignment, aliasing, a wild pointer, another
+ * array's view), a hostile value written into an integer array or a block mask, a hostile
+ * max_seqlen. features_outcome restates mfa.h's rules for these arguments; a call that succeeds
+ * is checked against the float64 reference sequence by sequence, and (paged) the caches must
+ * hold exactly the appended rows and nothing else new. */
+
+enum {
+    F_Q,
+    F_K,
+    F_V,
+    F_OUT,
+    F_LSE,
+    F_DOUT,
+    F_DQ,
+    F_DK,
+    F_DV,
+    F_MASK,
+    F_BLOCK_MASK,
+    F_ALIBI,
+    F_SINKS,
+    F_DSINKS,
+    F_CU_Q,
+    F_CU_K,
+    F_TABLE,
+    F_LENGTHS,
+    F_K_NEW,
+    F_V_NEW,
+    F_ARRAYS
+};
+
+enum { LAYOUT_DENSE, LAYOUT_PACKED, LAYOUT_PAGED };
+enum { F_MAX_SEQS = 3, F_MAX_BLOCKS = 3 };
+
+static const int32_t hostile_i32[] = {-1, 0,  1,   2,   3,   5,         7,         8,
+                                      9,  64, 255, 256, 257, INT32_MAX, INT32_MIN, INT32_MAX - 1};
+#define HOSTILE_I32_COUNT ((int)(sizeof hostile_i32 / sizeof hostile_i32[0]))
+
+typedef struct features_call {
+    mfa_context* ctx;
+    int context;
+    int layout; /* as decoded; mutations may ask for another (features_layout) */
+    bool backward;
+    mfa_dtype dtype;
+    int64_t batch; /* sequences */
+    int64_t heads_q, heads_kv, head_dim, head_dim_v;
+    mfa_attention_params params;
+    float softcap;
+    int32_t initial_state;
+    int64_t max_seqlen_q, max_seqlen_k;
+    int32_t cu_q[F_MAX_SEQS + 1], cu_k[F_MAX_SEQS + 1];          /* packed */
+    int32_t table[F_MAX_SEQS][F_MAX_BLOCKS], cached[F_MAX_SEQS]; /* paged */
+    fuzz_tensor f[F_ARRAYS];
+} features_call;
+
+static bool has(const features_call* c, int i) { return c->f[i].present; }
+
+/* The layout the arguments ask for, as mfa_attention_args defines it; -1: both kinds, which
+ * is invalid. */
+static int features_layout(const features_call* c) {
+    const bool packed =
+        has(c, F_CU_Q) || has(c, F_CU_K) || c->max_seqlen_q != 0 || c->max_seqlen_k != 0;
+    const bool paged = has(c, F_TABLE) || has(c, F_LENGTHS) || has(c, F_K_NEW) || has(c, F_V_NEW);
+    if (packed && paged) return -1;
+    return packed ? LAYOUT_PACKED : paged ? LAYOUT_PAGED : LAYOUT_DENSE;
+}
+
+static int32_t read_i32_at(const fuzz_tensor* f, int64_t b, int64_t e) {
+    return ((const int32_t*)f->t.data)[test_offset(&f->t, b, 0, 0, e)];
+}
+
+static void decode_features(reader* r, features_call* c) {
+    static const float softcaps[] = {0.0f,
+                                     0.0f,
+                                     0.0f,
+                                     0.0f,
+                                     0.5f,
+                                     2.5f,
+                                     30.0f,
+                                     -0.0f,
+                                     1e-30f,
+                                     -1.0f,
+                                     __builtin_nanf(""),
+                                     __builtin_inff()};
+    static const int64_t windows[] = {-1, -1, -1, 0, 1, 3};
+    static const int64_t block_sizes[] = {8, 16, 8, 24, 32, 8, 12, 264};
+    memset(c, 0, sizeof *c);
+    c->context = next_byte(r) % context_count;
+    c->ctx = contexts[c->context];
+    test_rng_state = next_u64(r) | 1;
+    c->layout = next_byte(r) % 3;
+    const uint8_t flags = next_byte(r);
+    c->backward = c->layout != LAYOUT_PAGED && (flags & 3) == 0;
+    c->dtype = (mfa_dtype)(next_byte(r) % 3);
+    c->heads_kv = 1 + next_byte(r) % 2;
+    c->heads_q = c->heads_kv * (1 + next_byte(r) % 2);
+    c->head_dim = 1 + next_byte(r) % 16;
+    c->head_dim_v = 1 + next_byte(r) % 16;
+    mfa_attention_params_init(&c->params);
+    c->params.causal = (flags >> 2) & 1;
+    c->params.alignment = (mfa_alignment)((flags >> 3) & 1);
+    c->params.window_left = windows[next_byte(r) % 6];
+    c->params.window_right = windows[next_byte(r) % 6];
+    c->softcap = softcaps[next_byte(r) % (sizeof softcaps / sizeof softcaps[0])];
+    c->initial_state = !c->backward && ((flags >> 4) & 3) == 0;
+
+    int64_t nq, q_rows, kv_batch, kv_rows, mask_q, mask_k, max_blocks = 1, new_keys = 0;
+    c->batch = 1 + next_byte(r) % F_MAX_SEQS;
+    const int64_t batch = c->batch;
+    if (c->layout == LAYOUT_PACKED) {
+        for (int64_t b = 0; b < batch; ++b) {
+            const int64_t lq = next_byte(r) % 7, lk = next_byte(r) % 7;
+            c->cu_q[b + 1] = c->cu_q[b] + (int32_t)lq;
+            c->cu_k[b + 1] = c->cu_k[b] + (int32_t)lk;
+            if (lq > c->max_seqlen_q) c->max_seqlen_q = lq;
+            if (lk > c->max_seqlen_k) c->max_seqlen_k = lk;
+        }
+        /* A packed tensor holds one row at least: the last sequence gets it. */
+        if (c->cu_q[batch] == 0) c->cu_q[batch] = 1, c->max_seqlen_q = 1;
+        if (c->cu_k[batch] == 0) c->cu_k[batch] = 1, c->max_seqlen_k = 1;
+        const uint8_t slack = next_byte(r);
+        c->max_seqlen_q += slack & 3, c->max_seqlen_k += (slack >> 2) & 3;
+        nq = q_rows = c->cu_q[batch];
+        kv_batch = 1, kv_rows = c->cu_k[batch];
+        mask_q = c->max_seqlen_q, mask_k = c->max_seqlen_k;
+    } else if (c->layout == LAYOUT_PAGED) {
+        nq = q_rows = 1 + next_byte(r) % 4;
+        kv_rows = block_sizes[next_byte(r) % 8];
+        max_blocks = 1 + next_byte(r) % F_MAX_BLOCKS;
+        kv_batch = batch * max_blocks + next_byte(r) % 2;
+        new_keys = next_byte(r) % 3;
+        /* The table: a shuffle of the blocks, so no block is reached twice. */
+        int32_t order[F_MAX_SEQS * F_MAX_BLOCKS + 1];
+        for (int32_t i = 0; i < (int32_t)kv_batch; ++i) order[i] = i;
+        for (int64_t i = kv_batch - 1; i > 0; --i) {
+            const int64_t j = next_byte(r) % (i + 1);
+            const int32_t swap = order[i];
+            order[i] = order[j];
+            order[j] = swap;
+        }
+        const int64_t capacity = max_blocks * kv_rows;
+        for (int64_t b = 0; b < batch; ++b) {
+            for (int64_t i = 0; i < max_blocks; ++i) c->table[b][i] = order[b * max_blocks + i];
+            const int64_t room = capacity - new_keys + 1;
+            c->cached[b] = (int32_t)(room > 0 ? (next_byte(r) | next_byte(r) << 8) % room : 0);
+        }
+        mask_q = nq, mask_k = capacity;
+    } else {
+        nq = q_rows = 1 + next_byte(r) % 12;
+        kv_batch = batch, kv_rows = 1 + next_byte(r) % 12;
+        mask_q = nq, mask_k = kv_rows;
+    }
+    const int64_t q_batch = c->layout == LAYOUT_PACKED ? 1 : batch;
+    const int64_t hq = c->heads_q, hkv = c->heads_kv, d = c->head_dim, dv = c->head_dim_v;
+    const int64_t shapes[F_ARRAYS][4] = {
+        [F_Q] = {q_batch, hq, q_rows, d},
+        [F_K] = {kv_batch, hkv, kv_rows, d},
+        [F_V] = {kv_batch, hkv, kv_rows, dv},
+        [F_OUT] = {q_batch, hq, q_rows, dv},
+        [F_LSE] = {q_batch, hq, q_rows, 1},
+        [F_DOUT] = {q_batch, hq, q_rows, dv},
+        [F_DQ] = {q_batch, hq, q_rows, d},
+        [F_DK] = {kv_batch, hkv, kv_rows, d},
+        [F_DV] = {kv_batch, hkv, kv_rows, dv},
+        [F_MASK] = {batch, hq, mask_q, mask_k},
+        [F_BLOCK_MASK] = {batch, hq, mask_blocks(mask_q), mask_blocks(mask_k)},
+        [F_ALIBI] = {batch, hq, 1, 1},
+        [F_SINKS] = {1, hq, 1, 1},
+        [F_DSINKS] = {1, hq, 1, 1},
+        [F_CU_Q] = {1, 1, 1, batch + 1},
+        [F_CU_K] = {1, 1, 1, batch + 1},
+        [F_TABLE] = {batch, 1, 1, max_blocks},
+        [F_LENGTHS] = {batch, 1, 1, 1},
+        [F_K_NEW] = {batch, hkv, new_keys ? new_keys : 1, d},
+        [F_V_NEW] = {batch, hkv, new_keys ? new_keys : 1, dv},
+    };
+    (void)nq;
+    fuzz_tensor* f = c->f;
+    for (int i = 0; i < F_ARRAYS; ++i) {
+        f[i].t.dtype = c->dtype;
+        set_shape(&f[i].t, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
+    }
+    f[F_LSE].t.dtype = f[F_ALIBI].t.dtype = f[F_SINKS].t.dtype = f[F_DSINKS].t.dtype =
+        MFA_DTYPE_F32;
+    f[F_BLOCK_MASK].t.dtype = MFA_DTYPE_BOOL;
+    f[F_CU_Q].t.dtype = f[F_CU_K].t.dtype = f[F_TABLE].t.dtype = f[F_LENGTHS].t.dtype =
+        MFA_DTYPE_I32;
+    for (int i = F_Q; i <= F_OUT; ++i) f[i].present = true;
+    for (int i = F_DOUT; i <= F_DV; ++i) f[i].present = c->backward;
+    f[F_LSE].present = c->backward || c->initial_state || (flags >> 6) != 0;
+
+    /* The modifiers: a mask broadcast over any of its dimensions (size 1, or stride 0 on the
+     * batch), with its summary or not; ALiBi per head or per sequence and head; sinks. */
+    const uint8_t mask_pick = next_byte(r), dims = next_byte(r);
+    if ((mask_pick & 7) >= 2 && (mask_pick & 7) <= 4) {
+        const int kind = (mask_pick & 7) - 2;
+        f[F_MASK].present = true;
+        f[F_MASK].t.dtype = kind == 0 ? MFA_DTYPE_BOOL : kind == 1 ? MFA_DTYPE_F32 : c->dtype;
+        int64_t* s = f[F_MASK].t.shape;
+        for (int dim = 0; dim < 4; ++dim)
+            if ((dims >> dim) & 1) s[dim] = 1;
+        f[F_BLOCK_MASK].present = (mask_pick & 0x30) == 0;
+        f[F_BLOCK_MASK].t.shape[0] = s[0] == 1 || (dims & 16) ? 1 : s[0];
+        f[F_BLOCK_MASK].t.shape[1] = s[1];
+    }
+    const uint8_t extras = next_byte(r);
+    f[F_ALIBI].present = (extras & 3) == 1 || (extras & 3) == 2; /* per head, per sequence */
+    if ((extras & 3) == 1) f[F_ALIBI].t.shape[0] = 1;
+    f[F_SINKS].present = (extras >> 2) & 1;
+    f[F_DSINKS].present = c->backward && f[F_SINKS].present && ((extras >> 3) & 1);
+    f[F_CU_Q].present = f[F_CU_K].present = c->layout == LAYOUT_PACKED;
+    f[F_TABLE].present = f[F_LENGTHS].present = c->layout == LAYOUT_PAGED;
+    f[F_K_NEW].present = f[F_V_NEW].present = c->layout == LAYOUT_PAGED && new_keys > 0;
+    for (int i = 0; i < F_ARRAYS; ++i) decode_layout(r, &f[i].t);
+    if ((dims & 16) && f[F_MASK].t.shape[0] > 1) f[F_MASK].t.strides[0] = 0;
+}
+
+/* Random values for the floating-point inputs, the generated integers, and a correct summary
+ * of the mask; then (M_VALUE) the hostile integers. Arrays that live in another's memory are
+ * not filled: they read what that one holds. Returns whether the block mask (if any) still
+ * summarizes the mask: a hostile byte in either may leave valid codes that do not, and mfa.h
+ * trusts the summary, so the results of such a call are not the mask's. */
+static bool fillable(const fuzz_tensor* f, int i) {
+    const int64_t es = storage_size((int)f[i].t.dtype);
+    return f[i].present && f[i].lives_in == i && backed_by_itself_or(&f[i], f) &&
+           (uintptr_t)f[i].t.data % (uintptr_t)es == 0;
+}
+
+static bool fill_features(features_call* c, const mutation* m, int mutations) {
+    fuzz_tensor* f = c->f;
+    for (int i = 0; i < F_ARRAYS; ++i) {
+        const fuzz_tensor* x = &f[i];
+        if (!fillable(f, i)) continue;
+        const mfa_tensor* t = &x->t;
+        const bool state = c->initial_state && (i == F_OUT || i == F_LSE);
+        if (i <= F_V || i == F_DOUT || state || i == F_K_NEW || i == F_V_NEW) {
+            test_fill_view_random(t);
+        } else if (i == F_MASK || i == F_ALIBI || i == F_SINKS) {
+            for (int64_t b = 0; b < t->shape[0]; ++b)
+                for (int64_t h = 0; h < t->shape[1]; ++h)
+                    for (int64_t s = 0; s < t->shape[2]; ++s)
+                        for (int64_t d = 0; d < t->shape[3]; ++d) {
+                            const double u = test_uniform();
+                            const int64_t at = test_offset(t, b, h, s, d);
+                            if (t->dtype == MFA_DTYPE_BOOL)
+                                ((unsigned char*)t->data)[at] = u < -0.6 ? 0 : u < 0.8 ? 1 : 7;
+                            else if (i == F_MASK)
+                                test_set(t, b, h, s, d, u < -0.7 ? -INFINITY : (float)u);
+                            else if (i == F_ALIBI)
+                                test_set(t, b, h, s, d, (float)(0.02 + 0.5 * fabs(u)));
+                            else
+                                test_set(t, b, h, s, d, (float)(2 * u));
+                        }
+        }
+    }
+    /* Some rows of an initial state start empty: lse -inf, and an out of NaN, which mfa.h
+     * promises is not read. */
+    if (c->initial_state && fillable(f, F_LSE) && fillable(f, F_OUT)) {
+        const mfa_tensor *t = &f[F_LSE].t, *out = &f[F_OUT].t;
+        for (int64_t b = 0; b < t->shape[0]; ++b)
+            for (int64_t h = 0; h < t->shape[1]; ++h)
+                for (int64_t s = 0; s < t->shape[2]; ++s) {
+                    if (test_uniform() >= -0.5) continue;
+                    test_set(t, b, h, s, 0, -INFINITY);
+                    for (int64_t y = 0; y < out->shape[3]; ++y) test_set(out, b, h, s, y, NAN);
+                }
+    }
+    for (int side = 0; side < 2; ++side) {
+        const fuzz_tensor* x = &f[side ? F_CU_K : F_CU_Q];
+        if (fillable(f, side ? F_CU_K : F_CU_Q) && x->t.dtype == MFA_DTYPE_I32)
+            for (int64_t e = 0; e < x->t.shape[3] && e <= F_MAX_SEQS; ++e)
+                ((int32_t*)x->t.data)[test_offset(&x->t, 0, 0, 0, e)] =
+                    side ? c->cu_k[e] : c->cu_q[e];
+    }
+    const fuzz_tensor *table = &f[F_TABLE], *lengths = &f[F_LENGTHS];
+    if (fillable(f, F_TABLE) && table->t.dtype == MFA_DTYPE_I32)
+        for (int64_t b = 0; b < table->t.shape[0] && b < F_MAX_SEQS; ++b)
+            for (int64_t e = 0; e < table->t.shape[3] && e < F_MAX_BLOCKS; ++e)
+                ((int32_t*)table->t.data)[test_offset(&table->t, b, 0, 0, e)] = c->table[b][e];
+    if (fillable(f, F_LENGTHS) && lengths->t.dtype == MFA_DTYPE_I32)
+        for (int64_t b = 0; b < lengths->t.shape[0] && b < F_MAX_SEQS; ++b)
+            ((int32_t*)lengths->t.data)[test_offset(&lengths->t, b, 0, 0, 0)] = c->cached[b];
+    const fuzz_tensor *mask = &f[F_MASK], *summary = &f[F_BLOCK_MASK];
+    if (fillable(f, F_BLOCK_MASK) && mask->present && backed_by_itself_or(mask, f) &&
+        storage_size((int)mask->t.dtype) && summary->t.dtype == MFA_DTYPE_BOOL &&
+        (uintptr_t)mask->t.data % (uintptr_t)storage_size((int)mask->t.dtype) == 0) {
+        mfa_tensor read = mask->t;
+        if (read.strides[0] == 0) read.shape[0] = 1;
+        const int64_t* s = summary->t.shape;
+        const int64_t nq = s[2] * MFA_MASK_BLOCK, nk = s[3] * MFA_MASK_BLOCK;
+        for (int64_t b = 0; b < s[0]; ++b)
+            for (int64_t h = 0; h < s[1]; ++h)
+                for (int64_t i = 0; i < s[2]; ++i)
+                    for (int64_t j = 0; j < s[3]; ++j)
+                        ((unsigned char*)summary->t.data)[test_offset(&summary->t, b, h, i, j)] =
+                            (b < read.shape[0] || read.shape[0] == 1) &&
+                                    (h < read.shape[1] || read.shape[1] == 1)
+                                ? (unsigned char)summary_code(
+                                      &read, b, h, i, j, read.shape[2] == 1 ? nq : read.shape[2],
+                                      read.shape[3] == 1 ? nk : read.shape[3])
+                                : 1;
+    }
+    for (int i = 0; i < mutations; ++i) {
+        const fuzz_tensor* x = &f[m[i].role];
+        if (m[i].kind != M_VALUE || !x->present || !backed_by_itself_or(x, f) ||
+            (uintptr_t)x->t.data % (uintptr_t)storage_size((int)x->t.dtype))
+            continue;
+        const int64_t count = test_element_count(&x->t);
+        if (count < 1 || count > MAX_LISTED) continue;
+        int64_t at = (m[i].value >> 4) % count, idx[4];
+        for (int d = 3; d >= 0; --d) idx[d] = at % x->t.shape[d], at /= x->t.shape[d];
+        const int64_t o = test_offset(&x->t, idx[0], idx[1], idx[2], idx[3]);
+        const int32_t value = hostile_i32[m[i].value % HOSTILE_I32_COUNT];
+        if (x->t.dtype == MFA_DTYPE_I32)
+            ((int32_t*)x->t.data)[o] = value;
+        else if (x->t.dtype == MFA_DTYPE_BOOL)
+            ((unsigned char*)x->t.data)[o] = (unsigned char)value;
+    }
+    bool summarizes = true;
+    for (int i = 0; i < mutations; ++i)
+        if (m[i].kind == M_VALUE && (m[i].role == F_MASK || m[i].role == F_BLOCK_MASK))
+            summarizes = !has(c, F_BLOCK_MASK);
+    return summarizes;
+}
+
+/* The rules of mfa.h for the arrays and options of a compute call, restated. *skip: a call
+ * that cannot be made safely (an array the library would read lies outside our memory). */
+static outcome features_outcome(const features_call* c, const mfa_capabilities* caps, bool* skip) {
+    outcome o = {0, 0};
+    const fuzz_tensor* f = c->f;
+    const int layout = features_layout(c);
+    *skip = false;
+    /* Arrays of the other direction, then the layout's own arguments, come first. */
+    if (!c->backward && has(c, F_DSINKS)) violation(&o, MFA_ERROR_INVALID_ARGUMENT);
+    if (c->backward && (has(c, F_TABLE) || has(c, F_LENGTHS) || has(c, F_K_NEW) || has(c, F_V_NEW)))
+        violation(&o, MFA_ERROR_INVALID_ARGUMENT);
+    if (layout < 0) violation(&o, MFA_ERROR_INVALID_ARGUMENT);
+    if (layout == LAYOUT_PACKED &&
+        (!has(c, F_CU_Q) || !has(c, F_CU_K) || c->max_seqlen_q < 1 || c->max_seqlen_k < 1 ||
+         c->max_seqlen_q > INT32_MAX || c->max_seqlen_k > INT32_MAX))
+        violation(&o, MFA_ERROR_INVALID_ARGUMENT);
+    if (layout == LAYOUT_PAGED &&
+        (!has(c, F_TABLE) || !has(c, F_LENGTHS) || has(c, F_K_NEW) != has(c, F_V_NEW)))
+        violation(&o, MFA_ERROR_INVALID_ARGUMENT);
+    if (o.required) return o; /* the library stops before reading any array */
+
+    const int64_t* qs = f[F_Q].t.shape;
+    const int64_t* ks = f[F_K].t.shape;
+    const int64_t* vs = f[F_V].t.shape;
+    const int64_t block_size = ks[2];
+    if (!(caps->dtypes & (1u << c->dtype))) violation(&o, MFA_ERROR_UNSUPPORTED);
+    if (layout == LAYOUT_PACKED && qs[0] != 1) violation(&o, MFA_ERROR_INVALID_ARGUMENT);
+    if (layout != LAYOUT_PAGED && ks[0] != qs[0]) violation(&o, MFA_ERROR_INVALID_ARGUMENT);
+    if (layout == LAYOUT_PAGED && (block_size % 8 != 0 || block_size > 256))
+        violation(&o, MFA_ERROR_INVALID_ARGUMENT);
+    if (qs[3] > caps->max_head_dim || vs[3] > caps->max_head_dim)
+        violation(&o, MFA_ERROR_UNSUPPORTED);
+
+    bool sound[F_ARRAYS] = {false};
+    const bool none[4] = {false, false, false, false};
+    const uint32_t i32 = 1u << MFA_DTYPE_I32, f32 = 1u << MFA_DTYPE_F32;
+    for (int i = F_Q; i <= F_DV; ++i) sound[i] = has(c, i);
+
+    /* The layout's arrays, and the sizes the modifiers are checked against. */
+    int64_t mask_batch = qs[0], mask_q = qs[2], mask_k = ks[2];
+    if (layout == LAYOUT_PACKED) {
+        const int64_t entries = f[F_CU_Q].t.shape[3];
+        const int64_t rule_q[4] = {1, 1, 1, -1};
+        sound[F_CU_Q] = array_outcome(&f[F_CU_Q], i32, rule_q, none, false, &o);
+        if (sound[F_CU_Q] && entries < 2) violation(&o, MFA_ERROR_INVALID_ARGUMENT);
+        const int64_t rule_k[4] = {1, 1, 1, entries};
+        sound[F_CU_K] = array_outcome(&f[F_CU_K], i32, rule_k, none, false, &o);
+        mask_batch = sound[F_CU_Q] && entries >= 2 ? entries - 1 : -1;
+        mask_q = c->max_seqlen_q, mask_k = c->max_seqlen_k;
+        const bool readable = sound[F_CU_Q] && sound[F_CU_K] && entries >= 2;
+        if (readable &&
+            (!backed_by_itself_or(&f[F_CU_Q], f) || !backed_by_itself_or(&f[F_CU_K], f)))
+            *skip = true;
+        else if (readable && f[F_CU_K].t.shape[3] == entries && entries <= MAX_LISTED) {
+            for (int side = 0; side < 2; ++side) {
+                const fuzz_tensor* cu = &f[side ? F_CU_K : F_CU_Q];
+                const int64_t total = side ? ks[2] : qs[2];
+                const int64_t most = side ? c->max_seqlen_k : c->max_seqlen_q;
+                bool bad = read_i32_at(cu, 0, 0) != 0 || read_i32_at(cu, 0, entries - 1) != total;
+                for (int64_t e = 1; e < entries && !bad; ++e) {
+                    const int64_t length =
+                        (int64_t)read_i32_at(cu, 0, e) - read_i32_at(cu, 0, e - 1);
+                    bad = length < 0 || length > most;
+                }
+                if (bad) violation(&o, MFA_ERROR_INVALID_ARGUMENT);
+            }
+        } else if (readable) {
+            o.permitted |= STATUS_BIT(MFA_ERROR_INVALID_ARGUMENT); /* too long to walk here */
+        }
+    } else if (layout == LAYOUT_PAGED) {
+        const int64_t batch = qs[0], num_blocks = ks[0];
+        const int64_t rule_table[4] = {batch, 1, 1, -1}, rule_lengths[4] = {batch, 1, 1, 1};
+        sound[F_TABLE] = array_outcome(&f[F_TABLE], i32, rule_table, none, false, &o);
+        sound[F_LENGTHS] = array_outcome(&f[F_LENGTHS], i32, rule_lengths, none, false, &o);
+        const int64_t max_blocks = f[F_TABLE].t.shape[3];
+        int64_t capacity = -1, new_keys = 0;
+        if (sound[F_TABLE] && __builtin_mul_overflow(max_blocks, block_size, &capacity)) {
+            violation(&o, MFA_ERROR_SIZE_OVERFLOW);
+            capacity = -1;
+        }
+        bool readable = sound[F_TABLE] && sound[F_LENGTHS] && capacity >= 0;
+        if (has(c, F_K_NEW)) {
+            const int64_t rule_k_new[4] = {batch, ks[1], -1, qs[3]};
+            sound[F_K_NEW] =
+                array_outcome(&f[F_K_NEW], 1u << c->dtype, rule_k_new, none, false, &o);
+            new_keys = f[F_K_NEW].t.shape[2];
+            const int64_t rule_v_new[4] = {batch, ks[1], new_keys, vs[3]};
+            sound[F_V_NEW] =
+                array_outcome(&f[F_V_NEW], 1u << c->dtype, rule_v_new, none, false, &o);
+            readable = readable && sound[F_K_NEW] && sound[F_V_NEW];
+        }
+        mask_k = capacity;
+        if (readable &&
+            (!backed_by_itself_or(&f[F_TABLE], f) || !backed_by_itself_or(&f[F_LENGTHS], f))) {
+            *skip = true;
+        } else if (readable && f[F_TABLE].t.shape[0] == batch && f[F_LENGTHS].t.shape[0] == batch &&
+                   batch <= F_MAX_SEQS) {
+            /* Which (sequence, position) reaches each block, and which write. */
+            enum { MOST = 64 };
+            int64_t reached_by[MOST][2];
+            int reached = 0;
+            bool bad = false, writes[MOST] = {false};
+            for (int64_t b = 0; b < batch && !bad; ++b) {
+                const int64_t cached = read_i32_at(&f[F_LENGTHS], b, 0);
+                const int64_t keys = cached + new_keys;
+                if (cached < 0 || keys > capacity || keys > INT32_MAX) {
+                    bad = true;
+                    break;
+                }
+                for (int64_t i = 0; i * block_size < keys && !bad; ++i) {
+                    const int64_t block = read_i32_at(&f[F_TABLE], b, i);
+                    if (block < 0 || block >= num_blocks || reached == MOST) {
+                        bad = true;
+                        break;
+                    }
+                    writes[reached] = new_keys > 0 && (i + 1) * block_size > cached;
+                    reached_by[reached][0] = block;
+                    reached_by[reached++][1] = b;
+                }
+            }
+            for (int x = 0; x < reached && !bad; ++x)
+                for (int y = 0; y < reached && !bad; ++y)
+                    if (x != y && (writes[x] || writes[y]) && reached_by[x][0] == reached_by[y][0])
+                        bad = true;
+            if (bad) violation(&o, MFA_ERROR_INVALID_ARGUMENT);
+        } else if (readable) {
+            o.permitted |= STATUS_BIT(MFA_ERROR_INVALID_ARGUMENT);
+        }
+    }
+
+    /* The modifiers. */
+    if (!isfinite(c->softcap) || c->softcap < 0) violation(&o, MFA_ERROR_INVALID_ARGUMENT);
+    if (has(c, F_MASK)) {
+        const int64_t rule[4] = {mask_batch, qs[1], mask_q, mask_k};
+        const bool or_one[4] = {true, true, true, true};
+        sound[F_MASK] = array_outcome(&f[F_MASK], 1u << MFA_DTYPE_BOOL | f32 | 1u << c->dtype, rule,
+                                      or_one, false, &o);
+    }
+    if (has(c, F_BLOCK_MASK)) {
+        if (!has(c, F_MASK)) violation(&o, MFA_ERROR_INVALID_ARGUMENT);
+        const int64_t* ms = f[F_MASK].t.shape;
+        const int64_t* mt = f[F_MASK].t.strides;
+        const int64_t rule[4] = {has(c, F_MASK) ? ms[0] : -1, has(c, F_MASK) ? ms[1] : -1,
+                                 mask_q >= 0 ? mask_blocks(mask_q) : -1,
+                                 mask_k >= 0 ? mask_blocks(mask_k) : -1};
+        const bool or_one[4] = {has(c, F_MASK) && (ms[0] == 1 || mt[0] == 0),
+                                has(c, F_MASK) && (ms[1] == 1 || mt[1] == 0), false, false};
+        sound[F_BLOCK_MASK] =
+            array_outcome(&f[F_BLOCK_MASK], 1u << MFA_DTYPE_BOOL, rule, or_one, false, &o);
+        const fuzz_tensor* s = &f[F_BLOCK_MASK];
+        if (sound[F_BLOCK_MASK] && !backed_by_itself_or(s, f)) {
+            *skip = true;
+        } else if (sound[F_BLOCK_MASK] && listable(s)) {
+            bool bad = false;
+            for (int64_t b = 0; b < s->t.shape[0]; ++b)
+                for (int64_t h = 0; h < s->t.shape[1]; ++h)
+                    for (int64_t i = 0; i < s->t.shape[2]; ++i)
+                        for (int64_t j = 0; j < s->t.shape[3]; ++j)
+                            bad =
+                                bad ||
+                                ((const unsigned char*)s->t.data)[test_offset(&s->t, b, h, i, j)] >
+                                    2;
+            if (bad) violation(&o, MFA_ERROR_INVALID_ARGUMENT);
+        } else if (sound[F_BLOCK_MASK]) {
+            o.permitted |= STATUS_BIT(MFA_ERROR_INVALID_ARGUMENT);
+        }
+    }
+    if (has(c, F_ALIBI)) {
+        const int64_t rule[4] = {mask_batch, qs[1], 1, 1};
+        const bool or_one[4] = {true, false, false, false};
+        sound[F_ALIBI] = array_outcome(&f[F_ALIBI], f32, rule, or_one, false, &o);
+    }
+    const int64_t head_rule[4] = {1, qs[1], 1, 1};
+    if (has(c, F_SINKS))
+        sound[F_SINKS] = array_outcome(&f[F_SINKS], f32, head_rule, none, false, &o);
+    if (c->backward && has(c, F_DSINKS)) {
+        if (!has(c, F_SINKS)) violation(&o, MFA_ERROR_INVALID_ARGUMENT);
+        sound[F_DSINKS] = array_outcome(&f[F_DSINKS], f32, head_rule, none, true, &o);
+    }
+
+    /* No output shares a byte with another array. */
+    bool output[F_ARRAYS] = {false};
+    if (c->backward)
+        output[F_DQ] = output[F_DK] = output[F_DV] = output[F_DSINKS] = true;
+    else
+        output[F_OUT] = output[F_LSE] = true;
+    if (layout == LAYOUT_PAGED && has(c, F_K_NEW)) output[F_K] = output[F_V] = true;
+    for (int x = 0; x < F_ARRAYS; ++x) {
+        if (!output[x] || !sound[x] || !has(c, x)) continue;
+        for (int y = 0; y < F_ARRAYS; ++y)
+            if (y != x && sound[y] && has(c, y)) overlap_outcome(&f[x], &f[y], false, &o);
+    }
+
+    /* Whether the context runs what the call asks for. */
+    uint32_t features = 0;
+    if (has(c, F_MASK)) features |= MFA_FEATURE_MASK;
+    if (has(c, F_BLOCK_MASK)) features |= MFA_FEATURE_BLOCK_MASK;
+    if (c->softcap > 0) features |= MFA_FEATURE_SOFTCAP;
+    if (has(c, F_ALIBI)) features |= MFA_FEATURE_ALIBI;
+    if (has(c, F_SINKS)) features |= MFA_FEATURE_SINKS;
+    if (layout == LAYOUT_PACKED) features |= MFA_FEATURE_VARLEN;
+    if (layout == LAYOUT_PAGED) features |= MFA_FEATURE_PAGED_KV;
+    if (c->initial_state) features |= MFA_FEATURE_INITIAL_STATE;
+    const uint32_t have = c->backward ? caps->backward_features : caps->features;
+    if (features & ~have) violation(&o, MFA_ERROR_UNSUPPORTED);
+    return o;
+}
+
+static void apply_feature_mutation(features_call* c, const mutation* m, bool pointers) {
+    if (m->kind == M_MAX_SEQLEN) {
+        if (!pointers) *(m->dim % 2 ? &c->max_seqlen_k : &c->max_seqlen_q) = m->value;
+    } else if (m->kind < M_ARRAY_KINDS) {
+        if (pointers)
+            apply_pointer(c->f, m);
+        else
+            apply_claim(c->f, m);
+    }
+}
+
+/* A valid packed call's sequences as the library reads them: mutations may have changed the
+ * offsets (hostile values that are still valid) or their count. False where there are more
+ * sequences than the reference's tables hold. */
+static bool read_packed(features_call* c) {
+    const int64_t entries = c->f[F_CU_Q].t.shape[3];
+    if (entries - 1 > F_MAX_SEQS) return false;
+    c->batch = entries - 1;
+    for (int64_t e = 0; e < entries; ++e) {
+        c->cu_q[e] = read_i32_at(&c->f[F_CU_Q], 0, e);
+        c->cu_k[e] = read_i32_at(&c->f[F_CU_K], 0, e);
+    }
+    return true;
+}
+
+/* Rows [start, start + length) of dimension dim of a view. */
+static mfa_tensor slice(const mfa_tensor* t, int dim, int64_t start, int64_t length) {
+    mfa_tensor s = *t;
+    s.data = (char*)t->data + start * t->strides[dim] * storage_size((int)t->dtype);
+    s.shape[dim] = length;
+    return s;
+}
+
+/* Where sequence b's query row i and key row j live in the q-side and k-side arrays. */
+static int64_t q_base(const features_call* c, int64_t b) {
+    return c->layout == LAYOUT_PACKED ? c->cu_q[b] : 0;
+}
+static int64_t flat_q(const features_call* c, int64_t b, int64_t h, int64_t i, int64_t width) {
+    const int64_t rows = c->f[F_Q].t.shape[2];
+    const int64_t batch = c->layout == LAYOUT_PACKED ? 0 : b;
+    return ((batch * c->heads_q + h) * rows + q_base(c, b) + i) * width;
+}
+static int64_t flat_k(const features_call* c, int64_t b, int64_t h, int64_t j, int64_t width) {
+    const int64_t rows = c->f[F_K].t.shape[2];
+    return c->layout == LAYOUT_PACKED ? ((h * rows) + c->cu_k[b] + j) * width
+                                      : ((b * c->heads_kv + h) * rows + j) * width;
+}
+
+/* One sequence of the call as dense views for the reference: q, k, v (paged: the keys gathered
+ * from the caches and the appended rows, into f32 copies), the mask cut to its rows and keys,
+ * the slopes and sinks as doubles. */
+typedef struct sequence {
+    mfa_tensor q, k, v, out, dout, lse, mask;
+    test_tensor gathered_k, gathered_v;
+    double alibi[4], sinks[4];
+    ref_problem p;
+} sequence;
+
+static int64_t sequence_queries(const features_call* c, int64_t b) {
+    return c->layout == LAYOUT_PACKED ? c->cu_q[b + 1] - c->cu_q[b] : c->f[F_Q].t.shape[2];
+}
+
+static void sequence_make(const features_call* c, int64_t b, sequence* s) {
+    const fuzz_tensor* f = c->f;
+    memset(s, 0, sizeof *s);
+    const int64_t nq = sequence_queries(c, b);
+    int64_t nk = 0;
+    if (c->layout == LAYOUT_PACKED) {
+        nk = c->cu_k[b + 1] - c->cu_k[b];
+        s->q = slice(&f[F_Q].t, 2, c->cu_q[b], nq);
+        s->k = slice(&f[F_K].t, 2, c->cu_k[b], nk);
+        s->v = slice(&f[F_V].t, 2, c->cu_k[b], nk);
+        s->out = slice(&f[F_OUT].t, 2, c->cu_q[b], nq);
+        s->dout = slice(&f[F_DOUT].t, 2, c->cu_q[b], nq);
+        s->lse = slice(&f[F_LSE].t, 2, c->cu_q[b], nq);
+    } else {
+        s->q = slice(&f[F_Q].t, 0, b, 1);
+        s->out = slice(&f[F_OUT].t, 0, b, 1);
+        s->dout = slice(&f[F_DOUT].t, 0, b, 1);
+        s->lse = slice(&f[F_LSE].t, 0, b, 1);
+        if (c->layout == LAYOUT_DENSE) {
+            s->k = slice(&f[F_K].t, 0, b, 1);
+            s->v = slice(&f[F_V].t, 0, b, 1);
+            nk = s->k.shape[2];
+        }
+    }
+    if (c->layout == LAYOUT_PAGED) {
+        const int64_t cached = read_i32_at(&f[F_LENGTHS], b, 0), bs = f[F_K].t.shape[2];
+        const int64_t new_keys = has(c, F_K_NEW) ? f[F_K_NEW].t.shape[2] : 0;
+        nk = cached + new_keys;
+        s->gathered_k = test_tensor_make(MFA_DTYPE_F32, 1, c->heads_kv, nk, c->head_dim, TEST_BHSD);
+        s->gathered_v =
+            test_tensor_make(MFA_DTYPE_F32, 1, c->heads_kv, nk, c->head_dim_v, TEST_BHSD);
+        for (int side = 0; side < 2; ++side) {
+            const mfa_tensor* cache = &f[side ? F_V : F_K].t;
+            const mfa_tensor* appended = &f[side ? F_V_NEW : F_K_NEW].t;
+            const mfa_tensor* into = side ? &s->gathered_v.t : &s->gathered_k.t;
+            for (int64_t h = 0; h < c->heads_kv; ++h)
+                for (int64_t j = 0; j < nk; ++j)
+                    for (int64_t x = 0; x < into->shape[3]; ++x) {
+                        const double value =
+                            j >= cached ? test_get(appended, b, h, j - cached, x)
+                                        : test_get(cache, read_i32_at(&f[F_TABLE], b, j / bs), h,
+                                                   j % bs, x);
+                        test_set(into, 0, h, j, x, (float)value);
+                    }
+        }
+        s->k = s->gathered_k.t;
+        s->v = s->gathered_v.t;
+    }
+    s->p = ref_problem_of(&s->q, &s->k, &s->v, &c->params);
+    s->p.softcap = c->softcap > 0 ? c->softcap : 0;
+    if (has(c, F_MASK)) {
+        s->mask = f[F_MASK].t;
+        if (s->mask.shape[0] != 1) s->mask = slice(&s->mask, 0, b, 1);
+        if (c->layout != LAYOUT_DENSE) {
+            if (s->mask.shape[2] != 1) s->mask.shape[2] = nq;
+            if (s->mask.shape[3] != 1) s->mask.shape[3] = nk;
+        }
+        s->p.mask = &s->mask;
+    }
+    for (int64_t h = 0; h < c->heads_q; ++h) {
+        if (has(c, F_ALIBI)) {
+            const mfa_tensor* slopes = &f[F_ALIBI].t;
+            s->alibi[h] = test_get(slopes, slopes->shape[0] == 1 ? 0 : b, h, 0, 0);
+        }
+        if (has(c, F_SINKS)) s->sinks[h] = test_get(&f[F_SINKS].t, 0, h, 0, 0);
+    }
+    if (has(c, F_ALIBI)) s->p.alibi = s->alibi;
+    if (has(c, F_SINKS)) s->p.sinks = s->sinks;
+}
+
+static void sequence_free(sequence* s) {
+    test_tensor_free(&s->gathered_k);
+    test_tensor_free(&s->gathered_v);
+}
+
+/* The whole call's reference, in the outputs' [b][h][s][d] order. */
+typedef struct features_ref {
+    double *out, *out_mag, *lse, *lse_mag, *dq, *dq_mag, *dk, *dk_mag, *dv, *dv_mag, *dsinks,
+        *dsinks_mag;
+    double max_score;
+} features_ref;
+
+static void accumulate(double* into, const double* from, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) into[i] += from[i];
+}
+
+/* Forward (and, backward, the forward's results stored into out and lse, then the gradients
+ * of those stored values), sequence by sequence. */
+static features_ref features_reference(const features_call* c) {
+    const fuzz_tensor* f = c->f;
+    features_ref w;
+    memset(&w, 0, sizeof w);
+    const int64_t q_count = test_element_count(&f[F_Q].t) / c->head_dim;
+    const int64_t k_count = test_element_count(&f[F_K].t) / c->head_dim;
+    w.out = ref_zeros(q_count * c->head_dim_v), w.out_mag = ref_zeros(q_count * c->head_dim_v);
+    w.lse = ref_zeros(q_count), w.lse_mag = ref_zeros(q_count);
+    for (int64_t i = 0; i < q_count; ++i) w.lse[i] = -INFINITY; /* rows of no sequence */
+    if (c->backward) {
+        w.dq = ref_zeros(q_count * c->head_dim), w.dq_mag = ref_zeros(q_count * c->head_dim);
+        w.dk = ref_zeros(k_count * c->head_dim), w.dk_mag = ref_zeros(k_count * c->head_dim);
+        w.dv = ref_zeros(k_count * c->head_dim_v), w.dv_mag = ref_zeros(k_count * c->head_dim_v);
+        w.dsinks = ref_zeros(c->heads_q), w.dsinks_mag = ref_zeros(c->heads_q);
+    }
+    for (int64_t b = 0; b < c->batch; ++b) {
+        const int64_t nq = sequence_queries(c, b);
+        if (nq == 0) continue;
+        sequence s;
+        sequence_make(c, b, &s);
+        const int64_t nk = s.k.shape[2];
+        ref_result r = ref_forward(&s.p, &s.q, &s.k, &s.v);
+        if (r.max_score > w.max_score) w.max_score = r.max_score;
+        for (int64_t h = 0; h < c->heads_q; ++h)
+            for (int64_t i = 0; i < nq; ++i) {
+                const int64_t row = h * nq + i, at = flat_q(c, b, h, i, 1);
+                w.lse[at] = r.lse[row], w.lse_mag[at] = r.lse_mag[row];
+                for (int64_t y = 0; y < c->head_dim_v; ++y) {
+                    w.out[at * c->head_dim_v + y] = r.out[row * c->head_dim_v + y];
+                    w.out_mag[at * c->head_dim_v + y] = r.out_mag[row * c->head_dim_v + y];
+                }
+                if (!c->backward) continue;
+                test_set(&s.lse, 0, h, i, 0, (float)r.lse[row]);
+                for (int64_t y = 0; y < c->head_dim_v; ++y)
+                    test_set(&s.out, 0, h, i, y, (float)r.out[row * c->head_dim_v + y]);
+            }
+        ref_free(&r);
+        if (c->backward) {
+            ref_result g = ref_backward(&s.p, &s.q, &s.k, &s.v, &s.out, &s.dout, &s.lse, NULL);
+            if (g.max_score > w.max_score) w.max_score = g.max_score;
+            for (int64_t h = 0; h < c->heads_q; ++h)
+                for (int64_t i = 0; i < nq; ++i) {
+                    const int64_t at = flat_q(c, b, h, i, c->head_dim);
+                    memcpy(&w.dq[at], &g.dq[(h * nq + i) * c->head_dim],
+                           c->head_dim * sizeof(double));
+                    memcpy(&w.dq_mag[at], &g.dq_mag[(h * nq + i) * c->head_dim],
+                           c->head_dim * sizeof(double));
+                }
+            for (int64_t h = 0; h < c->heads_kv; ++h)
+                for (int64_t j = 0; j < nk; ++j) {
+                    const int64_t row = h * nk + j;
+                    accumulate(&w.dk[flat_k(c, b, h, j, c->head_dim)], &g.dk[row * c->head_dim],
+                               c->head_dim);
+                    accumulate(&w.dk_mag[flat_k(c, b, h, j, c->head_dim)],
+                               &g.dk_mag[row * c->head_dim], c->head_dim);
+                    accumulate(&w.dv[flat_k(c, b, h, j, c->head_dim_v)], &g.dv[row * c->head_dim_v],
+                               c->head_dim_v);
+                    accumulate(&w.dv_mag[flat_k(c, b, h, j, c->head_dim_v)],
+                               &g.dv_mag[row * c->head_dim_v], c->head_dim_v);
+                }
+            accumulate(w.dsinks, g.dsinks, c->heads_q);
+            accumulate(w.dsinks_mag, g.dsinks_mag, c->heads_q);
+            ref_free(&g);
+        }
+        sequence_free(&s);
+    }
+    return w;
+}
+
+/* With an initial state, the reference is the merge of the state (out and lse as given) with
+ * this call's result, per row as mfa_attention_merge defines it. */
+static void merge_initial_state(const features_call* c, features_ref* w) {
+    const mfa_tensor *out = &c->f[F_OUT].t, *lse = &c->f[F_LSE].t;
+    const int64_t dv = c->head_dim_v;
+    int64_t row = 0;
+    for (int64_t b = 0; b < out->shape[0]; ++b)
+        for (int64_t h = 0; h < out->shape[1]; ++h)
+            for (int64_t i = 0; i < out->shape[2]; ++i, ++row) {
+                const double l0 = test_get(lse, b, h, i, 0), l1 = w->lse[row];
+                const double m = l0 > l1 ? l0 : l1;
+                if (m == -INFINITY) {
+                    for (int64_t y = 0; y < dv; ++y) w->out[row * dv + y] = 0;
+                    continue;
+                }
+                const double w0 = exp(l0 - m), w1 = exp(l1 - m);
+                for (int64_t y = 0; y < dv; ++y) {
+                    const double o0 = w0 > 0 ? test_get(out, b, h, i, y) : 0;
+                    w->out[row * dv + y] = (w0 * o0 + w1 * w->out[row * dv + y]) / (w0 + w1);
+                    w->out_mag[row * dv + y] =
+                        (w0 * fabs(o0) + w1 * w->out_mag[row * dv + y]) / (w0 + w1) + fabs(o0);
+                }
+                w->lse[row] = m + log(w0 + w1);
+                w->lse_mag[row] = fabs(m) + fabs(log(w0 + w1)) + 1;
+            }
+}
+
+static void features_ref_free(features_ref* w) {
+    double* all[] = {w->out, w->out_mag, w->lse, w->lse_mag, w->dq,     w->dq_mag,
+                     w->dk,  w->dk_mag,  w->dv,  w->dv_mag,  w->dsinks, w->dsinks_mag};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) free(all[i]);
+}
+
+/* After a paged call with appended keys: every cache element is its old value, or the new row
+ * the call was to write there. */
+static void check_caches(const features_call* c) {
+    const fuzz_tensor* f = c->f;
+    const int64_t bs = f[F_K].t.shape[2], new_keys = f[F_K_NEW].t.shape[2];
+    for (int side = 0; side < 2; ++side) {
+        const fuzz_tensor* cache = &f[side ? F_V : F_K];
+        const mfa_tensor* appended = &f[side ? F_V_NEW : F_K_NEW].t;
+        const int64_t es = storage_size((int)cache->t.dtype);
+        mfa_tensor before = cache->t;
+        before.data = cache->own.snapshot + ((char*)cache->t.data - (char*)cache->own.bytes);
+        const int64_t* s = cache->t.shape;
+        for (int64_t blk = 0; blk < s[0]; ++blk)
+            for (int64_t row = 0; row < s[2]; ++row) {
+                int64_t writer = -1, key = 0;
+                for (int64_t b = 0; b < c->batch && writer < 0; ++b) {
+                    const int64_t cached = read_i32_at(&f[F_LENGTHS], b, 0);
+                    for (int64_t j = cached; j < cached + new_keys; ++j)
+                        if (read_i32_at(&f[F_TABLE], b, j / bs) == blk && j % bs == row)
+                            writer = b, key = j - cached;
+                }
+                for (int64_t h = 0; h < s[1]; ++h)
+                    for (int64_t x = 0; x < s[3]; ++x) {
+                        const int64_t o = test_offset(&cache->t, blk, h, row, x) * es;
+                        const bool same = writer < 0
+                                              ? memcmp((char*)cache->t.data + o,
+                                                       (char*)before.data + o, (size_t)es) == 0
+                                              : test_get(&cache->t, blk, h, row, x) ==
+                                                    test_get(appended, writer, h, key, x);
+                        if (!same)
+                            fail("paged: %s cache[%lld, %lld, %lld, %lld] is wrong (%s)",
+                                 side ? "v" : "k", (long long)blk, (long long)h, (long long)row,
+                                 (long long)x, writer < 0 ? "changed" : "not the appended row");
+                    }
+            }
+        check_gaps(side ? "v cache" : "k cache", cache);
+    }
+}
+
+static void run_features(reader* r) {
+    features_call call;
+    features_call* c = &call;
+    decode_features(r, c);
+    mutation m[6];
+    /* The dense operands keep their valid layouts (a mutated array may alias them). */
+    const int mutations = decode_mutations(r, m, 6, M_FEATURE_KINDS, F_MASK, F_ARRAYS);
+    for (int i = 0; i < mutations; ++i) apply_feature_mutation(c, &m[i], false);
+    fuzz_tensor* f = c->f;
+    allocate(f, F_ARRAYS);
+    for (int i = 0; i < mutations; ++i) apply_feature_mutation(c, &m[i], true);
+    const bool summarizes = fill_features(c, m, mutations);
+
+    mfa_capabilities caps;
+    caps.struct_size = sizeof caps;
+    if (mfa_context_capabilities(c->ctx, &caps) != MFA_OK)
+        fail("capabilities: %s", mfa_last_error());
+    bool skip;
+    const outcome expected = features_outcome(c, &caps, &skip);
+    /* A valid call is checked against the reference when it runs on our memory alone, each
+     * array in its own allocation (so no value is two arrays' at once). */
+    bool own = !skip;
+    for (int i = 0; i < F_ARRAYS; ++i)
+        if (has(c, i)) own = own && f[i].lives_in == i && backed_by_itself_or(&f[i], f);
+    if (skip || (!expected.required && !own)) {
+        ++stats.features[2];
+        return release_all(f, F_ARRAYS);
+    }
+    features_ref want;
+    memset(&want, 0, sizeof want);
+    const bool verify = !expected.required && summarizes && features_layout(c) == c->layout &&
+                        (c->layout != LAYOUT_PACKED || read_packed(c));
+    if (verify) {
+        want = features_reference(c);
+        if (c->initial_state) merge_initial_state(c, &want);
+    }
+    snapshot(f, F_ARRAYS);
+
+    mfa_array arrays[F_ARRAYS];
+    const mfa_array* use[F_ARRAYS];
+    for (int i = 0; i < F_ARRAYS; ++i) {
+        arrays[i] = test_array_of(&f[i].t);
+        use[i] = has(c, i) ? &arrays[i] : NULL;
+    }
+    mfa_attention_args args;
+    mfa_attention_args_init(&args, sizeof args);
+    args.softcap = c->softcap;
+    args.initial_state = c->initial_state;
+    args.max_seqlen_q = c->max_seqlen_q;
+    args.max_seqlen_k = c->max_seqlen_k;
+    args.q = use[F_Q], args.k = use[F_K], args.v = use[F_V], args.out = use[F_OUT];
+    args.lse = use[F_LSE], args.dout = use[F_DOUT], args.dq = use[F_DQ], args.dk = use[F_DK];
+    args.dv = use[F_DV], args.mask = use[F_MASK], args.block_mask = use[F_BLOCK_MASK];
+    args.alibi_slopes = use[F_ALIBI], args.sinks = use[F_SINKS], args.dsinks = use[F_DSINKS];
+    args.cu_seqlens_q = use[F_CU_Q], args.cu_seqlens_k = use[F_CU_K];
+    args.block_table = use[F_TABLE], args.cache_seqlens = use[F_LENGTHS];
+    args.k_new = use[F_K_NEW], args.v_new = use[F_V_NEW];
+    plant_stale_message();
+    const mfa_status status =
+        mfa_attention_compute(c->ctx, c->backward ? MFA_BACKWARD : MFA_FORWARD, &c->params, &args);
+    static const char* const calls[2][3] = {
+        {"compute forward (dense)", "compute forward (packed)", "compute forward (paged)"},
+        {"compute backward (dense)", "compute backward (packed)", "compute backward (paged)"}};
+    check_status(calls[c->backward][c->layout], expected, status);
+    unsigned written = 0;
+    const int layout = features_layout(c);
+    const int outputs[] = {F_OUT, F_LSE, F_DQ, F_DK, F_DV, F_DSINKS, F_K, F_V};
+    for (size_t i = 0; i < sizeof outputs / sizeof outputs[0]; ++i) {
+        const int x = outputs[i];
+        const bool is_output = c->backward ? (x >= F_DQ && x <= F_DSINKS)
+                               : x <= F_V  ? layout == LAYOUT_PAGED && has(c, F_K_NEW)
+                                           : x == F_OUT || x == F_LSE;
+        if (is_output && has(c, x) && f[x].lives_in >= 0) written |= 1u << f[x].lives_in;
+    }
+    check_memory("compute", f, F_ARRAYS, NULL, status, written);
+    ++stats.features[status == MFA_OK ? 0 : 1];
+    if (status == MFA_OK && verify) {
+        char why[256];
+        const int64_t keys = c->layout == LAYOUT_PACKED  ? c->max_seqlen_k
+                             : c->layout == LAYOUT_PAGED ? f[F_TABLE].t.shape[3] * f[F_K].t.shape[2]
+                                                         : f[F_K].t.shape[2];
+        const int64_t queries = c->layout == LAYOUT_PACKED ? c->max_seqlen_q : f[F_Q].t.shape[2];
+        for (int i = 0; i < F_ARRAYS; ++i)
+            if (has(c, i) && (written >> i) & 1) check_gaps("compute output", &f[i]);
+        if (!c->backward) {
+            if (!ref_compare(&f[F_OUT].t, c->dtype, want.out, want.out_mag, keys + c->head_dim,
+                             want.max_score, why, sizeof why))
+                fail("compute (layout %d) out: %s", c->layout, why);
+            if (has(c, F_LSE) && !ref_compare(&f[F_LSE].t, MFA_DTYPE_F32, want.lse, want.lse_mag,
+                                              keys + c->head_dim, want.max_score, why, sizeof why))
+                fail("compute (layout %d) lse: %s", c->layout, why);
+            if (c->layout == LAYOUT_PAGED && has(c, F_K_NEW)) check_caches(c);
+        } else {
+            const int64_t n =
+                c->head_dim + c->head_dim_v + keys + queries * (c->heads_q / c->heads_kv);
+            if (!ref_compare(&f[F_DQ].t, c->dtype, want.dq, want.dq_mag, n, want.max_score, why,
+                             sizeof why))
+                fail("compute (layout %d) dq: %s", c->layout, why);
+            if (!ref_compare(&f[F_DK].t, c->dtype, want.dk, want.dk_mag, n, want.max_score, why,
+                             sizeof why))
+                fail("compute (layout %d) dk: %s", c->layout, why);
+            if (!ref_compare(&f[F_DV].t, c->dtype, want.dv, want.dv_mag, n, want.max_score, why,
+                             sizeof why))
+                fail("compute (layout %d) dv: %s", c->layout, why);
+            /* dsinks sums over every row of every sequence. */
+            if (has(c, F_DSINKS) &&
+                !ref_compare(&f[F_DSINKS].t, MFA_DTYPE_F32, want.dsinks, want.dsinks_mag,
+                             n + f[F_Q].t.shape[0] * f[F_Q].t.shape[2], want.max_score, why,
+                             sizeof why))
+                fail("compute (layout %d) dsinks: %s", c->layout, why);
+        }
+    }
+    features_ref_free(&want);
+    release_all(f, F_ARRAYS);
 }
 
 /* ---- Contexts ----------------------------------------------------------------------------- */
@@ -1598,14 +2455,15 @@ static void initialize(void) {
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (context_count == 0) initialize();
     reader r = {data, size};
-    switch (next_byte(&r) % 7) {
+    switch (next_byte(&r) % 8) {
         case 0: run_attention(&r, false, false); break;
         case 1: run_attention(&r, true, false); break;
         case 2: run_context(&r); break;
         case 3: run_attention(&r, false, true); break;
         case 4: run_attention(&r, true, true); break;
         case 5: run_merge(&r); break;
-        default: run_summary(&r); break;
+        case 6: run_summary(&r); break;
+        default: run_features(&r); break;
     }
     return 0;
 }

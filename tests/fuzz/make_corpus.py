@@ -8,11 +8,32 @@ format, and commit the result:  python3 tests/fuzz/make_corpus.py
 """
 
 import pathlib
+import re
 import struct
 
 CORPUS = pathlib.Path(__file__).resolve().parent / "corpus"
+DECODER = pathlib.Path(__file__).resolve().parent / "fuzz_attention.c"
+_C_CONSTANTS = {
+    "INT64_MAX": 2**63 - 1,
+    "INT64_MIN": -(2**63),
+    "INT32_MAX": 2**31 - 1,
+    "INT32_MIN": -(2**31),
+}
 
-FORWARD, BACKWARD, CONTEXT, COMPUTE_FORWARD, COMPUTE_BACKWARD, MERGE, SUMMARY = range(7)
+
+def c_table(name):
+    """The values of the decoder's integer table `name` (a static const array of
+    fuzz_attention.c), so that the seeds pick from the table the decoder has: its entries are
+    integer expressions of literals, shifts, INT64_MAX/MIN and INT32_MAX/MIN."""
+    body = re.search(rf"\b{name}\[\] = \{{(.*?)\}};", DECODER.read_text(), re.S).group(1)
+    values = []
+    for entry in filter(None, (e.strip() for e in body.split(","))):
+        expression = re.sub(r"\((u?int(32|64)_t)\)", "", entry).replace("/", "//")
+        values.append(eval(expression, {"__builtins__": {}}, _C_CONSTANTS))
+    return tuple(values)
+
+
+FORWARD, BACKWARD, CONTEXT, COMPUTE_FORWARD, COMPUTE_BACKWARD, MERGE, SUMMARY, FEATURES = range(8)
 ROLES = ("q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv")
 # Indices into the decoder's tables (fuzz_attention.c).
 MUTATIONS = (
@@ -26,32 +47,7 @@ MUTATIONS = (
     "alias",
     "wild_pointer",
 )
-HOSTILE = (
-    0,
-    1,
-    2,
-    3,
-    -1,
-    -2,
-    7,
-    8,
-    64,
-    65,
-    1024,
-    1025,
-    2**31 - 1,
-    2**31,
-    2**32,
-    2**40,
-    2**62,
-    (2**63 - 1) // 2,
-    -((2**63 - 1) // 4),
-    2**63 - 1,
-    -(2**63),
-    -(2**63) + 1,
-    -(2**31),
-    2**33 + 1,
-)
+HOSTILE = c_table("hostile_values")
 SCALES = ("default", 0.125, 0.5, 1.0, 2.0, -0.75, 1e-3, 1e-30, "nan", "inf", "-inf")
 STRUCT_SIZES = ("sizeof", 0, 8, "sizeof-8", "sizeof+8", 2**40)
 WINDOWS = (-1, -1, 0, 1, 3, 17, -2, -(2**63), 2**63 - 1, 2**63 - 2, 2**40)
@@ -193,6 +189,104 @@ def context(
     data = bytes([CONTEXT, flags, backend, struct_size, threads, family])
     data += bytes([1]) + struct.pack("<Q", seed) if seed is not None else bytes([0])
     return data + bytes([caps_size])
+
+
+# The arrays of the 0.2 calls (run_features), and their extra mutation kinds.
+FEATURE_ARRAYS = ROLES + (
+    "mask",
+    "block_mask",
+    "alibi",
+    "sinks",
+    "dsinks",
+    "cu_q",
+    "cu_k",
+    "table",
+    "lengths",
+    "k_new",
+    "v_new",
+)
+FEATURE_MUTATIONS = ARRAY_MUTATIONS + ("value", "max_seqlen")
+HOSTILE_I32 = c_table("hostile_i32")
+FEATURE_SOFTCAPS = (0.0, 0.0, 0.0, 0.0, 0.5, 2.5, 30.0, "-0", 1e-30, -1.0, "nan", "inf")
+FEATURE_WINDOWS = (-1, -1, -1, 0, 1, 3)
+BLOCK_SIZES = (8, 16, 8, 24, 32, 8, 12, 264)
+MASKS = {None: 0, "bool": 2, "f32": 3, "dtype": 4}
+
+
+def features(
+    layout="dense",
+    *,
+    context=0,
+    backward=False,
+    dtype=0,
+    heads_kv=1,
+    group=2,
+    head_dim=8,
+    head_dim_v=6,
+    causal=0,
+    alignment=0,
+    window=(-1, -1),
+    softcap=0.0,
+    initial_state=False,
+    lse=True,
+    batch=2,
+    seq_q=5,
+    seq_k=7,
+    lengths=((3, 4), (0, 2)),
+    slack=0,
+    block_size=8,
+    max_blocks=2,
+    spare_block=1,
+    new_keys=2,
+    cached=(5, 9),
+    mask=None,
+    mask_dims=0,
+    block_mask=False,
+    alibi=None,
+    sinks=False,
+    dsinks=False,
+    mutations=(),
+):
+    """A call of run_features: layout dense, packed (lengths: (queries, keys) per sequence) or
+    paged (cached: keys in each sequence's cache); mask None, "bool", "f32" or "dtype" (q's),
+    mask_dims bits broadcasting batch, heads, queries, keys and (16) the batch by stride 0;
+    alibi None, "head" or "batch"; mutations of FEATURE_MUTATIONS over FEATURE_ARRAYS, where
+    "value" takes (element index, index into HOSTILE_I32) and "max_seqlen" dim 0 or 1."""
+    kind = ("dense", "packed", "paged").index(layout)
+    flags = (0 if backward else 1) | causal << 2 | alignment << 3
+    flags |= (0 if initial_state else 1) << 4 | (1 if lse else 0) << 6
+    data = bytes([FEATURES, context]) + struct.pack("<Q", 0xFEA7 + kind * 97 + batch)
+    data += bytes([kind, flags, dtype, heads_kv - 1, group - 1, head_dim - 1, head_dim_v - 1])
+    data += bytes([FEATURE_WINDOWS.index(window[0]), FEATURE_WINDOWS.index(window[1])])
+    data += bytes([FEATURE_SOFTCAPS.index(softcap), batch - 1])
+    if layout == "packed":
+        for q, k in lengths[:batch]:
+            data += bytes([q, k])
+        data += bytes([slack])
+    elif layout == "paged":
+        data += bytes([seq_q - 1, BLOCK_SIZES.index(block_size), max_blocks - 1, spare_block])
+        data += bytes([new_keys])
+        # The table's shuffle: each byte picks the block itself, so the table is in order.
+        data += bytes(range(batch * max_blocks + spare_block - 1, 0, -1))
+        for n in cached[:batch]:
+            data += struct.pack("<H", n)
+    else:
+        data += bytes([seq_q - 1, seq_k - 1])
+    data += bytes([MASKS[mask] | (0 if block_mask else 0x10), mask_dims])
+    data += bytes([{None: 0, "head": 1, "batch": 2}[alibi] | sinks << 2 | dsinks << 3])
+    for i in range(len(FEATURE_ARRAYS)):
+        data += bytes([i * 29 % 256, i % 3, i % 5 == 0])
+    data += bytes([len(mutations)])
+    for kind_name, role, other, dim, value in mutations:
+        data += bytes([FEATURE_MUTATIONS.index(kind_name), FEATURE_ARRAYS.index(role) - 9])
+        data += bytes([FEATURE_ARRAYS.index(other), dim])
+        if kind_name == "shape_nudge":
+            data += bytes([value > 0])
+        elif kind_name == "value":
+            data += struct.pack("<H", value[0] << 4 | HOSTILE_I32.index(value[1]))
+        else:
+            data += hostile(value)
+    return data
 
 
 def mutation(kind, role, value=0, dim=0, other="q"):
@@ -339,6 +433,75 @@ def seeds():
     yield "summary-bf16-exact-blocks", summary(dtype=3, seq_q=128, seq_k=64, dims=0)
     yield "summary-seq-zero", summary(seq_q=0)
     yield "summary-overlaps-mask", summary(mutations=[mutation("alias", 1, other=0)])
+    yield (
+        "feat-dense-fwd-modifiers",
+        features(mask="bool", block_mask=True, alibi="batch", sinks=True, softcap=2.5, causal=1),
+    )
+    yield (
+        "feat-dense-bwd-dsinks",
+        features(backward=True, dtype=1, mask="f32", mask_dims=0b10010, sinks=True, dsinks=True),
+    )
+    yield "feat-dense-bwd-softcap-alibi", features(backward=True, softcap=0.5, alibi="head")
+    yield "feat-dense-initial-state", features(initial_state=True, mask="dtype", dtype=2)
+    yield "feat-packed-fwd", features("packed", mask="bool", mask_dims=0b1000, sinks=True, slack=5)
+    yield "feat-packed-bwd", features("packed", backward=True, alibi="batch", softcap=30.0)
+    yield "feat-paged-append", features("paged", mask="f32", mask_dims=0b0100, alibi="head")
+    yield "feat-paged-read-only", features("paged", new_keys=0, block_size=16, cached=(20, 3))
+    yield "feat-sim-dense-fwd", features(context=2, mask="bool", dtype=1)
+    yield "feat-sim-dense-bwd", features(context=3, backward=True, dtype=2)
+    yield "feat-softcap-nan", features(softcap="nan")
+    yield "feat-paged-block-size-12", features("paged", block_size=12)
+    yield (
+        "feat-paged-block-out-of-range",
+        features("paged", mutations=[mutation("value", "table", (0, 64))]),
+    )
+    yield (
+        "feat-paged-block-written-twice",
+        features("paged", cached=(6, 6), mutations=[mutation("value", "table", (2, 0))]),
+    )
+    yield (
+        "feat-paged-length-beyond-cache",
+        features("paged", mutations=[mutation("value", "lengths", (0, 2**31 - 1))]),
+    )
+    yield (
+        "feat-packed-not-monotone",
+        features("packed", mutations=[mutation("value", "cu_q", (1, -1))]),
+    )
+    yield (
+        "feat-packed-offsets-length",
+        features("packed", mutations=[mutation("shape_nudge", "cu_k", 1, dim=3)]),
+    )
+    yield (
+        "feat-packed-max-seqlen-zero",
+        features("packed", mutations=[mutation("max_seqlen", "mask", 0, dim=0)]),
+    )
+    yield (
+        "feat-mask-aliases-out",
+        features(mask="f32", mutations=[mutation("alias", "mask", other="out")]),
+    )
+    yield (
+        "feat-dsinks-aliases-dq",
+        features(
+            backward=True,
+            sinks=True,
+            dsinks=True,
+            mutations=[mutation("alias", "dsinks", other="dq")],
+        ),
+    )
+    yield (
+        "feat-k-new-aliases-cache",
+        features("paged", mutations=[mutation("alias", "k_new", other="k")]),
+    )
+    yield (
+        "feat-mask-stride-overflow",
+        features(mask="bool", mutations=[mutation("stride", "mask", 2**63 - 1, dim=2)]),
+    )
+    yield "feat-mask-dtype-i32", features(mask="bool", mutations=[mutation("dtype", "mask", 4)])
+    yield "feat-sinks-shape", features(sinks=True, mutations=[mutation("shape", "sinks", 3, 1)])
+    yield (
+        "feat-block-mask-code",
+        features(mask="bool", block_mask=True, mutations=[mutation("value", "block_mask", (0, 3))]),
+    )
     yield "context-cpu", context()
     yield "context-auto-null-options", context(backend=0, null_options=True, caps_size=4)
     yield "context-metal", context(backend=2, caps_size=7)

@@ -296,8 +296,11 @@ static double ref_underflow(mfa_dtype dtype) {
 
 /* The largest |got - want| accepted for an element whose absolute-value sum is `magnitude`:
  * inputs are exact in the reference (read back from storage), so the error is (a) rounding to
- * the storage dtype, once for the result and once for a probability or dS fed to a second
- * product on matrix hardware: 4 u * max|want| covers both; plus (b) fp32 arithmetic over sums
+ * the storage dtype, once for the result (4 u * max|want|) and once for each probability or dS
+ * fed to a second product on matrix hardware: u relative to each term of that product's sum,
+ * so u * magnitude, which is far above u * |want| where the terms cancel (a dq whose dS of
+ * nearly equal keys have opposite signs: found by the fuzzer, bf16, 2 keys, 200x cancellation),
+ * 2 u * magnitude with a margin; plus (b) fp32 arithmetic over sums
  * of n terms, growing like a random walk (8 u32 sqrt(n)), on terms whose own error is amplified
  * by exp() of scores computed with relative error u32 (the 1 + max_score factor); plus (c)
  * the storage dtype's subnormal spacing, below which a result may round to 0, and that of
@@ -305,7 +308,7 @@ static double ref_underflow(mfa_dtype dtype) {
 static double ref_allowed_error(mfa_dtype dtype, double max_abs_want, double magnitude,
                                 int64_t reduction_length, double max_score) {
     const double u32 = ldexp(1.0, -24);
-    return 4 * ref_unit_roundoff(dtype) * max_abs_want +
+    return 4 * ref_unit_roundoff(dtype) * max_abs_want + 2 * ref_unit_roundoff(dtype) * magnitude +
            8 * u32 * sqrt((double)reduction_length) * (1 + max_score) * magnitude +
            ref_underflow(dtype) + (double)reduction_length * ref_underflow(MFA_DTYPE_F32);
 }
@@ -346,6 +349,83 @@ static int ref_compare(const mfa_tensor* t, mfa_dtype dtype, const double* want,
                         return 0;
                     }
                 }
+    return 1;
+}
+
+/* mfa_attention_merge as mfa.h defines it, in double, from `count` parts as stored: outs[i]
+ * [B, H, N, Dv] and lses[i] [B, H, N, 1] (the sizes of outs[0]) into out [b][h][n][d] and lse
+ * [b][h][n]. A part with lse -inf is left out (its out is not read); a NaN or +inf lse makes
+ * the row NaN. */
+static void ref_merge(int count, const mfa_tensor* const* outs, const mfa_tensor* const* lses,
+                      double* out, double* lse) {
+    const int64_t* shape = outs[0]->shape;
+    const int64_t dv = shape[3];
+    for (int64_t b = 0; b < shape[0]; ++b)
+        for (int64_t h = 0; h < shape[1]; ++h)
+            for (int64_t n = 0; n < shape[2]; ++n) {
+                const int64_t row = (b * shape[1] + h) * shape[2] + n;
+                double m = -INFINITY;
+                int invalid = 0;
+                for (int i = 0; i < count; ++i) {
+                    const double l = test_get(lses[i], b, h, n, 0);
+                    if (isnan(l) || l == INFINITY) invalid = 1;
+                    if (l > m) m = l;
+                }
+                double total = 0;
+                for (int i = 0; i < count && !invalid && m > -INFINITY; ++i)
+                    total += exp(test_get(lses[i], b, h, n, 0) - m);
+                lse[row] = invalid ? NAN : m == -INFINITY ? -INFINITY : m + log(total);
+                for (int64_t d = 0; d < dv; ++d) {
+                    double sum = 0;
+                    for (int i = 0; i < count && !invalid && m > -INFINITY; ++i) {
+                        const double l = test_get(lses[i], b, h, n, 0);
+                        if (l > -INFINITY) sum += exp(l - m) * test_get(outs[i], b, h, n, d);
+                    }
+                    out[row * dv + d] = invalid ? NAN : m == -INFINITY ? 0.0 : sum / total;
+                }
+            }
+}
+
+/* A merge's result against ref_merge's: it is rounded once to its dtype from a double
+ * computation, so within one unit of rounding of the dtype (2^-24 f32, 2^-11 f16, 2^-8 bf16
+ * relative) of the reference, plus double's own error, negligible next to it. Values are
+ * weighted averages of numbers in [-1, 1], so 2 u relative to max(|want|, 2^-10) covers
+ * subnormal-free outputs (an infinite one, from infinite parts, must be exact); lse (NULL: not
+ * compared) is f32, within 2^-23 relative. Writes the
+ * first mismatch into why (size n) and returns 0 then. */
+static int ref_compare_merge(const mfa_tensor* out, const mfa_tensor* lse, const double* want_out,
+                             const double* want_lse, char* why, size_t n) {
+    const double u = ref_unit_roundoff(out->dtype);
+    const int64_t* shape = out->shape;
+    for (int64_t b = 0; b < shape[0]; ++b)
+        for (int64_t h = 0; h < shape[1]; ++h)
+            for (int64_t r = 0; r < shape[2]; ++r) {
+                const int64_t row = (b * shape[1] + h) * shape[2] + r;
+                for (int64_t d = 0; d < shape[3]; ++d) {
+                    const double got = test_get(out, b, h, r, d),
+                                 want = want_out[row * shape[3] + d];
+                    const int ok = isnan(want) ? isnan(got)
+                                   : isinf(want)
+                                       ? got == want
+                                       : fabs(got - want) <= 2 * u * fmax(fabs(want), 0x1p-10);
+                    if (!ok) {
+                        snprintf(why, n, "out[%lld, %lld, %lld, %lld] = %.9g, reference %.9g",
+                                 (long long)b, (long long)h, (long long)r, (long long)d, got, want);
+                        return 0;
+                    }
+                }
+                if (lse == NULL) continue;
+                const double got = test_get(lse, b, h, r, 0), want = want_lse[row];
+                const int ok = isnan(want) ? isnan(got)
+                               : want == -INFINITY
+                                   ? got == -INFINITY
+                                   : fabs(got - want) <= 0x1p-23 * fmax(fabs(want), 1);
+                if (!ok) {
+                    snprintf(why, n, "lse[%lld, %lld, %lld] = %.9g, reference %.9g", (long long)b,
+                             (long long)h, (long long)r, got, want);
+                    return 0;
+                }
+            }
     return 1;
 }
 

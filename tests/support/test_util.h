@@ -111,6 +111,17 @@ static test_tensor test_tensor_make(mfa_dtype dtype, int64_t b, int64_t h, int64
     return x;
 }
 
+/* The mfa_array of a tensor view, in host memory. */
+static mfa_array test_array_of(const mfa_tensor* t) {
+    mfa_array a;
+    memset(&a, 0, sizeof a);
+    a.data = t->data;
+    a.dtype = t->dtype;
+    memcpy(a.shape, t->shape, sizeof a.shape);
+    memcpy(a.strides, t->strides, sizeof a.strides);
+    return a;
+}
+
 static int64_t test_element_count(const mfa_tensor* t) {
     return t->shape[0] * t->shape[1] * t->shape[2] * t->shape[3];
 }
@@ -201,6 +212,18 @@ static mfa_attention_params test_params(int causal, mfa_alignment alignment, int
     return params;
 }
 
+/* A dense attention problem of a test: sizes, options, the layout of its tensors. */
+typedef struct test_problem {
+    const char* name;
+    mfa_dtype dtype;
+    int64_t b, hq, hkv, nq, nk, d, dv;
+    int causal;
+    mfa_alignment alignment;
+    int64_t left, right;
+    test_layout layout;
+    float scale; /* 0: the library's default */
+} test_problem;
+
 /* A context of an available backend, or NULL with a failed check naming `label`. */
 static mfa_context* test_context(mfa_backend backend, const mfa_context_options* options,
                                  const char* label) {
@@ -210,6 +233,20 @@ static mfa_context* test_context(mfa_backend backend, const mfa_context_options*
         return NULL;
     }
     return ctx;
+}
+
+/* The backends of the suites that run on each one that is available, in this order. */
+static const mfa_backend test_backends[] = {MFA_BACKEND_CPU, MFA_BACKEND_METAL_SIM,
+                                            MFA_BACKEND_METAL};
+#define TEST_BACKEND_COUNT ((int)(sizeof test_backends / sizeof test_backends[0]))
+
+/* A context of test_backends[i] (options NULL: the defaults; they apply to cpu and metal-sim
+ * only), or NULL where that backend is not available (or cannot be created: a failed check). */
+static mfa_context* test_backend_context(int i, const mfa_context_options* options) {
+    const mfa_backend backend = test_backends[i];
+    if (!mfa_backend_available(backend)) return NULL;
+    return test_context(backend, backend == MFA_BACKEND_METAL ? NULL : options,
+                        mfa_backend_name(backend));
 }
 
 #endif

@@ -274,21 +274,28 @@ static const mfa_array* array_of(const mfa_tensor* t, mfa_array* storage) {
     return storage;
 }
 
+/* The 0.1 entry points: their tensors as host arrays of the general call (a forward passes no
+ * dout, dq, dk, dv). */
+static mfa_status compute_tensors(mfa_context* ctx, mfa_direction direction,
+                                  const mfa_attention_params* params,
+                                  const mfa_tensor* const* q_to_dv) {
+    mfa_status status = check_context(ctx);
+    if (status) return status;
+    mfa_array arrays[9];
+    mfa_attention_args args;
+    mfa_attention_args_init(&args, sizeof args);
+    const mfa_array** slots[9] = {&args.q,    &args.k,  &args.v,  &args.out, &args.lse,
+                                  &args.dout, &args.dq, &args.dk, &args.dv};
+    for (int i = 0; i < 9; ++i) *slots[i] = array_of(q_to_dv[i], &arrays[i]);
+    return compute(ctx, direction, params, &args, true);
+}
+
 MFA_EXPORT mfa_status mfa_attention_forward(mfa_context* ctx, const mfa_attention_params* params,
                                             const mfa_tensor* q, const mfa_tensor* k,
                                             const mfa_tensor* v, const mfa_tensor* out,
                                             const mfa_tensor* lse) {
-    mfa_status status = check_context(ctx);
-    if (status) return status;
-    mfa_array arrays[5];
-    mfa_attention_args args;
-    mfa_attention_args_init(&args, sizeof args);
-    args.q = array_of(q, &arrays[0]);
-    args.k = array_of(k, &arrays[1]);
-    args.v = array_of(v, &arrays[2]);
-    args.out = array_of(out, &arrays[3]);
-    args.lse = array_of(lse, &arrays[4]);
-    return compute(ctx, MFA_FORWARD, params, &args, true);
+    const mfa_tensor* tensors[9] = {q, k, v, out, lse, NULL, NULL, NULL, NULL};
+    return compute_tensors(ctx, MFA_FORWARD, params, tensors);
 }
 
 MFA_EXPORT mfa_status mfa_attention_backward(mfa_context* ctx, const mfa_attention_params* params,
@@ -297,21 +304,8 @@ MFA_EXPORT mfa_status mfa_attention_backward(mfa_context* ctx, const mfa_attenti
                                              const mfa_tensor* dout, const mfa_tensor* lse,
                                              const mfa_tensor* dq, const mfa_tensor* dk,
                                              const mfa_tensor* dv) {
-    mfa_status status = check_context(ctx);
-    if (status) return status;
-    mfa_array arrays[9];
-    mfa_attention_args args;
-    mfa_attention_args_init(&args, sizeof args);
-    args.q = array_of(q, &arrays[0]);
-    args.k = array_of(k, &arrays[1]);
-    args.v = array_of(v, &arrays[2]);
-    args.out = array_of(out, &arrays[3]);
-    args.dout = array_of(dout, &arrays[4]);
-    args.lse = array_of(lse, &arrays[5]);
-    args.dq = array_of(dq, &arrays[6]);
-    args.dk = array_of(dk, &arrays[7]);
-    args.dv = array_of(dv, &arrays[8]);
-    return compute(ctx, MFA_BACKWARD, params, &args, true);
+    const mfa_tensor* tensors[9] = {q, k, v, out, lse, dout, dq, dk, dv};
+    return compute_tensors(ctx, MFA_BACKWARD, params, tensors);
 }
 
 MFA_EXPORT mfa_status mfa_attention_merge(mfa_context* ctx, int32_t count,

@@ -87,24 +87,33 @@ static mfa_status resolve_params(const mfa_attention_params* given, mfa_problem*
     return MFA_OK;
 }
 
+typedef struct named_array {
+    const mfa_array* array;
+    const char* name;
+} named_array;
+
+/* The name of the first of `count` arrays that is given (not NULL), or NULL. */
+static const char* first_given(const named_array* arrays, size_t count) {
+    for (size_t i = 0; i < count; ++i)
+        if (arrays[i].array != NULL) return arrays[i].name;
+    return NULL;
+}
+
 /* Arrays a direction does not take must be NULL: a call never ignores an argument. */
 static mfa_status check_direction(const mfa_attention_args* args, bool backward) {
     if (!backward) {
-        const struct {
-            const mfa_array* array;
-            const char* name;
-        } backward_only[] = {{args->dout, "dout"},
-                             {args->dq, "dq"},
-                             {args->dk, "dk"},
-                             {args->dv, "dv"},
-                             {args->dsinks, "args.dsinks"}};
-        for (size_t i = 0; i < sizeof backward_only / sizeof backward_only[0]; ++i) {
-            if (backward_only[i].array != NULL) {
-                return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
-                                     "%s is given to a forward call; dout, dq, dk, dv and "
-                                     "args.dsinks belong to MFA_BACKWARD",
-                                     backward_only[i].name);
-            }
+        const named_array backward_only[] = {{args->dout, "dout"},
+                                             {args->dq, "dq"},
+                                             {args->dk, "dk"},
+                                             {args->dv, "dv"},
+                                             {args->dsinks, "args.dsinks"}};
+        const char* given =
+            first_given(backward_only, sizeof backward_only / sizeof *backward_only);
+        if (given != NULL) {
+            return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
+                                 "%s is given to a forward call; dout, dq, dk, dv and "
+                                 "args.dsinks belong to MFA_BACKWARD",
+                                 given);
         }
         return MFA_OK;
     }
@@ -114,20 +123,16 @@ static mfa_status check_direction(const mfa_attention_args* args, bool backward)
                              "state is for MFA_FORWARD only",
                              (int)args->initial_state);
     }
-    const struct {
-        const mfa_array* array;
-        const char* name;
-    } forward_only[] = {{args->block_table, "args.block_table"},
-                        {args->cache_seqlens, "args.cache_seqlens"},
-                        {args->k_new, "args.k_new"},
-                        {args->v_new, "args.v_new"}};
-    for (size_t i = 0; i < sizeof forward_only / sizeof forward_only[0]; ++i) {
-        if (forward_only[i].array != NULL) {
-            return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
-                                 "%s is given to a backward call; paged KV caches are for "
-                                 "MFA_FORWARD only",
-                                 forward_only[i].name);
-        }
+    const named_array forward_only[] = {{args->block_table, "args.block_table"},
+                                        {args->cache_seqlens, "args.cache_seqlens"},
+                                        {args->k_new, "args.k_new"},
+                                        {args->v_new, "args.v_new"}};
+    const char* given = first_given(forward_only, sizeof forward_only / sizeof *forward_only);
+    if (given != NULL) {
+        return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
+                             "%s is given to a backward call; paged KV caches are for "
+                             "MFA_FORWARD only",
+                             given);
     }
     return MFA_OK;
 }
