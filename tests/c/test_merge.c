@@ -239,6 +239,9 @@ static void test_merge_arguments(mfa_context* ctx) {
                mfa_attention_merge(NULL, 3, p.outs, p.lses, &out_array, &lse_array));
     MERGE_CASE("count", INVALID, "count must be >= 1, got 0",
                mfa_attention_merge(ctx, 0, p.outs, p.lses, &out_array, &lse_array));
+    /* Rejected before the parts are read: p.outs has 3 entries. */
+    MERGE_CASE("count overflow", MFA_ERROR_SIZE_OVERFLOW, "count = 1073741824 parts: at most",
+               mfa_attention_merge(ctx, 1073741824, p.outs, p.lses, &out_array, &lse_array));
     MERGE_CASE("outs", INVALID, "outs is NULL",
                mfa_attention_merge(ctx, 3, NULL, p.lses, &out_array, &lse_array));
     MERGE_CASE("lses", INVALID, "lses is NULL",

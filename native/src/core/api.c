@@ -316,6 +316,11 @@ MFA_EXPORT mfa_status mfa_attention_merge(mfa_context* ctx, int32_t count,
     if (status) return status;
     if (count < 1)
         return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT, "count must be >= 1, got %d", (int)count);
+    /* Validation checks every part's out and lse and the result's: 2 * count + 2 arrays, counted
+     * in int. */
+    if (count > (INT32_MAX - 2) / 2)
+        return mfa_set_error(MFA_ERROR_SIZE_OVERFLOW, "count = %d parts: at most %d can be merged",
+                             (int)count, (INT32_MAX - 2) / 2);
     if (outs == NULL || lses == NULL)
         return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT, "%s is NULL", outs ? "lses" : "outs");
     mfa_merge_part* parts = (mfa_merge_part*)calloc((size_t)count, sizeof *parts);
