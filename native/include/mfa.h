@@ -56,10 +56,10 @@ extern "C" {
 /* ----------------------------------------------------------------------------------------- */
 
 #define MFA_VERSION_MAJOR 0
-#define MFA_VERSION_MINOR 1
+#define MFA_VERSION_MINOR 2
 #define MFA_VERSION_PATCH 0
 /* MFA_VERSION_MAJOR * 10000 + MFA_VERSION_MINOR * 100 + MFA_VERSION_PATCH */
-#define MFA_VERSION_NUMBER 100
+#define MFA_VERSION_NUMBER 200
 
 /* mfa_version_number(): the MFA_VERSION_NUMBER the library was built with. Compare it with the
  * header's to detect a mismatched shared library. */
