@@ -74,6 +74,18 @@ def paths(q, k, v):
         )
 
 
+def cpu_model():
+    """The CPU's model name (Linux: /proc/cpuinfo), else what platform knows."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def measure(functions, rounds, calls):
     """Fastest per-call seconds of each function over interleaved rounds."""
     best = [float("inf")] * len(functions)
@@ -100,7 +112,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--calls", type=int, default=20)
     arguments = parser.parse_args()
-    print(f"CPU: {platform.processor() or platform.machine()}; {mfa_native.info()['device']}")
+    print(f"CPU: {cpu_model()}; {mfa_native.info()['device']}")
     print(f"numpy {np.__version__}" + (f", torch {torch.__version__}" if torch else "")
           + (f", mlx {mx.__version__}" if mx else ""))  # fmt: skip
     rng = np.random.default_rng(0)

@@ -342,8 +342,8 @@ class _TorchKind:
 
 
 class _MlxKind:
-    """MLX arrays, read through DLPack. Results are fresh arrays, evaluated so that their
-    buffer exists, and filled in place before anything else can see them: MLX marks its DLPack
+    """MLX arrays, read through DLPack. Results are fresh arrays made from host memory (so that
+    their buffer exists), filled in place before anything else can see them: MLX marks its DLPack
     exports read-only because arrays are values, which a result still being computed is not
     yet."""
 
@@ -351,21 +351,15 @@ class _MlxKind:
 
     def __init__(self, mx):
         self.mx = mx
-        self.from_numpy = {
-            _F32: mx.float32,
-            _F16: mx.float16,
-            _BF16: mx.bfloat16,
-            BOOL: mx.bool_,
-            INT32: mx.int32,
-            UINT8: mx.uint8,
-        }
 
     def read(self, name, array, dtype):
         return _read_dlpack(self, name, array, dtype)
 
     def empty(self, specs):
-        arrays = [self.mx.zeros(shape, dtype=self.from_numpy[dtype]) for shape, dtype in specs]
-        self.mx.eval(*arrays)  # one evaluation for all: each is a round trip to MLX's stream
+        # An array made from host memory exists at once, where mx.zeros would need an
+        # evaluation: a round trip to MLX's stream thread that costs more than the copy of
+        # a small result, and a pass over memory as long as the copy's for a large one.
+        arrays = [self.mx.array(np.empty(shape, dtype)) for shape, dtype in specs]
         results = []
         for array, (_, dtype) in zip(arrays, specs):
             view = _read_dlpack(self, "result", array, dtype)

@@ -1127,6 +1127,10 @@ def attention_varlen_backward(
     return _backward(_PACKED, sizes, call, operands, options, extra)
 
 
+# A paged cache's blocks: multiples of 8 rows, at most this many.
+_MAX_BLOCK_SIZE = 256
+
+
 @overload
 def attention_with_kvcache(
     q: Array,
@@ -1181,10 +1185,6 @@ def attention_with_kvcache(
     out: SupportsDLPack | None = ...,
     lse: SupportsDLPack | None = ...,
 ) -> tuple[Array, Array]: ...
-
-
-# A paged cache's blocks: multiples of 8 rows, at most this many.
-_MAX_BLOCK_SIZE = 256
 
 
 @keyword_hints(MFA_NAMES)

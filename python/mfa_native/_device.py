@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -58,7 +60,14 @@ class DeviceBuffer:
             raise ValueError("the buffer's contents are not visible to the CPU")
         return np.frombuffer(ffi.buffer(address, self.length), dtype=np.uint8)
 
-    def array(self, dtype, shape, *, byte_offset: int = 0, strides=None) -> DeviceArray:
+    def array(
+        self,
+        dtype: Any,
+        shape: Sequence[int],
+        *,
+        byte_offset: int = 0,
+        strides: Sequence[int] | None = None,
+    ) -> DeviceArray:
         """A view of the buffer as an array of ``dtype`` and ``shape`` whose first element is
         ``byte_offset`` bytes in; ``strides`` in elements (default: C-contiguous). The library
         checks, when the array is used, that every byte it reaches lies inside the buffer."""
@@ -82,7 +91,7 @@ class DeviceBuffer:
             raise ValueError("the DeviceBuffer is closed")
 
     @contextlib.contextmanager
-    def _context_handle(self):
+    def _context_handle(self) -> Iterator[Any]:
         handle = self.context._acquire()
         try:
             yield handle
@@ -96,12 +105,20 @@ class DeviceArray:
 
     __slots__ = ("buffer", "dtype", "shape", "byte_offset", "strides")
 
-    def __init__(self, buffer, dtype, shape, byte_offset, strides):
+    def __init__(
+        self,
+        buffer: DeviceBuffer,
+        dtype: np.dtype[Any],
+        shape: Sequence[int],
+        byte_offset: int,
+        strides: Sequence[int] | None,
+    ) -> None:
         shape = tuple(int(n) for n in shape)
         if strides is None:
-            strides = [1] * len(shape)
+            contiguous = [1] * len(shape)
             for axis in range(len(shape) - 1, 0, -1):
-                strides[axis - 1] = strides[axis] * shape[axis]
+                contiguous[axis - 1] = contiguous[axis] * shape[axis]
+            strides = contiguous
         strides = tuple(int(s) for s in strides)
         if len(strides) != len(shape):
             raise ValueError(f"strides {strides} do not match shape {shape}")
@@ -130,7 +147,7 @@ class DeviceArray:
 _target = threading.local()
 
 
-def encoding_target():
+def encoding_target() -> CommandBuffer | None:
     """The CommandBuffer the calling thread encodes into, or None (run synchronously)."""
     return getattr(_target, "command_buffer", None)
 
@@ -147,11 +164,12 @@ class CommandBuffer:
         handle = ffi.new("void**")
         self.context._call(lib.mfa_command_buffer_create, handle)
         self._handle = handle[0]
-        self._keepalive = []  # arrays of encoded calls, until the command buffer is closed
+        # The arrays of encoded calls, until the command buffer is closed.
+        self._keepalive: list[Any] = []
         self._closed = False
 
     @contextlib.contextmanager
-    def encoding(self):
+    def encoding(self) -> Iterator[CommandBuffer]:
         """Make the attention calls of this thread inside the block encode into this command
         buffer instead of running."""
         if self._closed:
@@ -163,7 +181,7 @@ class CommandBuffer:
         finally:
             _target.command_buffer = previous
 
-    def encode(self, direction, params, args, keepalive) -> None:
+    def encode(self, direction: int, params: Any, args: Any, keepalive: Any) -> None:
         """mfa_attention_encode of one call (the attention functions' path)."""
         if self._closed:
             raise ValueError("the CommandBuffer is closed")

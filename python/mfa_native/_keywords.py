@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
 __all__ = ["keyword_hints", "MFA_NAMES"]
 
-F = TypeVar("F", bound=Callable)
+F = TypeVar("F", bound=Callable[..., Any])
 
 # The names PyTorch (scaled_dot_product_attention), flash-attn and MLX use, and what
 # mfa_native.attention / attention_backward take instead.
@@ -58,7 +58,7 @@ def keyword_hints(hints: dict[str, str]) -> Callable[[F], F]:
         title = function.__name__
 
         @functools.wraps(function)
-        def wrapper(*args, **kwargs):
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
             try:
                 return function(*args, **kwargs)
             except TypeError:

@@ -5,39 +5,54 @@
     >>> q = torch.randn(2, 128, 8, 64)                     # [batch, seqlen, nheads, headdim]
     >>> out = flash_attn_func(q, q, q, causal=True)
 
-:func:`flash_attn_func`, :func:`flash_attn_qkvpacked_func` and :func:`flash_attn_kvpacked_func`
-take flash-attn's arguments and follow its semantics: ``[batch, seqlen, nheads, headdim]``
-tensors, grouped-query attention when k and v have fewer heads, causal masks and sliding windows
-anchored bottom-right (query i sits at key position ``i + seqlen_k - seqlen_q``),
-``window_size=(-1, -1)`` for no window, ``softmax_scale`` None for ``1 / sqrt(headdim)``, rows
-that see no key giving zeros, and ``return_attn_probs=True`` returning
-``(out, softmax_lse, S_dmask)`` with softmax_lse float32 ``[batch, nheads, seqlen_q]``. They are
-differentiable through :mod:`mfa_native.torch`'s operators (mfa's fused backward, options
-carried from the forward) and trace under ``torch.compile``, so code written for flash-attn on
-CUDA runs unchanged on CPU tensors, and on a Mac once the metal backend takes MPS tensors.
+:func:`flash_attn_func`, :func:`flash_attn_qkvpacked_func`, :func:`flash_attn_kvpacked_func`,
+:func:`flash_attn_varlen_func` and :func:`flash_attn_with_kvcache` take flash-attn's arguments
+and follow its semantics: ``[batch, seqlen, nheads, headdim]`` tensors (``[total, nheads,
+headdim]`` packed, with int32 ``cu_seqlens``), grouped-query attention when k and v have fewer
+heads, causal masks, sliding windows and ALiBi anchored bottom-right (query i sits at key
+position ``i + seqlen_k - seqlen_q``, per sequence), ``window_size=(-1, -1)`` for no window,
+``softcap`` 0.0 for none, ``softmax_scale`` None for ``1 / sqrt(headdim)``, rows that see no key
+giving zeros, and ``return_attn_probs=True`` returning ``(out, softmax_lse, S_dmask)`` with
+softmax_lse float32 ``[batch, nheads, seqlen_q]`` (``[nheads, total_q]`` packed). All but the
+KV-cache function are differentiable through :mod:`mfa_native.torch`'s operators (mfa's fused
+backward, options carried from the forward) and trace under ``torch.compile``, so code written
+for flash-attn on CUDA runs unchanged on CPU tensors, and on a Mac once the metal backend takes
+MPS tensors. As in flash-attn, ``alibi_slopes`` get no gradient and
+:func:`flash_attn_with_kvcache` has no backward.
 
 Beyond flash-attn: float32 as well as float16 and bfloat16, any head dimension, a value head
-dimension different from the query's, and any strides (inputs are never copied or padded).
-Not yet supported, and refused with NotImplementedError rather than ignored: ``dropout_p > 0``
-(mfa has no dropout), ``softcap > 0`` and ``alibi_slopes`` (they need score modifiers, which
-have not landed). ``deterministic`` is accepted either way: mfa's backward is always
-deterministic. The varlen and KV-cache functions are not provided yet.
+dimension different from the query's, any strides (inputs are never copied or padded), and
+paged caches with blocks of any multiple of 8 rows up to 256 (flash-attn's multiples of 256 are
+read as blocks of 256). Refused with NotImplementedError rather than ignored: ``dropout_p > 0``
+(mfa has no dropout), rotary embeddings and ``cache_leftpad`` in the KV-cache function, and a
+``block_table`` with packed sequences. ``deterministic`` and ``num_splits`` are accepted: mfa's
+backward is always deterministic, and it splits the keys of a decoding step itself. Which
+backends compute softcap, ALiBi, packed sequences and paged caches is in
+``mfa_native.Context(...).capabilities``; elsewhere they raise MFAError UNSUPPORTED.
 
-What ran where: CPU tensors, forward and backward, are tested on every CI run (Linux); MPS
-tensors raise NotImplementedError until libmfa has its device-buffer path (never a silent copy).
+What ran where: CPU tensors are tested on every CI run (Linux); MPS tensors raise
+NotImplementedError until libmfa has its device-buffer path (never a silent copy).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Union
+from typing import Any, Union
 
+import torch
 from torch import Tensor
 
+from . import _attention
 from ._keywords import keyword_hints
-from .torch import _attend
+from .torch import _attend, _options, attention_varlen
 
-__all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func"]
+__all__ = [
+    "flash_attn_func",
+    "flash_attn_qkvpacked_func",
+    "flash_attn_kvpacked_func",
+    "flash_attn_varlen_func",
+    "flash_attn_with_kvcache",
+]
 
 _FLASH_ATTN_NAMES = {
     "is_causal": "flash-attn's name for it is causal= (anchored bottom-right)",
@@ -45,13 +60,15 @@ _FLASH_ATTN_NAMES = {
     "window": "flash-attn's name for it is window_size= ((-1, -1) for no window)",
     "return_lse": "flash-attn returns softmax_lse with return_attn_probs=True",
     "attn_mask": "flash-attn takes no mask: causal= and window_size= express causal and "
-    "sliding-window masks",
+    "sliding-window masks (mfa_native.attention takes mask=)",
+    "mask": "flash-attn takes no mask (mfa_native.attention takes mask=)",
+    "sinks": "flash-attn 2 has no attention sinks (mfa_native.attention takes sinks=)",
 }
 
 Result = Union[Tensor, tuple[Tensor, Tensor, Tensor]]
 
 
-def _window_bounds(window_size):
+def _window_bounds(window_size: Any) -> tuple[int, int]:
     """flash-attn's (left, right), -1 meaning unbounded (as does any negative side)."""
     if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
         raise ValueError(f"window_size must be a pair (left, right), got {window_size!r}")
@@ -63,67 +80,65 @@ def _window_bounds(window_size):
     return bounds[0], bounds[1]
 
 
-def _real(name, value):
+def _real(name: str, value: Any) -> float:
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise TypeError(f"{name} must be a float, got {type(value).__name__}")
     return float(value)
 
 
-def _flash_attn(
-    q,
-    k,
-    v,
-    dropout_p,
-    softmax_scale,
-    causal,
-    window_size,
-    softcap,
-    alibi_slopes,
-    deterministic,
-    return_attn_probs,
-):
-    """The shared body of the three functions once q, k and v are separate [B, N, H, D]
-    tensors (views into a packed tensor for the packed functions)."""
+def _flag(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
+
+
+def _translate(
+    dropout_p: Any,
+    softmax_scale: Any,
+    causal: Any,
+    window_size: Any,
+    softcap: Any,
+    alibi_slopes: Any,
+    deterministic: Any,
+) -> dict[str, Any]:
+    """mfa's keyword arguments for flash-attn's options, which every function shares."""
     if _real("dropout_p", dropout_p) != 0.0:
         raise NotImplementedError(
             f"dropout_p={dropout_p} is not supported: mfa has no dropout (pass dropout_p=0.0, "
             "as flash-attn asks for evaluation)"
         )
-    if _real("softcap", softcap) > 0.0:
-        raise NotImplementedError(
-            f"softcap={softcap} is not supported by mfa yet (softcapping needs score "
-            "modifiers, which have not landed); softcap=0.0 disables it"
+    _flag("deterministic", deterministic)
+    cap = _real("softcap", softcap)
+    if alibi_slopes is not None and not isinstance(alibi_slopes, Tensor):
+        raise TypeError(
+            f"alibi_slopes must be None or a torch.Tensor, got {type(alibi_slopes).__name__}"
         )
-    if alibi_slopes is not None:
-        raise NotImplementedError(
-            "alibi_slopes is not supported by mfa yet (ALiBi needs score modifiers, which have "
-            "not landed)"
-        )
-    for name, flag in (
-        ("causal", causal),
-        ("deterministic", deterministic),
-        ("return_attn_probs", return_attn_probs),
-    ):
-        if not isinstance(flag, bool):
-            raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
-    if softmax_scale is not None:
-        softmax_scale = _real("softmax_scale", softmax_scale)
-    out, softmax_lse = _attend(
-        q,
-        k,
-        v,
-        causal,
-        "bottom_right",
-        *_window_bounds(window_size),
-        softmax_scale,
-        "bshd",
-        None,
-    )
-    if not return_attn_probs:
+    return {
+        "causal": _flag("causal", causal),
+        "causal_alignment": "bottom_right",
+        "window": _window_bounds(window_size),
+        "scale": None if softmax_scale is None else _real("softmax_scale", softmax_scale),
+        # flash-attn's 0.0 (or less) turns softcapping off.
+        "softcap": cap if cap > 0.0 else None,
+        # flash-attn computes no gradient for the slopes; neither does mfa.
+        "alibi_slopes": None if alibi_slopes is None else alibi_slopes.detach(),
+    }
+
+
+def _results(out: Tensor, softmax_lse: Tensor, return_attn_probs: Any) -> Result:
+    """out, or flash-attn's (out, softmax_lse, S_dmask): S_dmask exists to test the dropout
+    pattern, and flash-attn returns an empty tensor in its place without dropout, as does this."""
+    if not _flag("return_attn_probs", return_attn_probs):
         return out
-    # flash-attn computes S_dmask only with dropout (it exists to test the dropout pattern) and
-    # otherwise returns an empty tensor in its place; without dropout, so does this.
-    return out, softmax_lse, q.new_empty((0,))
+    return out, softmax_lse, out.new_empty((0,))
+
+
+def _flash_attn(q: Tensor, k: Tensor, v: Tensor, return_attn_probs: Any, *flash: Any) -> Result:
+    """The shared body of the three dense functions once q, k and v are separate [B, N, H, D]
+    tensors (views into a packed tensor for the packed functions); flash: dropout_p,
+    softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic."""
+    out, softmax_lse = _attend(q, k, v, _options(**_translate(*flash), layout="bshd"))
+    return _results(out, softmax_lse, return_attn_probs)
 
 
 @keyword_hints(_FLASH_ATTN_NAMES)
@@ -159,9 +174,11 @@ def flash_attn_func(
         Query i sees keys ``i + seqlen_k - seqlen_q - left .. i + seqlen_k - seqlen_q + right``;
         -1 leaves a side unbounded. Combined with causal by intersection.
     softcap : float
-        Must be 0.0 (or negative, which flash-attn also treats as off) for now.
-    alibi_slopes : None
-        Must be None for now.
+        Scores become ``softcap * tanh(score / softcap)`` (right after scaling); 0.0 (or
+        less) for none.
+    alibi_slopes : Tensor of float32, shape (nheads,) or (batch, nheads), optional
+        Adds ``-slope * |i + seqlen_k - seqlen_q - j|`` to the score of query i and key j. No
+        gradient, as in flash-attn.
     deterministic : bool
         Accepted; mfa's backward is always deterministic.
     return_attn_probs : bool
@@ -177,18 +194,9 @@ def flash_attn_func(
         With ``return_attn_probs=True``: empty, as flash-attn returns it without dropout.
     """
     return _flash_attn(
-        q,
-        k,
-        v,
-        dropout_p,
-        softmax_scale,
-        causal,
-        window_size,
-        softcap,
-        alibi_slopes,
-        deterministic,
-        return_attn_probs,
-    )
+        q, k, v, return_attn_probs, dropout_p, softmax_scale, causal, window_size, softcap,
+        alibi_slopes, deterministic,
+    )  # fmt: skip
 
 
 @keyword_hints(_FLASH_ATTN_NAMES)
@@ -210,18 +218,9 @@ def flash_attn_qkvpacked_func(
             f"qkv must have shape (batch, seqlen, 3, nheads, headdim), got {tuple(qkv.shape)}"
         )
     return _flash_attn(
-        qkv[:, :, 0],
-        qkv[:, :, 1],
-        qkv[:, :, 2],
-        dropout_p,
-        softmax_scale,
-        causal,
-        window_size,
-        softcap,
-        alibi_slopes,
-        deterministic,
-        return_attn_probs,
-    )
+        qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], return_attn_probs, dropout_p, softmax_scale,
+        causal, window_size, softcap, alibi_slopes, deterministic,
+    )  # fmt: skip
 
 
 @keyword_hints(_FLASH_ATTN_NAMES)
@@ -244,15 +243,239 @@ def flash_attn_kvpacked_func(
             f"kv must have shape (batch, seqlen_k, 2, nheads_k, headdim), got {tuple(kv.shape)}"
         )
     return _flash_attn(
-        q,
-        kv[:, :, 0],
-        kv[:, :, 1],
-        dropout_p,
-        softmax_scale,
-        causal,
-        window_size,
-        softcap,
-        alibi_slopes,
-        deterministic,
-        return_attn_probs,
+        q, kv[:, :, 0], kv[:, :, 1], return_attn_probs, dropout_p, softmax_scale, causal,
+        window_size, softcap, alibi_slopes, deterministic,
+    )  # fmt: skip
+
+
+@keyword_hints(_FLASH_ATTN_NAMES)
+def flash_attn_varlen_func(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    dropout_p: float = 0.0,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: Sequence[int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Tensor | None = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+    block_table: Tensor | None = None,
+) -> Result:
+    """flash-attn's ``flash_attn_varlen_func``: packed sequences of different lengths.
+
+    Parameters
+    ----------
+    q : Tensor, shape (total_q, nheads, headdim)
+        Every sequence's queries one after the other: sequence b has rows
+        ``cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1``.
+    k : Tensor, shape (total_k, nheads_k, headdim)
+    v : Tensor, shape (total_k, nheads_k, headdim_v)
+    cu_seqlens_q, cu_seqlens_k : Tensor of int32, shape (batch + 1,)
+        The offsets of the sequences: 0, never decreasing, ending at total_q (total_k).
+    max_seqlen_q, max_seqlen_k : int
+        Bounds on the sequences' lengths.
+    dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic
+        As for :func:`flash_attn_func`, within each sequence (causal and the window aligned
+        with its own lengths).
+    return_attn_probs : bool
+        Also return softmax_lse, float32 (nheads, total_q), and the S_dmask placeholder.
+    block_table : None
+        Paged caches with packed queries are not supported (NotImplementedError): use
+        :func:`flash_attn_with_kvcache`.
+
+    Returns
+    -------
+    out : Tensor, shape (total_q, nheads, headdim_v)
+        Differentiable (mfa's fused backward), as is the whole call.
+    """
+    if block_table is not None:
+        raise NotImplementedError(
+            "flash_attn_varlen_func(block_table=...) is not supported: mfa reads paged KV "
+            "caches with dense queries only (flash_attn_with_kvcache)"
+        )
+    keywords = _translate(
+        dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic
     )
+    out, softmax_lse = attention_varlen(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **keywords,
+        return_lse=True,
+    )  # fmt: skip
+    return _results(out, softmax_lse, return_attn_probs)
+
+
+# mfa's paged caches have blocks of a multiple of 8 rows, at most this many.
+_MAX_BLOCK = 256
+
+
+def _dense_cache_as_blocks(
+    k_cache: Tensor, v_cache: Tensor, batch: int, cache_batch_idx: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """A dense cache (batch_cache, seqlen_cache, nheads_k, headdim) as views of blocks of its
+    rows, with the block table that gives sequence b the rows of cache entry
+    cache_batch_idx[b] (or b): no copy."""
+    batch_cache, seqlen = k_cache.shape[0], k_cache.shape[1]
+    block = next((size for size in range(_MAX_BLOCK, 0, -8) if seqlen % size == 0), None)
+    if block is None:
+        raise NotImplementedError(
+            f"a dense KV cache of seqlen_cache = {seqlen} keys: mfa reads caches in blocks of "
+            f"a multiple of 8 rows (up to {_MAX_BLOCK}), so seqlen_cache must be a multiple of 8"
+        )
+    per_entry = seqlen // block
+    try:
+        k_blocks = k_cache.view(batch_cache * per_entry, block, *k_cache.shape[2:])
+        v_blocks = v_cache.view(batch_cache * per_entry, block, *v_cache.shape[2:])
+    except RuntimeError as error:
+        raise NotImplementedError(
+            "the dense KV cache's batch and sequence axes cannot be viewed as one axis of "
+            f"blocks without a copy ({error}); give it contiguous rows per batch entry"
+        ) from None
+    if cache_batch_idx is None:
+        if batch > batch_cache:
+            raise ValueError(
+                f"k_cache has {batch_cache} entries for a batch of {batch} (cache_batch_idx "
+                "chooses entries for a larger batch)"
+            )
+        entries = torch.arange(batch, dtype=torch.int32)
+    else:
+        entries = cache_batch_idx.to(torch.int32)
+        if entries.shape != (batch,) or not bool(((entries >= 0) & (entries < batch_cache)).all()):
+            raise ValueError(
+                f"cache_batch_idx must hold {batch} entries in [0, {batch_cache}), got "
+                f"{cache_batch_idx.tolist()}"
+            )
+    table = entries[:, None] * per_entry + torch.arange(per_entry, dtype=torch.int32)[None]
+    return k_blocks, v_blocks, table.to(torch.int32)
+
+
+def _reblocked(
+    k_cache: Tensor, v_cache: Tensor, block_table: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """flash-attn's paged cache as mfa reads it: pages of a multiple of 8 rows up to 256 as
+    they are, larger pages of a multiple of 256 as runs of 256-row blocks (a view)."""
+    page = k_cache.shape[1]
+    if page % 8 == 0 and page <= _MAX_BLOCK:
+        return k_cache, v_cache, block_table
+    if page % _MAX_BLOCK:
+        raise NotImplementedError(
+            f"a paged KV cache with page_block_size = {page}: mfa reads blocks of a multiple "
+            f"of 8 rows up to {_MAX_BLOCK}, and larger pages of a multiple of {_MAX_BLOCK}"
+        )
+    split = page // _MAX_BLOCK
+    k_blocks = k_cache.view(k_cache.shape[0] * split, _MAX_BLOCK, *k_cache.shape[2:])
+    v_blocks = v_cache.view(v_cache.shape[0] * split, _MAX_BLOCK, *v_cache.shape[2:])
+    runs = block_table.to(torch.int32)[:, :, None] * split + torch.arange(split, dtype=torch.int32)
+    return k_blocks, v_blocks, runs.reshape(block_table.shape[0], -1)
+
+
+@keyword_hints(_FLASH_ATTN_NAMES)
+def flash_attn_with_kvcache(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    k: Tensor | None = None,
+    v: Tensor | None = None,
+    rotary_cos: Tensor | None = None,
+    rotary_sin: Tensor | None = None,
+    cache_seqlens: int | Tensor | None = None,
+    cache_batch_idx: Tensor | None = None,
+    cache_leftpad: Tensor | None = None,
+    block_table: Tensor | None = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: Sequence[int] = (-1, -1),
+    softcap: float = 0.0,
+    rotary_interleaved: bool = True,
+    alibi_slopes: Tensor | None = None,
+    num_splits: int = 0,
+    return_softmax_lse: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """flash-attn's ``flash_attn_with_kvcache``: decoding (or chunked prefill) over a KV cache,
+    after writing new keys and values into it in place. No backward, as in flash-attn: the
+    result carries no gradient.
+
+    Parameters
+    ----------
+    q : Tensor, shape (batch, seqlen_q, nheads, headdim)
+    k_cache, v_cache : Tensor
+        (batch_cache, seqlen_cache, nheads_k, headdim) without ``block_table`` (seqlen_cache a
+        multiple of 8, each entry's rows contiguous), or (num_blocks, page_block_size,
+        nheads_k, headdim) with it (page_block_size a multiple of 8 up to 256, or of 256).
+    k, v : Tensor, shape (batch, seqlen_new, nheads_k, headdim), optional
+        New keys and values, written into the caches at ``cache_seqlens`` before attending.
+    rotary_cos, rotary_sin, cache_leftpad : None
+        Not supported (NotImplementedError): apply rotary embeddings to q and k first.
+    cache_seqlens : int or Tensor of int32, shape (batch,), optional
+        The keys already in each sequence's cache; None for the whole cache.
+    cache_batch_idx : Tensor of int, shape (batch,), optional
+        The cache entry of each sequence (dense caches only); None for 0 .. batch - 1.
+    block_table : Tensor of int32, shape (batch, max_num_blocks_per_seq), optional
+        The pages of each sequence (a paged cache).
+    softmax_scale, causal, window_size, softcap, alibi_slopes
+        As for :func:`flash_attn_func`, aligned with each sequence's
+        ``cache_seqlens + seqlen_new`` keys.
+    rotary_interleaved, num_splits
+        Accepted; mfa splits the keys of a decoding step itself.
+    return_softmax_lse : bool
+        Also return softmax_lse, float32 (batch, nheads, seqlen_q).
+
+    Returns
+    -------
+    out : Tensor, shape (batch, seqlen_q, nheads, headdim)
+    softmax_lse : Tensor of float32, shape (batch, nheads, seqlen_q)
+        Only with ``return_softmax_lse=True``.
+    """
+    for name, value in (
+        ("rotary_cos", rotary_cos),
+        ("rotary_sin", rotary_sin),
+        ("cache_leftpad", cache_leftpad),
+    ):
+        if value is not None:
+            raise NotImplementedError(
+                f"flash_attn_with_kvcache({name}=...) is not supported by mfa: apply rotary "
+                "embeddings to q and k before the call, and give left-padded caches as paged "
+                "ones"
+            )
+    _flag("rotary_interleaved", rotary_interleaved)
+    if not isinstance(num_splits, int) or isinstance(num_splits, bool):
+        raise TypeError(f"num_splits must be an int, got {type(num_splits).__name__}")
+    keywords = _translate(0.0, softmax_scale, causal, window_size, softcap, alibi_slopes, False)
+    batch = q.shape[0]
+    if block_table is None:
+        k_blocks, v_blocks, table = _dense_cache_as_blocks(k_cache, v_cache, batch, cache_batch_idx)
+    else:
+        if cache_batch_idx is not None:
+            raise ValueError(
+                "cache_batch_idx is given with block_table: the block table chooses each "
+                "sequence's blocks"
+            )
+        k_blocks, v_blocks, table = _reblocked(k_cache, v_cache, block_table)
+    if cache_seqlens is None:
+        if k is not None:
+            raise ValueError(
+                "k and v are given without cache_seqlens: the whole cache is in use, so there "
+                "is no room to append to"
+            )
+        cache_seqlens = table.shape[1] * k_blocks.shape[1]
+    if isinstance(cache_seqlens, Tensor):
+        lengths = cache_seqlens
+    elif isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
+        lengths = torch.full((batch,), cache_seqlens, dtype=torch.int32)
+    else:
+        raise TypeError(
+            "cache_seqlens must be None, an int or an int32 tensor, got "
+            f"{type(cache_seqlens).__name__}"
+        )
+    # flash-attn computes no gradient here; neither does this (the inputs are read as data).
+    k_new = None if k is None else k.detach()
+    v_new = None if v is None else v.detach()
+    out, softmax_lse = _attention.attention_with_kvcache(
+        q.detach(), k_blocks, v_blocks, table, lengths, k_new, v_new, **keywords, layout="bshd",
+        return_lse=True,
+    )  # fmt: skip
+    return (out, softmax_lse) if _flag("return_softmax_lse", return_softmax_lse) else out

@@ -9,9 +9,10 @@
 :func:`scaled_dot_product_attention` takes ``mx.fast.scaled_dot_product_attention``'s arguments
 and follows its semantics (``[B, H, N, D]``, grouped-query attention when k and v have fewer
 heads, ``mask="causal"`` anchored bottom-right: the last query sees the last key);
-:func:`attention` is mfa's own interface (sliding windows, either causal alignment). Both are
-``mx.custom_function``s whose VJP is mfa's fused backward, which MLX's own attention lacks
-(it differentiates an unfused composition that materialises the scores).
+:func:`attention` is mfa's own interface (sliding windows, either causal alignment, masks,
+softcap, ALiBi, sinks). Both are ``mx.custom_function``s whose VJP is mfa's fused backward,
+which MLX's own attention lacks (it differentiates an unfused composition that materialises
+the scores); the sinks get their gradient too, masks and ALiBi slopes are constants.
 
 The computation is eager: the inputs are evaluated when the function is called, and the
 result is an evaluated array, so these functions cannot run inside ``mx.compile`` or
@@ -27,7 +28,7 @@ and are never copied to the CPU implicitly. Importing this module imports MLX;
 
 from __future__ import annotations
 
-from typing import Literal, cast, overload
+from typing import Any, Literal, cast, overload
 
 import mlx.core as mx
 
@@ -37,40 +38,52 @@ from ._keywords import keyword_hints
 __all__ = ["attention", "scaled_dot_product_attention"]
 
 
-@mx.custom_function
-def _attention_with_lse(q, k, v, *, causal, causal_alignment, window, scale):
-    return _attention.attention(
-        q,
-        k,
-        v,
-        causal=causal,
-        causal_alignment=causal_alignment,
-        window=window,
-        scale=scale,
-        return_lse=True,
+def _forward(
+    q: mx.array, k: mx.array, v: mx.array, sinks: mx.array | None, options: dict[str, Any]
+) -> tuple[mx.array, mx.array]:
+    return _attention.attention(q, k, v, **options, sinks=sinks, return_lse=True)
+
+
+def _backward(
+    primals: Any, cotangents: Any, outputs: Any, sinks: mx.array | None, options: dict[str, Any]
+) -> tuple[mx.array, ...]:
+    """mfa's backward with the forward's very options; lse is returned through
+    mx.stop_gradient, so its cotangent is 0 and only dout counts."""
+    q, k, v = primals[:3]
+    dout, _ = cotangents
+    out, lse = outputs
+    gradients = _attention.attention_backward(
+        dout, q, k, v, out, lse, **options, sinks=sinks, return_dsinks=sinks is not None
     )
+    return cast("tuple[mx.array, ...]", gradients)
+
+
+# Two custom functions, as MLX differentiates positional arguments only and takes no None
+# among them: without sinks (three primals) and with them (four, dsinks the fourth gradient).
+# The keyword arguments (the options, masks and slopes among them) are constants of both.
+@mx.custom_function
+def _attention_with_lse(q: mx.array, k: mx.array, v: mx.array, **options: Any) -> Any:
+    return _forward(q, k, v, None, options)
 
 
 @_attention_with_lse.vjp
-def _attention_vjp(primals, cotangents, outputs, *, causal, causal_alignment, window, scale):
-    q, k, v = primals
-    dout, _ = cotangents  # lse is returned without a gradient (stop_gradient), so its is 0
-    out, lse = outputs
-    return _attention.attention_backward(
-        dout,
-        q,
-        k,
-        v,
-        out,
-        lse,
-        causal=causal,
-        causal_alignment=causal_alignment,
-        window=window,
-        scale=scale,
-    )
+def _attention_vjp(primals: Any, cotangents: Any, outputs: Any, **options: Any) -> Any:
+    return _backward(primals, cotangents, outputs, None, options)
 
 
-def _require_cpu_stream(stream):
+@mx.custom_function
+def _attention_with_sinks(
+    q: mx.array, k: mx.array, v: mx.array, sinks: mx.array, **options: Any
+) -> Any:
+    return _forward(q, k, v, sinks, options)
+
+
+@_attention_with_sinks.vjp
+def _attention_with_sinks_vjp(primals: Any, cotangents: Any, outputs: Any, **options: Any) -> Any:
+    return _backward(primals, cotangents, outputs, primals[3], options)
+
+
+def _require_cpu_stream(stream: Any) -> None:
     """The arrays of a call are computed by mfa's cpu backend: an MLX GPU stream or device
     (the default on a Mac) needs the device-buffer path, refused rather than bypassed."""
     device = mx.default_device() if stream is None else getattr(stream, "device", stream)
@@ -85,7 +98,6 @@ def _require_cpu_stream(stream):
 _MLX_NAMES = {
     "is_causal": "mfa_native.mlx.attention's name for it is causal= (bottom-right by default, "
     "as MLX's mask='causal')",
-    "mask": "mfa_native.mlx.attention's name for mask='causal' is causal=True",
     "softmax_scale": "mfa_native.mlx.attention's name for it is scale=",
     "window_size": "mfa_native.mlx.attention's name for it is window=",
 }
@@ -101,6 +113,11 @@ def attention(
     causal_alignment: Literal["bottom_right", "top_left"] = ...,
     window: tuple[int | None, int | None] | None = ...,
     scale: float | None = ...,
+    mask: mx.array | None = ...,
+    block_mask: mx.array | None = ...,
+    softcap: float | None = ...,
+    alibi_slopes: mx.array | None = ...,
+    sinks: mx.array | None = ...,
     return_lse: Literal[False] = ...,
     stream: None | mx.Stream | mx.Device = ...,
 ) -> mx.array: ...
@@ -116,6 +133,11 @@ def attention(
     causal_alignment: Literal["bottom_right", "top_left"] = ...,
     window: tuple[int | None, int | None] | None = ...,
     scale: float | None = ...,
+    mask: mx.array | None = ...,
+    block_mask: mx.array | None = ...,
+    softcap: float | None = ...,
+    alibi_slopes: mx.array | None = ...,
+    sinks: mx.array | None = ...,
     return_lse: Literal[True],
     stream: None | mx.Stream | mx.Device = ...,
 ) -> tuple[mx.array, mx.array]: ...
@@ -123,39 +145,48 @@ def attention(
 
 @keyword_hints(_MLX_NAMES)
 def attention(
-    q,
-    k,
-    v,
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
     *,
-    causal=False,
-    causal_alignment="bottom_right",
-    window=None,
-    scale=None,
-    return_lse=False,
-    stream=None,
-):
+    causal: bool = False,
+    causal_alignment: Literal["bottom_right", "top_left"] = "bottom_right",
+    window: tuple[int | None, int | None] | None = None,
+    scale: float | None = None,
+    mask: mx.array | None = None,
+    block_mask: mx.array | None = None,
+    softcap: float | None = None,
+    alibi_slopes: mx.array | None = None,
+    sinks: mx.array | None = None,
+    return_lse: bool = False,
+    stream: None | mx.Stream | mx.Device = None,
+) -> mx.array | tuple[mx.array, mx.array]:
     """:func:`mfa_native.attention` on MLX arrays (layout ``[B, H, N, D]``), differentiable
     with ``mx.grad`` / ``mx.vjp`` through mfa's fused backward.
 
-    The options are those of :func:`mfa_native.attention`; ``stream`` must be None or MLX's
-    CPU device or stream. With ``return_lse=True`` the float32 log-sum-exp ``[B, Hq, Nq]`` is
-    returned too, through ``mx.stop_gradient``: it carries no gradient.
+    The options are those of :func:`mfa_native.attention` (``mask``, ``block_mask``,
+    ``softcap``, ``alibi_slopes`` and ``sinks`` included); ``stream`` must be None or MLX's
+    CPU device or stream. ``sinks`` (``[Hq]``, float32 or cast to it) get their gradient;
+    masks and slopes are constants (their gradient is zero). With ``return_lse=True`` the
+    float32 log-sum-exp ``[B, Hq, Nq]`` is returned too, through ``mx.stop_gradient``: it
+    carries no gradient.
     """
     _require_cpu_stream(stream)
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
-    out, lse = cast(
-        "tuple[mx.array, mx.array]",
-        _attention_with_lse(
-            q,
-            k,
-            v,
-            causal=causal,
-            causal_alignment=causal_alignment,
-            window=window,
-            scale=scale,
-        ),
-    )
+    options = {
+        "causal": causal, "causal_alignment": causal_alignment, "window": window,
+        "scale": scale, "mask": mask, "block_mask": block_mask, "softcap": softcap,
+        "alibi_slopes": alibi_slopes,
+    }  # fmt: skip
+    if sinks is None:
+        result = _attention_with_lse(q, k, v, **options)
+    else:
+        if isinstance(sinks, mx.array) and sinks.dtype != mx.float32:
+            # mfa's sinks are float32; the cast is differentiated by MLX (dsinks cast back).
+            sinks = sinks.astype(mx.float32)
+        result = _attention_with_sinks(q, k, v, sinks, **options)
+    out, lse = cast("tuple[mx.array, mx.array]", result)
     return (out, mx.stop_gradient(lse)) if return_lse else out
 
 
@@ -191,11 +222,13 @@ def scaled_dot_product_attention(
     v : mx.array, shape (B, Hkv, Nk, Dv)
     scale : float
         Multiplies ``q @ k^T`` (required, as in MLX).
-    mask : None or "causal"
+    mask : None, "causal" or mx.array
         "causal" lets query i see keys up to ``i + Nk - Nq`` (the last query sees the last
-        key). Array masks are not supported yet (NotImplementedError).
-    sinks : None
-        Attention sinks are not supported yet (NotImplementedError).
+        key). An array broadcastable to ``(B, Hq, Nq, Nk)``: boolean (True: the pair takes
+        part) or additive (float32 or q's dtype, added to the scaled scores).
+    sinks : mx.array, shape (Hq,), optional
+        One logit per query head that joins the softmax's denominator (not scaled), as in
+        MLX; differentiable.
     force_fused : bool
         Accepted: mfa always runs fused kernels, for every head dimension.
     stream : None, or MLX's CPU device or stream
@@ -203,25 +236,22 @@ def scaled_dot_product_attention(
     Returns
     -------
     mx.array, shape (B, Hq, Nq, Dv), q's dtype
+        A row that sees no key (and has no sink) gets zeros, where MLX's result is not
+        defined by its docs (its CPU device gives NaN or a uniform average).
     """
-    if sinks is not None:
-        raise NotImplementedError(
-            "scaled_dot_product_attention(sinks=...) is not supported by mfa yet (attention "
-            "sinks need score modifiers, which have not landed)"
-        )
+    array_mask = None
     if isinstance(mask, str):
         if mask != "causal":
             raise ValueError(f"mask must be None, 'causal' or an array, got {mask!r}")
         causal = True
-    elif mask is None:
-        causal = False
+    elif mask is None or isinstance(mask, mx.array):
+        causal, array_mask = False, mask
     else:
-        raise NotImplementedError(
-            "scaled_dot_product_attention(mask=<array>) is not supported by mfa yet: masks "
-            "other than mask='causal' need score modifiers, which have not landed"
-        )
+        raise TypeError(f"mask must be None, 'causal' or an mx.array, got {type(mask).__name__}")
     if not isinstance(force_fused, bool):
         raise TypeError(f"force_fused must be a bool, got {type(force_fused).__name__}")
     if q.ndim != 4:
         raise ValueError(f"q must have rank 4 (B, H, N, D), as in MLX, got shape {q.shape}")
-    return attention(q, k, v, causal=causal, scale=scale, stream=stream)
+    return attention(
+        q, k, v, causal=causal, scale=scale, mask=array_mask, sinks=sinks, stream=stream
+    )

@@ -18,9 +18,12 @@ that combine partial results, not to be differentiated through.
 Functions:
 
 - :func:`attention`: mfa's own interface (``causal``, ``causal_alignment``, ``window``,
-  ``scale``, ``layout``), differentiable.
+  ``scale``, ``mask``, ``block_mask``, ``softcap``, ``alibi_slopes``, ``sinks``, ``layout``),
+  differentiable, the sinks included.
+- :func:`attention_varlen`: the same over packed sequences (flash-attn's ``[total, H, D]``).
 - :func:`scaled_dot_product_attention`: ``torch.nn.functional.scaled_dot_product_attention``'s
-  signature and semantics (``[B, H, N, D]``, ``is_causal`` anchored top-left).
+  signature and semantics (``[B, H, N, D]``, ``is_causal`` anchored top-left, ``attn_mask``
+  boolean or additive, ``enable_gqa``, ``scale``).
 - :func:`enable`, :func:`disable` and the context manager :func:`routed`: route
   ``torch.nn.functional.scaled_dot_product_attention`` itself through mfa, and restore it.
 
@@ -35,8 +38,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator
-from typing import Literal, overload
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Literal, NamedTuple, cast, overload
 
 import torch
 from torch import Tensor
@@ -46,6 +49,7 @@ from ._keywords import keyword_hints
 
 __all__ = [
     "attention",
+    "attention_varlen",
     "scaled_dot_product_attention",
     "enable",
     "disable",
@@ -53,9 +57,13 @@ __all__ = [
     "routed",
 ]
 
+# The options both operators take after their tensors, in this order (_Options): the score
+# modifiers, packed sequences (cu_seqlens_q None for dense arrays), then the scalar options.
 _OPTIONS_SCHEMA = (
+    "Tensor? mask, Tensor? block_mask, Tensor? alibi_slopes, Tensor? sinks, "
+    "Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, "
     "bool causal, str causal_alignment, int window_left, int window_right, float? scale, "
-    "str layout, str? backend"
+    "float? softcap, str layout, str? backend"
 )
 _library = torch.library.Library("mfa_native", "DEF")
 _library.define(
@@ -63,42 +71,80 @@ _library.define(
 )
 _library.define(
     "attention_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
-    f"{_OPTIONS_SCHEMA}) -> (Tensor, Tensor, Tensor)"
+    f"{_OPTIONS_SCHEMA}) -> (Tensor, Tensor, Tensor, Tensor)"
 )
 
 
-def _forward_kernel(q, k, v, causal, causal_alignment, left, right, scale, layout, backend):
-    return _attention.attention(
-        q,
-        k,
-        v,
-        causal=causal,
-        causal_alignment=causal_alignment,
-        window=(left, right),
-        scale=scale,
-        layout=layout,
-        return_lse=True,
-        backend=backend,
-    )
+class _Options(NamedTuple):
+    """The operators' options, as _OPTIONS_SCHEMA orders them."""
+
+    mask: Tensor | None
+    block_mask: Tensor | None
+    alibi_slopes: Tensor | None
+    sinks: Tensor | None
+    cu_seqlens_q: Tensor | None
+    cu_seqlens_k: Tensor | None
+    max_seqlen_q: int
+    max_seqlen_k: int
+    causal: bool
+    causal_alignment: str
+    window_left: int
+    window_right: int
+    scale: float | None
+    softcap: float | None
+    layout: Literal["bhsd", "bshd"]
+    backend: str | None
+
+    def keywords(self) -> dict[str, Any]:
+        """The keyword arguments of mfa_native's functions that these options stand for."""
+        return {
+            "causal": self.causal,
+            "causal_alignment": self.causal_alignment,
+            "window": (self.window_left, self.window_right),
+            "scale": self.scale,
+            "mask": self.mask,
+            "block_mask": self.block_mask,
+            "softcap": self.softcap,
+            "alibi_slopes": self.alibi_slopes,
+            "sinks": self.sinks,
+            "backend": self.backend,
+        }
+
+    def packed(self) -> tuple[Any, ...]:
+        return (self.cu_seqlens_q, self.cu_seqlens_k, self.max_seqlen_q, self.max_seqlen_k)
+
+
+# The options' tensors come first: autograd saves them beside the operands.
+_TENSOR_OPTIONS = 6
+_SINKS = _Options._fields.index("sinks")
+
+
+def _forward_kernel(q: Tensor, k: Tensor, v: Tensor, *options: Any) -> tuple[Tensor, Tensor]:
+    given = _Options(*options)
+    if given.cu_seqlens_q is not None:
+        return _attention.attention_varlen(
+            q, k, v, *given.packed(), **given.keywords(), return_lse=True
+        )
+    return _attention.attention(q, k, v, **given.keywords(), layout=given.layout, return_lse=True)
 
 
 def _backward_kernel(
-    dout, q, k, v, out, lse, causal, causal_alignment, left, right, scale, layout, backend
-):
-    return _attention.attention_backward(
-        dout,
-        q,
-        k,
-        v,
-        out,
-        lse,
-        causal=causal,
-        causal_alignment=causal_alignment,
-        window=(left, right),
-        scale=scale,
-        layout=layout,
-        backend=backend,
-    )
+    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, *options: Any
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    given = _Options(*options)
+    with_sinks = given.sinks is not None
+    if given.cu_seqlens_q is not None:
+        gradients = _attention.attention_varlen_backward(
+            dout, q, k, v, out, lse, *given.packed(), **given.keywords(), return_dsinks=with_sinks
+        )
+    else:
+        gradients = _attention.attention_backward(
+            dout, q, k, v, out, lse, **given.keywords(), layout=given.layout,
+            return_dsinks=with_sinks,
+        )  # fmt: skip
+    # An operator returns tensors only: without sinks, an empty dsinks.
+    dsinks = gradients[3] if with_sinks else q.new_empty((0,), dtype=torch.float32)
+    return gradients[0], gradients[1], gradients[2], dsinks
 
 
 # CPU tensors run here. MPS tensors reach the same kernels, which send Metal memory to the
@@ -108,43 +154,51 @@ for _dispatch_key in ("CPU", "MPS"):
     _library.impl("attention_backward", _backward_kernel, _dispatch_key)
 
 
-def _lse_shape(q, layout):
-    """[B, Hq, Nq] (or [Hq, Nq] for rank 3) from q in the given layout."""
+def _lse_shape(q: Tensor, layout: str) -> tuple[int, ...]:
+    """[B, Hq, Nq] (or [Hq, Nq] for rank 3, packed sequences' [Hq, total_q] among them) from q
+    in the given layout."""
     if layout == "bshd":
         return (*q.shape[:-3], q.shape[-2], q.shape[-3])
     return tuple(q.shape[:-1])
 
 
-@torch.library.register_fake("mfa_native::attention_forward")
-def _forward_fake(q, k, v, causal, causal_alignment, left, right, scale, layout, backend):
+@torch.library.register_fake("mfa_native::attention_forward")  # type: ignore[untyped-decorator]
+def _forward_fake(q: Tensor, k: Tensor, v: Tensor, *options: Any) -> tuple[Tensor, Tensor]:
     out = q.new_empty((*q.shape[:-1], v.shape[-1]))
-    return out, q.new_empty(_lse_shape(q, layout), dtype=torch.float32)
+    return out, q.new_empty(_lse_shape(q, _Options(*options).layout), dtype=torch.float32)
 
 
-@torch.library.register_fake("mfa_native::attention_backward")
+@torch.library.register_fake("mfa_native::attention_backward")  # type: ignore[untyped-decorator]
 def _backward_fake(
-    dout, q, k, v, out, lse, causal, causal_alignment, left, right, scale, layout, backend
-):
+    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, *options: Any
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     # Contiguous, as the real kernel allocates them (not empty_like, which keeps a view's
     # strides): compiled graphs rely on the strides the fake kernel reports.
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    sinks = _Options(*options).sinks
+    dsinks = q.new_empty((0,) if sinks is None else (sinks.shape[0],), dtype=torch.float32)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsinks
 
 
-def _save(ctx, q, k, v, options, out, lse):
-    ctx.save_for_backward(q, k, v, out, lse)
-    ctx.options = options
+def _save(
+    ctx: Any, q: Tensor, k: Tensor, v: Tensor, options: Sequence[Any], out: Tensor, lse: Tensor
+) -> None:
+    ctx.save_for_backward(q, k, v, out, lse, *options[:_TENSOR_OPTIONS])
+    ctx.options = tuple(options[_TENSOR_OPTIONS:])
     ctx.mark_non_differentiable(lse)
 
 
-def _setup_context(ctx, inputs, output):
+def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
     q, k, v, *options = inputs
-    _save(ctx, q, k, v, tuple(options), *output)
+    _save(ctx, q, k, v, options, *output)
 
 
-def _backward(ctx, dout, _dlse):
-    q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = _backward_op(dout, q, k, v, out, lse, *ctx.options)
-    return (dq, dk, dv) + (None,) * len(ctx.options)
+def _backward(ctx: Any, dout: Tensor, _dlse: Tensor | None) -> tuple[Tensor | None, ...]:
+    """Gradients of q, k, v and the sinks; the masks, slopes and offsets are constants."""
+    q, k, v, out, lse, *tensors = ctx.saved_tensors
+    options = (*tensors, *ctx.options)
+    dq, dk, dv, dsinks = _backward_op(dout, q, k, v, out, lse, *options)
+    sinks_gradient = dsinks if _Options(*options).sinks is not None else None
+    return (dq, dk, dv, None, None, None, sinks_gradient) + (None,) * (len(options) - 4)
 
 
 torch.library.register_autograd(
@@ -152,7 +206,7 @@ torch.library.register_autograd(
 )
 
 
-def _double_backward(ctx, *gradients):
+def _double_backward(ctx: Any, *gradients: Any) -> Any:
     raise NotImplementedError(
         "mfa's attention backward is not differentiable: double backward (a gradient of a "
         "gradient, create_graph=True followed by another backward) is not supported"
@@ -179,28 +233,50 @@ class _Attention(torch.autograd.Function):
     twice (self-attention's q, k, v), and compiled code pays the wrapper's cost only once."""
 
     @staticmethod
-    def forward(ctx, q, k, v, *options):
-        out, lse = _forward_op(q, k, v, *options)
+    def forward(
+        ctx: Any, q: Tensor, k: Tensor, v: Tensor, sinks: Tensor | None, options: _Options
+    ) -> Any:
+        # The options travel as one object (an argument of apply() costs about 0.25 us); the
+        # sinks, which options holds too, are an input of their own for autograd to see.
+        out, lse = _forward_below_autograd(q, k, v, options)
         _save(ctx, q, k, v, options, out, lse)
         return out, lse
 
     @staticmethod
-    def backward(ctx, dout, dlse):
-        return _backward(ctx, dout, dlse)
+    def backward(ctx: Any, *gradients: Any) -> Any:
+        dq, dk, dv, *option_gradients = _backward(ctx, *gradients)
+        return dq, dk, dv, option_gradients[_SINKS], None
 
 
-def _attend(q, k, v, *options):
+def _forward_below_autograd(
+    q: Tensor, k: Tensor, v: Tensor, options: Sequence[Any]
+) -> tuple[Tensor, Tensor]:
+    """The forward operator without its autograd wrapper, where nothing is to be recorded
+    (as that wrapper itself redispatches then, but some 8 us a call sooner): every other
+    dispatch key (CPU, MPS, Meta, fake tensors, dispatch modes) still applies."""
+    with torch._C._AutoDispatchBelowAutograd():
+        return cast("tuple[Tensor, Tensor]", _forward_op(q, k, v, *options))
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, options: _Options) -> tuple[Tensor, Tensor]:
     """(out, lse) from the forward operator, recording autograd when a gradient is wanted."""
-    if (
-        torch.is_grad_enabled()
-        and (q.requires_grad or k.requires_grad or v.requires_grad)
-        and not torch.compiler.is_compiling()
+    if torch.compiler.is_compiling():
+        # Dynamo traces the operator, autograd formula included.
+        return cast("tuple[Tensor, Tensor]", _forward_op(q, k, v, *options))
+    sinks = options.sinks
+    if torch.is_grad_enabled() and (
+        q.requires_grad
+        or k.requires_grad
+        or v.requires_grad
+        or (sinks is not None and sinks.requires_grad)
     ):
-        return _Attention.apply(q, k, v, *options)
-    return _forward_op(q, k, v, *options)
+        # Function.apply is unannotated in torch (it forwards to forward()'s signature).
+        out, lse = _Attention.apply(q, k, v, sinks, options)  # type: ignore[no-untyped-call]
+        return out, lse
+    return _forward_below_autograd(q, k, v, options)
 
 
-def _window_bounds(window):
+def _window_bounds(window: Any) -> tuple[int, int]:
     """(left, right) for the operator from None or a pair of ints/None (-1 = unbounded).
     Pure Python, so that torch.compile traces it; the values are checked by the operator."""
     if window is None:
@@ -217,13 +293,13 @@ def _window_bounds(window):
     return bounds[0], bounds[1]
 
 
-def _scale_argument(scale):
-    if scale is not None and (not isinstance(scale, (int, float)) or isinstance(scale, bool)):
-        raise TypeError(f"scale must be None or a real number, got {type(scale).__name__}")
-    return None if scale is None else float(scale)
+def _real_or_none(name: str, value: Any) -> float | None:
+    if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)):
+        raise TypeError(f"{name} must be None or a real number, got {type(value).__name__}")
+    return None if value is None else float(value)
 
 
-def _backend_argument(backend):
+def _backend_argument(backend: Any) -> str | None:
     if backend is not None and not isinstance(backend, str):
         raise TypeError(
             "backend must be None or a backend name (a Context cannot cross the operator "
@@ -232,13 +308,70 @@ def _backend_argument(backend):
     return backend
 
 
+def _tensor_or_none(name: str, value: Any, differentiable: bool = False) -> Tensor | None:
+    """A tensor option. Masks and slopes are constants (mfa computes no gradient for them): one
+    that requires grad while grad mode is on is refused, not silently left without one."""
+    if value is None:
+        return None
+    if not isinstance(value, Tensor):
+        raise TypeError(f"{name} must be None or a torch.Tensor, got {type(value).__name__}")
+    if not differentiable and value.requires_grad and torch.is_grad_enabled():
+        raise TypeError(
+            f"{name} requires grad, but mfa does not differentiate masks and ALiBi slopes "
+            f"(they are constants of the score): pass {name}.detach()"
+        )
+    return value
+
+
+def _options(
+    *,
+    causal: Any = False,
+    causal_alignment: Any = "bottom_right",
+    window: Any = None,
+    scale: Any = None,
+    mask: Any = None,
+    block_mask: Any = None,
+    softcap: Any = None,
+    alibi_slopes: Any = None,
+    sinks: Any = None,
+    layout: Any = "bhsd",
+    backend: Any = None,
+    packed: tuple[Any, Any, Any, Any] = (None, None, 0, 0),
+) -> _Options:
+    """The operators' options from this module's keyword arguments, checked where the
+    operator's schema would refuse them obscurely (the rest is checked by mfa_native's
+    functions)."""
+    cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k = packed
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    return _Options(
+        _tensor_or_none("mask", mask),
+        _tensor_or_none("block_mask", block_mask),
+        _tensor_or_none("alibi_slopes", alibi_slopes),
+        _tensor_or_none("sinks", sinks, differentiable=True),
+        _tensor_or_none("cu_seqlens_q", cu_seqlens_q),
+        _tensor_or_none("cu_seqlens_k", cu_seqlens_k),
+        max_seqlen_q,
+        max_seqlen_k,
+        causal,
+        causal_alignment,
+        *_window_bounds(window),
+        _real_or_none("scale", scale),
+        _real_or_none("softcap", softcap),
+        layout,
+        _backend_argument(backend),
+    )
+
+
 _TORCH_NAMES = {
     "is_causal": "mfa_native.torch.attention's name for it is causal= (PyTorch's is_causal is "
     "causal=True, causal_alignment='top_left'; scaled_dot_product_attention takes is_causal=)",
     "softmax_scale": "mfa_native.torch.attention's name for it is scale=",
     "window_size": "mfa_native.torch.attention's name for it is window=",
-    "attn_mask": "masks are not supported yet: causal= and window= express causal and "
-    "sliding-window masks",
+    "attn_mask": "mfa_native.torch.attention's name for it is mask=",
     "return_attn_probs": "mfa_native.torch.attention's name for it is return_lse=",
     "enable_gqa": "no flag is needed: grouped-query attention applies whenever the query heads "
     "are a multiple of the key/value heads",
@@ -255,6 +388,11 @@ def attention(
     causal_alignment: Literal["bottom_right", "top_left"] = ...,
     window: tuple[int | None, int | None] | None = ...,
     scale: float | None = ...,
+    mask: Tensor | None = ...,
+    block_mask: Tensor | None = ...,
+    softcap: float | None = ...,
+    alibi_slopes: Tensor | None = ...,
+    sinks: Tensor | None = ...,
     layout: Literal["bhsd", "bshd"] = ...,
     return_lse: Literal[False] = ...,
     backend: str | None = ...,
@@ -271,6 +409,11 @@ def attention(
     causal_alignment: Literal["bottom_right", "top_left"] = ...,
     window: tuple[int | None, int | None] | None = ...,
     scale: float | None = ...,
+    mask: Tensor | None = ...,
+    block_mask: Tensor | None = ...,
+    softcap: float | None = ...,
+    alibi_slopes: Tensor | None = ...,
+    sinks: Tensor | None = ...,
     layout: Literal["bhsd", "bshd"] = ...,
     return_lse: Literal[True],
     backend: str | None = ...,
@@ -279,42 +422,89 @@ def attention(
 
 @keyword_hints(_TORCH_NAMES)
 def attention(
-    q,
-    k,
-    v,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
     *,
-    causal=False,
-    causal_alignment="bottom_right",
-    window=None,
-    scale=None,
-    layout="bhsd",
-    return_lse=False,
-    backend=None,
-):
+    causal: bool = False,
+    causal_alignment: Literal["bottom_right", "top_left"] = "bottom_right",
+    window: tuple[int | None, int | None] | None = None,
+    scale: float | None = None,
+    mask: Tensor | None = None,
+    block_mask: Tensor | None = None,
+    softcap: float | None = None,
+    alibi_slopes: Tensor | None = None,
+    sinks: Tensor | None = None,
+    layout: Literal["bhsd", "bshd"] = "bhsd",
+    return_lse: bool = False,
+    backend: str | None = None,
+) -> Tensor | tuple[Tensor, Tensor]:
     """:func:`mfa_native.attention` on torch tensors, differentiable.
 
-    The arguments are those of :func:`mfa_native.attention` (``out=`` excepted; ``backend`` a
-    name or None); the result is a new tensor (and, with ``return_lse=True``, the float32
-    log-sum-exp ``[B, Hq, Nq]``, which carries no gradient). ``loss.backward()`` runs mfa's
-    fused backward with the forward's options; with grouped-query attention the gradients of
-    k and v are summed over each group of query heads.
+    The arguments are those of :func:`mfa_native.attention` (``out=``, ``lse=`` and
+    ``accumulate`` excepted; ``backend`` a name or None); the result is a new tensor (and,
+    with ``return_lse=True``, the float32 log-sum-exp ``[B, Hq, Nq]``, which carries no
+    gradient). ``loss.backward()`` runs mfa's fused backward with the forward's options; with
+    grouped-query attention the gradients of k and v are summed over each group of query
+    heads. ``sinks`` (float32 ``[Hq]``) get their gradient too; masks and ALiBi slopes are
+    constants, and one that requires grad is refused (TypeError).
     """
-    out, lse = _attend(
-        q,
-        k,
-        v,
-        causal,
-        causal_alignment,
-        *_window_bounds(window),
-        _scale_argument(scale),
-        layout,
-        _backend_argument(backend),
-    )
+    options = _options(
+        causal=causal, causal_alignment=causal_alignment, window=window, scale=scale,
+        mask=mask, block_mask=block_mask, softcap=softcap, alibi_slopes=alibi_slopes,
+        sinks=sinks, layout=layout, backend=backend,
+    )  # fmt: skip
+    out, lse = _attend(q, k, v, options)
+    return (out, lse) if return_lse else out
+
+
+@keyword_hints(_TORCH_NAMES)
+def attention_varlen(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    causal: bool = False,
+    causal_alignment: Literal["bottom_right", "top_left"] = "bottom_right",
+    window: tuple[int | None, int | None] | None = None,
+    scale: float | None = None,
+    mask: Tensor | None = None,
+    block_mask: Tensor | None = None,
+    softcap: float | None = None,
+    alibi_slopes: Tensor | None = None,
+    sinks: Tensor | None = None,
+    return_lse: bool = False,
+    backend: str | None = None,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """:func:`mfa_native.attention_varlen` on torch tensors, differentiable as
+    :func:`attention` is.
+
+    q is ``[total_q, Hq, D]``, k and v ``[total_k, Hkv, D]`` and ``[total_k, Hkv, Dv]``:
+    sequence b has the query rows ``cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1`` and the key
+    rows of ``cu_seqlens_k`` likewise (int32 ``[B + 1]`` tensors), attended on its own with
+    causal, the window and ALiBi aligned with its own lengths; ``max_seqlen_q`` and
+    ``max_seqlen_k`` bound the lengths. The other options are :func:`attention`'s. The result
+    is ``[total_q, Hq, Dv]`` (and, with ``return_lse=True``, the float32 lse
+    ``[Hq, total_q]``, without a gradient); ``loss.backward()`` runs
+    :func:`mfa_native.attention_varlen_backward` with the forward's options, sinks included.
+    """
+    options = _options(
+        causal=causal, causal_alignment=causal_alignment, window=window, scale=scale,
+        mask=mask, block_mask=block_mask, softcap=softcap, alibi_slopes=alibi_slopes,
+        sinks=sinks, layout="bshd", backend=backend,
+        packed=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
+    )  # fmt: skip
+    out, lse = _attend(q, k, v, options)
     return (out, lse) if return_lse else out
 
 
 _SDPA_NAMES = {
     "causal": "PyTorch's name for it is is_causal= (anchored top-left)",
+    "mask": "PyTorch's name for it is attn_mask=",
     "q": "PyTorch's name for it is query (positional)",
     "k": "PyTorch's name for it is key (positional)",
     "v": "PyTorch's name for it is value (positional)",
@@ -342,24 +532,26 @@ def scaled_dot_product_attention(
 
     The same signature and semantics: query ``[B, Hq, L, E]``, key ``[B, Hkv, S, E]``, value
     ``[B, Hkv, S, Ev]`` (or without the batch axis), result ``[B, Hq, L, Ev]``; ``is_causal``
-    lets query i see keys 0..i (anchored top-left); ``scale`` None means ``1 / sqrt(E)``;
-    ``enable_gqa=True`` lets Hq be a multiple of Hkv.
+    lets query i see keys 0..i (anchored top-left); ``attn_mask`` broadcastable to
+    ``[B, Hq, L, S]``, boolean (True: the pair takes part) or float (added to the scores; q's
+    dtype or float32); ``scale`` None means ``1 / sqrt(E)``; ``enable_gqa=True`` lets Hq be a
+    multiple of Hkv. One difference: a row that its boolean mask hides entirely gets zeros
+    here, where PyTorch gives NaN.
 
     Raises
     ------
     NotImplementedError
-        For ``attn_mask`` (masks are not supported yet) and ``dropout_p > 0`` (mfa has no
-        dropout), rather than ignoring them.
+        For ``dropout_p > 0`` (mfa has no dropout) and for an ``attn_mask`` that requires grad
+        (mfa does not differentiate masks), rather than ignoring them.
     ValueError
-        For different head counts without ``enable_gqa=True``, as PyTorch refuses them; and
-        for everything :func:`mfa_native.attention` rejects (other ranks than 3 and 4,
-        float64...), where the arguments are named q, k and v.
+        For ``attn_mask`` together with ``is_causal=True`` and for different head counts
+        without ``enable_gqa=True``, as PyTorch refuses them; and for everything
+        :func:`mfa_native.attention` rejects (other ranks than 3 and 4, float64...), where the
+        arguments are named q, k and v.
+    MFAError
+        ``UNSUPPORTED`` for ``attn_mask`` on a backend without masks (see
+        ``Context.capabilities``).
     """
-    if attn_mask is not None:
-        raise NotImplementedError(
-            "scaled_dot_product_attention(attn_mask=...) is not supported by mfa yet: masks "
-            "other than causal (is_causal=True) need score modifiers, which have not landed"
-        )
     if not isinstance(dropout_p, (int, float)) or isinstance(dropout_p, bool):
         raise TypeError(f"dropout_p must be a float, got {type(dropout_p).__name__}")
     if dropout_p != 0.0:
@@ -371,23 +563,24 @@ def scaled_dot_product_attention(
         raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
     if not isinstance(enable_gqa, bool):
         raise TypeError(f"enable_gqa must be a bool, got {type(enable_gqa).__name__}")
+    if attn_mask is not None:
+        if is_causal:
+            raise ValueError(
+                "attn_mask and is_causal=True are given together; PyTorch refuses them too "
+                "(fold the causal rule into the mask, or drop the mask)"
+            )
+        if isinstance(attn_mask, Tensor) and attn_mask.requires_grad and torch.is_grad_enabled():
+            raise NotImplementedError(
+                "attn_mask requires grad: mfa does not differentiate masks, where PyTorch "
+                "would; pass attn_mask.detach() if its gradient is not needed"
+            )
     if not enable_gqa and query.dim() >= 3 and key.dim() >= 3 and query.shape[-3] != key.shape[-3]:
         raise ValueError(
             f"query has {query.shape[-3]} heads and key {key.shape[-3]}: pass "
             "enable_gqa=True for grouped-query attention"
         )
-    out, _ = _attend(
-        query,
-        key,
-        value,
-        is_causal,
-        "top_left",
-        -1,
-        -1,
-        _scale_argument(scale),
-        "bhsd",
-        None,
-    )
+    options = _options(causal=is_causal, causal_alignment="top_left", scale=scale, mask=attn_mask)
+    out, _ = _attend(query, key, value, options)
     return out
 
 
@@ -402,7 +595,7 @@ def _install(function: Callable[..., Tensor]) -> None:
     functional = torch.nn.functional
     # torch's stubs type the attribute with positional scale and enable_gqa, which PyTorch
     # takes by keyword only, as this module's function does.
-    functional.scaled_dot_product_attention = function  # type: ignore[assignment]
+    functional.scaled_dot_product_attention = function
 
 
 def enable() -> None:
@@ -450,7 +643,7 @@ def routed() -> Iterator[None]:
             _install(previous)
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     # ring_attention and the zig-zag helpers (mfa_native.ring) import torch.distributed: they
     # are loaded on first use.
     if name in ("ring_attention", "zigzag_indices", "zigzag_shard", "zigzag_unshard"):

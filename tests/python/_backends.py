@@ -86,6 +86,29 @@ REFERENCE = "abi-reference"
 FEATURE_BACKENDS = [Backend(REFERENCE), *BACKENDS]
 
 
+def adapter_backends():
+    """pytest params (backend,) of the adapter tests: the reference behind the C ABI, and the
+    backend the adapters run by default ("auto")."""
+    default = Backend(mfa_native.info()["default_backend"])
+    return [
+        pytest.param(Backend(REFERENCE), id=REFERENCE),
+        pytest.param(default, id=f"auto-{default.id}"),
+    ]
+
+
+def run_or_skip(backend, direction, features, function):
+    """function() where the backend has the features; else, having checked that the call
+    raises UNSUPPORTED naming one of them (call_with_features), skip with that reason."""
+    result = call_with_features(backend, direction, features, function)
+    missing = sorted(set(features) - backend.features(direction))
+    if missing:
+        pytest.skip(
+            f"the {backend.name} backend lacks {', '.join(missing)} in the {direction}: "
+            "MFAError UNSUPPORTED (checked)"
+        )
+    return result
+
+
 def call_with_features(backend, direction, features, function):
     """function() if the backend has every feature the call needs in that direction; else
     check that it raises MFAError UNSUPPORTED naming one of the missing ones (before writing

@@ -28,6 +28,15 @@ def to_layout(tensor, layout):
     return tensor if layout == "bhsd" else tensor.transpose(1, 2)
 
 
+def alibi_bias(slopes, num_queries, num_keys):
+    """flash-attn's ALiBi, -slope |i + Nk - Nq - j|, as [B or 1, H, Nq, Nk] from slopes [H] or
+    [B, H]."""
+    positions = torch.arange(num_queries)[:, None] + num_keys - num_queries
+    distance = (positions - torch.arange(num_keys)[None, :]).abs().to(slopes.dtype)
+    slopes = slopes if slopes.dim() == 2 else slopes[None]
+    return -slopes[:, :, None, None] * distance
+
+
 def visible(num_queries, num_keys, *, causal, bottom_right, window=None):
     """Boolean [Nq, Nk] visibility, as flash-attn and mfa define it."""
     offset = num_keys - num_queries if bottom_right else 0
@@ -44,14 +53,19 @@ def visible(num_queries, num_keys, *, causal, bottom_right, window=None):
     return mask
 
 
-def explicit_attention(q, k, v, mask, scale=None):
-    """softmax(scale q k^T, masked) v over [B, H, N, D] tensors, materialised, differentiable,
-    with k and v repeated for grouped-query attention and rows without keys set to 0."""
+def explicit_attention(q, k, v, mask, scale=None, softcap=None, bias=None):
+    """softmax(scale q k^T, capped, plus bias, masked) v over [B, H, N, D] tensors,
+    materialised, differentiable, with k and v repeated for grouped-query attention and rows
+    without keys set to 0: softcap * tanh(s / softcap) right after scaling, then the bias."""
     group = q.shape[-3] // k.shape[-3]
     k = k.repeat_interleave(group, dim=-3)
     v = v.repeat_interleave(group, dim=-3)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     scores = (q @ k.transpose(-1, -2)) * scale
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    if bias is not None:
+        scores = scores + bias
     scores = scores.masked_fill(~mask, float("-inf"))
     weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
     return weights @ v

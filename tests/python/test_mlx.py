@@ -2,11 +2,12 @@
 against the float64 reference, scaled_dot_product_attention against
 mx.fast.scaled_dot_product_attention, strided views, and what is refused."""
 
+import _cases
 import mfa_native
 import numpy as np
 import pytest
 import reference
-from _backends import Case, check_backward, check_forward, record_addresses
+from _backends import Backend, Case, check_backward, check_forward, record_addresses
 from mfa_native import _arrays
 
 mx = pytest.importorskip("mlx.core")
@@ -115,25 +116,143 @@ def test_lse_carries_no_gradient():
     assert mx.all(gradient == 0).item()
 
 
-def test_what_has_not_landed_is_refused():
+def test_what_mlx_refuses_is_refused():
     q = mx.random.normal((1, 2, 5, 8))
-    with pytest.raises(NotImplementedError, match="sinks"):
-        mfa_mlx.scaled_dot_product_attention(q, q, q, scale=1.0, sinks=mx.zeros(2))
-    with pytest.raises(NotImplementedError, match="mask=<array>"):
-        mfa_mlx.scaled_dot_product_attention(q, q, q, scale=1.0, mask=mx.ones((5, 5)))
     with pytest.raises(ValueError, match="^mask must be None, 'causal' or an array"):
         mfa_mlx.scaled_dot_product_attention(q, q, q, scale=1.0, mask="diagonal")
+    with pytest.raises(TypeError, match="^mask must be None, 'causal' or an mx.array"):
+        mfa_mlx.scaled_dot_product_attention(q, q, q, scale=1.0, mask=np.ones((5, 5), bool))
     with pytest.raises(ValueError, match="^q must have rank 4"):
         mfa_mlx.scaled_dot_product_attention(q[0], q[0], q[0], scale=1.0)
     with pytest.raises(TypeError, match="'is_causal': MLX's name for it is mask='causal'"):
         mfa_mlx.scaled_dot_product_attention(q, q, q, scale=1.0, is_causal=True)
-    with pytest.raises(TypeError, match="'mask': .* causal=True"):
-        mfa_mlx.attention(q, q, q, mask="causal")
+    with pytest.raises(ValueError, match="^mask"):
+        mfa_mlx.scaled_dot_product_attention(q, q, q, scale=1.0, mask=mx.ones((4, 5), mx.bool_))
+    with pytest.raises(ValueError, match="^sinks"):
+        mfa_mlx.scaled_dot_product_attention(q, q, q, scale=1.0, sinks=mx.zeros(3))
     # force_fused is honoured by construction: mfa always runs fused kernels.
     np.testing.assert_array_equal(
         np.array(mfa_mlx.scaled_dot_product_attention(q, q, q, scale=1.0, force_fused=True)),
         np.array(mfa_mlx.scaled_dot_product_attention(q, q, q, scale=1.0)),
     )
+
+
+def _mlx_modifiers(case, modifiers):
+    """The numpy modifiers of a case as MLX arrays of the same values and dtypes (masks in q's
+    dtype through float32, which holds them exactly)."""
+    converted = dict(modifiers)
+    mask = modifiers.get("mask")
+    if mask is not None:
+        if mask.dtype == np.bool_:
+            converted["mask"] = mx.array(np.ascontiguousarray(mask))
+        elif mask.dtype == np.float32:
+            converted["mask"] = mx.array(mask)
+        else:
+            converted["mask"] = to_mlx(mask, case.dtype)
+    for name in ("alibi_slopes", "sinks"):
+        if name in modifiers:
+            converted[name] = mx.array(modifiers[name])
+    return converted
+
+
+@pytest.mark.parametrize("case", _cases.MODIFIER_CASES, ids=lambda case: case.id)
+def test_modifiers_forward_and_grad_match_reference(case):
+    """Masks (boolean, key padding, additive in q's dtype or float32), softcap, ALiBi and
+    sinks through mfa_mlx.attention and mx.grad, dsinks among the gradients, against the
+    float64 reference with the tolerances of check_forward/check_backward."""
+    default = Backend(mfa_native.info()["default_backend"])
+    missing = case.features - (default.features("forward") & default.features("backward"))
+    if missing:
+        pytest.skip(f"the default backend lacks {sorted(missing)}")
+    rng = case.rng()
+    q, k, v = case.inputs(rng)
+    modifiers = case.modifiers(rng)
+    dout = case.output_gradient(rng)
+    arrays = [to_mlx(x, case.dtype) for x in (q, k, v)]
+    options = {**case.options, **_mlx_modifiers(case, modifiers)}
+    out, lse = mfa_mlx.attention(*arrays, **options, return_lse=True)
+    check_forward(case, to_numpy(out), to_numpy(lse), q, k, v, modifiers)
+
+    cotangent = to_mlx(dout, case.dtype)
+    sinks = options.pop("sinks", None)
+
+    def loss(q, k, v, *sinks):
+        result = mfa_mlx.attention(q, k, v, **options, sinks=sinks[0] if sinks else None)
+        return (result * cotangent).astype(mx.float32).sum()
+
+    primals = (*arrays, sinks) if case.sinks else tuple(arrays)
+    gradients = mx.grad(loss, argnums=tuple(range(len(primals))))(*primals)
+    check_backward(case, [to_numpy(g) for g in gradients], dout, q, k, v, to_numpy(out),
+                   modifiers)  # fmt: skip
+
+
+# Masks as MLX takes them: boolean [Nq, Nk] (broadcast over batch and heads), additive
+# float32 [B, 1, Nq, Nk]; with and without sinks.
+MASK_KINDS = ["bool-2d", "additive-b1"]
+
+
+@pytest.mark.parametrize("with_sinks", [False, True], ids=["no-sinks", "sinks"])
+@pytest.mark.parametrize("mask_kind", MASK_KINDS)
+def test_sdpa_masks_and_sinks_match_mlx(mask_kind, with_sinks):
+    """mx.fast.scaled_dot_product_attention(mask=array, sinks=...) on MLX's CPU device (its
+    unfused composition, differentiated by MLX itself) is an independent implementation: the
+    forward and the gradients of q, k, v and the sinks. Every row keeps at least one key
+    (MLX's result for a row that sees none is not mfa's zeros). float32 values of O(1) from
+    sums of at most 19 terms of width 16: 2e-5 bounds either side's rounding (some hundred
+    units of 2^-24), forward and backward; dsinks sums 2 x 9 rows, hence its 1e-4."""
+    mx.random.seed(11)
+    q = mx.random.normal((2, 4, 9, 16))
+    k, v = mx.random.normal((2, 2, 19, 16)), mx.random.normal((2, 2, 19, 16))
+    rng = np.random.default_rng(5)
+    if mask_kind == "bool-2d":
+        keep = rng.random((9, 19)) < 0.6
+        keep[:, 0] = True
+        mask = mx.array(keep)
+    else:
+        mask = mx.array(rng.standard_normal((2, 1, 9, 19)).astype(np.float32))
+    sinks = mx.array(rng.normal(1.0, 1.0, 4).astype(np.float32)) if with_sinks else None
+    scale = 0.3
+    out = mfa_mlx.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask, sinks=sinks)
+    expected = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask,
+                                                    sinks=sinks)  # fmt: skip
+    np.testing.assert_allclose(np.array(out), np.array(expected), atol=2e-5, rtol=2e-5)
+
+    def loss(function):
+        def value(q, k, v, *sinks):
+            result = function(q, k, v, scale=scale, mask=mask, sinks=sinks[0] if sinks else None)
+            return (result * mx.cos(result)).sum()
+
+        return value
+
+    primals = (q, k, v, sinks) if with_sinks else (q, k, v)
+    argnums = tuple(range(len(primals)))
+    ours = mx.grad(loss(mfa_mlx.scaled_dot_product_attention), argnums=argnums)(*primals)
+    theirs = mx.grad(loss(mx.fast.scaled_dot_product_attention), argnums=argnums)(*primals)
+    for name, mine, wanted in zip(("dq", "dk", "dv", "dsinks"), ours, theirs):
+        tolerance = 1e-4 if name == "dsinks" else 2e-5
+        np.testing.assert_allclose(np.array(mine), np.array(wanted), atol=tolerance,
+                                   rtol=tolerance, err_msg=name)  # fmt: skip
+
+
+def test_sinks_of_half_precision_are_cast_and_differentiated():
+    """MLX takes sinks of q's dtype; mfa reads float32, and the cast is part of the graph: the
+    gradient comes back in the sinks' dtype and equals the float32 call's."""
+    mx.random.seed(2)
+    q = mx.random.normal((1, 2, 5, 8)).astype(mx.float16)
+    sinks16 = mx.array([0.5, -1.0]).astype(mx.float16)
+
+    def loss(sinks):
+        return (
+            mfa_mlx.scaled_dot_product_attention(q, q, q, scale=0.35, sinks=sinks)
+            .astype(mx.float32)
+            .sum()
+        )
+
+    gradient16 = mx.grad(loss)(sinks16)
+    gradient32 = mx.grad(loss)(sinks16.astype(mx.float32))
+    assert gradient16.dtype == mx.float16
+    np.testing.assert_allclose(np.array(gradient16.astype(mx.float32)), np.array(gradient32),
+                               rtol=1e-3)  # fmt: skip
 
 
 def test_gpu_streams_need_the_device_buffer_path():

@@ -5,11 +5,22 @@ result against the float64 reference or an independent implementation."""
 
 import time
 
+import _cases
 import mfa_native
 import numpy as np
 import pytest
 import reference
-from _backends import Case, allowed_error, assert_close, check_backward, check_forward
+from _backends import (
+    Backend,
+    Case,
+    adapter_backends,
+    allowed_error,
+    assert_close,
+    check_backward,
+    check_forward,
+    run_or_skip,
+)
+from _errors import raises
 
 torch = pytest.importorskip("torch")
 mfa_torch = pytest.importorskip("mfa_native.torch")
@@ -23,6 +34,9 @@ from _torch_support import (  # noqa: E402  (needs torch, which may be absent)
 )
 
 F = torch.nn.functional
+# The operators' leading options (mask, block mask, slopes, sinks, packed offsets and bounds)
+# for a dense call without modifiers; the scalar options follow.
+NO_TENSOR_OPTIONS = (None, None, None, None, None, None, 0, 0)
 
 # Every dtype; GQA and MQA; causal both ways, windows, both; decoding; rows that see no key
 # (bottom-right with Nq > Nk); Dv != D. Small, as the kernels themselves are tested elsewhere:
@@ -83,6 +97,98 @@ def test_operator_forward_and_gradients_match_reference(case, layout, strided):
     check_backward(case, gradients, dout, q, k, v, out_bhsd)
 
 
+def torch_modifiers(modifiers):
+    """A case's numpy modifiers as torch tensors of the same values and dtypes (a stride-0
+    broadcast mask stays a stride-0 view, as torch.from_numpy keeps strides)."""
+    converted = dict(modifiers)
+    for name in ("mask", "alibi_slopes", "sinks"):
+        value = modifiers.get(name)
+        if value is None:
+            continue
+        if value.dtype in (np.bool_, np.float32):
+            converted[name] = torch.from_numpy(value)
+        else:
+            converted[name] = to_torch(value)
+    return converted
+
+
+# A key-padding mask is a read-only stride-0 numpy view; mfa never writes masks.
+@pytest.mark.filterwarnings("ignore:The given NumPy array is not writable:UserWarning")
+@pytest.mark.parametrize("case", _cases.MODIFIER_CASES, ids=lambda case: case.id)
+def test_modifiers_through_autograd_match_reference(case):
+    """Masks of four kinds, softcap, ALiBi and sinks through mfa_torch.attention and
+    loss.backward(), sinks a leaf whose .grad is mfa's dsinks, against the float64 reference
+    with check_forward/check_backward's tolerances."""
+    default = Backend(mfa_native.info()["default_backend"])
+    missing = case.features - (default.features("forward") & default.features("backward"))
+    if missing:
+        pytest.skip(f"the default backend lacks {sorted(missing)}")
+    rng = case.rng()
+    q, k, v = case.inputs(rng)
+    modifiers = case.modifiers(rng)
+    dout = case.output_gradient(rng)
+    leaves = [to_torch(x).requires_grad_() for x in (q, k, v)]
+    options = torch_modifiers(modifiers)
+    if case.sinks:
+        options["sinks"] = options["sinks"].clone().requires_grad_()
+    out, lse = mfa_torch.attention(*leaves, **case.options, **options, return_lse=True)
+    check_forward(case, to_numpy(out), to_numpy(lse), q, k, v, modifiers)
+    out.backward(to_torch(dout))
+    gradients = [to_numpy(x.grad) for x in leaves]
+    if case.sinks:
+        gradients.append(to_numpy(options["sinks"].grad))
+    check_backward(case, gradients, dout, q, k, v, to_numpy(out), modifiers)
+
+
+# Masks of the packed cases are numpy views as the ones above.
+@pytest.mark.filterwarnings("ignore:The given NumPy array is not writable:UserWarning")
+@pytest.mark.parametrize("packed", _cases.PACKED_CASES, ids=lambda packed: packed.id)
+def test_packed_sequences_through_autograd_match_reference(packed):
+    """mfa_torch.attention_varlen over sequences of length 0 and 1 with modifiers, forward and
+    loss.backward() (sinks a leaf), each sequence against the float64 reference with
+    test_varlen's tolerances; dsinks, one float32 sum over every sequence's rows, likewise."""
+    from test_varlen import bhsd, call_args, packed_inputs, sequences
+
+    default = Backend(mfa_native.info()["default_backend"])
+    missing = packed.features - (default.features("forward") & default.features("backward"))
+    if missing:
+        pytest.skip(f"the default backend lacks {sorted(missing)}")
+    case = packed.case
+    q, k, v, dout, modifiers = packed_inputs(packed, case.rng())
+    leaves = [to_torch(x).requires_grad_() for x in (q, k, v)]
+    options = torch_modifiers(modifiers)
+    if case.sinks:
+        options["sinks"] = options["sinks"].clone().requires_grad_()
+    offsets = [torch.from_numpy(x) for x in call_args(packed, q, k, v)[3:5]]
+    out, lse = mfa_torch.attention_varlen(*leaves, *offsets, case.num_queries, case.num_keys,
+                                          **case.options, **options, return_lse=True)  # fmt: skip
+    out.backward(to_torch(dout))
+    q4, k4, v4, dout4, out4 = (bhsd(x) for x in (q, k, v, dout, to_numpy(out)))
+    dq, dk, dv = (bhsd(to_numpy(x.grad)) for x in leaves)
+    lse = to_numpy(lse)
+    dsinks_magnitude = np.zeros(case.query_heads)
+    for rows, keys, alone, sequence in sequences(packed, modifiers):
+        if rows.stop > rows.start:
+            check_forward(alone, out4[:, :, rows], lse[None, :, rows], q4[:, :, rows],
+                          k4[:, :, keys], v4[:, :, keys], sequence)  # fmt: skip
+        parts = [x[:, :, rows] for x in (dout4, q4)] + [x[:, :, keys] for x in (k4, v4)]
+        check_backward(alone, [dq[:, :, rows], dk[:, :, keys], dv[:, :, keys]], *parts,
+                       out4[:, :, rows], sequence)  # fmt: skip
+        if case.sinks:
+            dsinks_magnitude += reference.gradient_magnitudes(
+                *parts, out=out4[:, :, rows], return_dsinks=True, **case.options, **sequence
+            )[3]
+    if case.sinks:
+        cu = (packed.cu_seqlens_q, packed.cu_seqlens_k)
+        expected = reference.varlen_attention_backward(
+            dout4, q4, k4, v4, *cu, out=out4, return_dsinks=True, **case.options, **modifiers
+        )[3]
+        size = np.max(np.abs(lse[np.isfinite(lse)]), initial=0.0)
+        allowed = allowed_error("f32", expected, dsinks_magnitude, q.shape[0] + case.value_dim,
+                                size)  # fmt: skip
+        assert_close("dsinks", to_numpy(options["sinks"].grad), expected, allowed)
+
+
 def test_backward_runs_with_the_forwards_options(monkeypatch):
     """The options reach the backward from the forward itself: recorded at the kernel."""
     calls = []
@@ -94,13 +200,21 @@ def test_backward_runs_with_the_forwards_options(monkeypatch):
 
     monkeypatch.setattr(mfa_native._attention, "attention_backward", recording_backward)
     q = torch.randn(1, 2, 6, 8, requires_grad=True)
+    mask = torch.rand(6, 6) < 0.7
+    slopes = torch.tensor([0.1, 0.2])
+    sinks = torch.tensor([0.5, -0.5], requires_grad=True)
     out = mfa_torch.attention(
-        q, q, q, causal=True, causal_alignment="top_left", window=(2, None), scale=0.7
-    )
+        q, q, q, causal=True, causal_alignment="top_left", window=(2, None), scale=0.7,
+        mask=mask, softcap=3.0, alibi_slopes=slopes, sinks=sinks,
+    )  # fmt: skip
     out.sum().backward()
     (options,) = calls
     assert options["causal"] is True and options["causal_alignment"] == "top_left"
     assert options["window"] == (2, -1) and options["scale"] == pytest.approx(0.7)
+    assert options["softcap"] == 3.0 and options["return_dsinks"] is True
+    for name, given in (("mask", mask), ("alibi_slopes", slopes), ("sinks", sinks)):
+        assert options[name].data_ptr() == given.data_ptr(), name
+    assert sinks.grad is not None and sinks.grad.shape == (2,)
 
 
 def test_the_operator_called_directly_records_autograd_too():
@@ -112,7 +226,7 @@ def test_the_operator_called_directly_records_autograd_too():
     gradients = []
     for function in (
         lambda q, k, v: torch.ops.mfa_native.attention_forward(
-            q, k, v, True, "top_left", 2, -1, 0.5, "bhsd", None
+            q, k, v, *NO_TENSOR_OPTIONS, True, "top_left", 2, -1, 0.5, None, "bhsd", None
         )[0],
         lambda q, k, v: mfa_torch.attention(
             q, k, v, causal=True, causal_alignment="top_left", window=(2, None), scale=0.5
@@ -154,6 +268,29 @@ def test_gradcheck_in_float32():
     )
 
 
+@pytest.mark.filterwarnings("ignore:Input #.* is not a double precision:UserWarning")
+def test_gradcheck_with_every_modifier_in_float32():
+    """gradcheck of q, k, v and the sinks through an additive mask, softcap, ALiBi and sinks,
+    with test_gradcheck_in_float32's step and tolerances (the same float32 argument: softcap
+    and the bias keep the scores' size, the sinks a logit of O(1))."""
+    generator = torch.Generator().manual_seed(1)
+    q = torch.randn(1, 2, 5, 4, generator=generator, requires_grad=True)
+    k = torch.randn(1, 1, 7, 4, generator=generator, requires_grad=True)
+    v = torch.randn(1, 1, 7, 3, generator=generator, requires_grad=True)
+    sinks = torch.tensor([0.3, -0.4], requires_grad=True)
+    mask = torch.randn(5, 7, generator=generator)
+    mask[0, 3] = float("-inf")
+    slopes = torch.tensor([0.2, 0.05])
+
+    def function(q, k, v, sinks):
+        return mfa_torch.attention(q, k, v, mask=mask, softcap=2.0, alibi_slopes=slopes,
+                                   sinks=sinks, scale=0.9)  # fmt: skip
+
+    assert torch.autograd.gradcheck(
+        function, (q, k, v, sinks), eps=1e-2, atol=5e-3, rtol=1e-2, fast_mode=True
+    )
+
+
 def test_opcheck_of_both_operators():
     """torch.library.opcheck: schema, fake kernels, autograd registration and AOT dispatch
     agree with the real kernels, including the strides of results for a transposed q (the
@@ -162,11 +299,24 @@ def test_opcheck_of_both_operators():
     q = torch.randn(2, 6, 4, 8).transpose(1, 2).requires_grad_()
     k = torch.randn(2, 2, 9, 8, requires_grad=True)
     v = torch.randn(2, 2, 9, 5, requires_grad=True)
-    options = (True, "bottom_right", 3, -1, None, "bhsd", None)
+    options = (*NO_TENSOR_OPTIONS, True, "bottom_right", 3, -1, None, None, "bhsd", None)
     torch.library.opcheck(torch.ops.mfa_native.attention_forward.default, (q, k, v, *options))
     with torch.no_grad():
         out, lse = torch.ops.mfa_native.attention_forward(q, k, v, *options)
     dout = torch.randn_like(out)
+    torch.library.opcheck(
+        torch.ops.mfa_native.attention_backward.default,
+        (dout, q.detach(), k.detach(), v.detach(), out, lse, *options),
+    )
+    # With every modifier: the fake kernels' dsinks, the saved mask and slopes.
+    mask = torch.rand(2, 1, 6, 9) < 0.8
+    slopes, sinks = torch.rand(4), torch.randn(4, requires_grad=True)
+    options = (mask, None, slopes, sinks, None, None, 0, 0, False, "bottom_right", -1, -1,
+               0.4, 5.0, "bhsd", None)  # fmt: skip
+    torch.library.opcheck(torch.ops.mfa_native.attention_forward.default, (q, k, v, *options))
+    with torch.no_grad():
+        out, lse = torch.ops.mfa_native.attention_forward(q, k, v, *options)
+    options = (*options[:3], sinks.detach(), *options[4:])
     torch.library.opcheck(
         torch.ops.mfa_native.attention_backward.default,
         (dout, q.detach(), k.detach(), v.detach(), out, lse, *options),
@@ -230,6 +380,33 @@ def test_torch_compile_fullgraph_traces_the_operators():
     print(f"torch.compile(fullgraph=True, backend='aot_eager'): {compile_seconds:.1f} s")
 
 
+def test_torch_compile_fullgraph_traces_every_modifier():
+    """A boolean mask, softcap, ALiBi and differentiable sinks through torch.compile
+    (fullgraph, aot_eager as above): one graph, the fake kernels' shapes (dsinks among them),
+    and the same results and gradients as eager mode (the same kernels: equal up to float32
+    noise)."""
+    generator = torch.Generator().manual_seed(6)
+    q = torch.randn(1, 4, 7, 8, generator=generator)
+    k, v = (torch.randn(1, 2, 9, 8, generator=generator) for _ in "kv")
+    mask = torch.rand(1, 1, 7, 9, generator=generator) < 0.8
+    slopes = torch.tensor([0.1, 0.2, 0.3, 0.4])
+
+    def function(q, k, v, sinks):
+        return mfa_torch.attention(q, k, v, mask=mask, softcap=4.0, alibi_slopes=slopes,
+                                   sinks=sinks, causal=True)  # fmt: skip
+
+    results = []
+    torch._dynamo.reset()
+    for run in (torch.compile(function, fullgraph=True, backend="aot_eager"), function):
+        sinks = torch.tensor([0.5, 0.0, -1.0, 1.0])
+        leaves = [x.clone().requires_grad_() for x in (q, k, v, sinks)]
+        out = run(*leaves)
+        out.square().sum().backward()
+        results.append([out, *(x.grad for x in leaves)])
+    for compiled, eager in zip(*results):
+        torch.testing.assert_close(compiled, eager)
+
+
 # ---- scaled_dot_product_attention against PyTorch's ------------------------------------------
 
 
@@ -279,10 +456,76 @@ def test_sdpa_matches_pytorch(shapes_and_options):
         assert_close(f"{name} vs torch", to_numpy(mine), to_numpy(torch_gradient), 1e-5 * scale_of)
 
 
+def sdpa_masks(generator, dtype):
+    """(name, attn_mask) of PyTorch's kinds for query [2, 4, 9, .] and key [2, 2, 13, .]:
+    boolean (True: the pair takes part) full or broadcast, float in q's dtype (added to the
+    scores, -inf hiding pairs). Every row keeps key 0, as PyTorch gives NaN for a row its mask
+    hides entirely (mfa gives 0)."""
+    keep = torch.rand(2, 4, 9, 13, generator=generator) < 0.6
+    keep[..., 0] = True
+    additive = torch.randn(9, 13, generator=generator, dtype=torch.float64) * 2
+    additive[torch.rand(9, 13, generator=generator) < 0.2] = float("-inf")
+    additive[:, 0] = 0.0
+    return [
+        ("bool", keep),
+        ("bool [2, 1, 1, 13]", keep[:, :1, :1]),
+        ("float [9, 13]", additive.to(dtype)),
+        ("float [1, 4, 9, 13]", additive.to(dtype).expand(1, 4, 9, 13)),
+    ]
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("index", range(4))
+@pytest.mark.parametrize("backend", adapter_backends())
+def test_sdpa_attn_mask_matches_pytorch(backend, index, dtype):
+    """mfa's SDPA with each kind of attn_mask against PyTorch's (its math backend on CPU: an
+    independent implementation), forward and gradients. Both round like the float32 path
+    (bf16 inputs and outputs), so they agree within the sum of their bounds: 2 allowed_error
+    of the reference, forward and backward."""
+    generator = torch.Generator().manual_seed(5 + index)
+    torch_dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    query = torch.randn(2, 4, 9, 16, generator=generator).to(torch_dtype)
+    key, value = (torch.randn(2, 2, 13, 16, generator=generator).to(torch_dtype) for _ in "kv")
+    name, mask = sdpa_masks(generator, torch_dtype)[index]
+    dout = torch.randn(2, 4, 9, 16, generator=generator).to(torch_dtype)
+    results = []
+    for function in (mfa_torch.scaled_dot_product_attention, F.scaled_dot_product_attention):
+        inputs = [x.clone().requires_grad_() for x in (query, key, value)]
+
+        def call(function=function, inputs=inputs):
+            return function(*inputs, attn_mask=mask, enable_gqa=True)
+
+        out = run_or_skip(backend, "forward", {"mask"}, call) if not results else call()
+        out.backward(dout)
+        results.append([out, *(x.grad for x in inputs)])
+    arrays = [to_numpy(x) for x in (query, key, value)]
+    modifiers = {"mask": mask.numpy() if mask.dtype == torch.bool else to_numpy(mask)}
+    expected, _ = reference.attention_forward(*arrays, **modifiers)
+    magnitude, score_size = reference.forward_magnitudes(*arrays, **modifiers)
+    bound = allowed_error(dtype, expected, magnitude, 16 + 13, score_size.max())
+    assert_close(
+        f"out ({name}) vs torch", to_numpy(results[0][0]), to_numpy(results[1][0]), 2 * bound
+    )
+    gradients = reference.attention_backward(to_numpy(dout), *arrays, **modifiers)
+    magnitudes = reference.gradient_magnitudes(to_numpy(dout), *arrays, **modifiers)
+    for position, label in enumerate(("dq", "dk", "dv"), start=1):
+        bound = allowed_error(dtype, gradients[position - 1], magnitudes[position - 1],
+                              16 + 16 + 13 + 9 * 2, score_size.max())  # fmt: skip
+        assert_close(f"{label} ({name}) vs torch", to_numpy(results[0][position]),
+                     to_numpy(results[1][position]), 2 * bound)  # fmt: skip
+
+
 def test_sdpa_refuses_what_it_cannot_do():
     q = torch.randn(1, 2, 5, 8)
-    with pytest.raises(NotImplementedError, match="attn_mask"):
-        mfa_torch.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(5, 5, dtype=bool))
+    keep = torch.ones(5, 5, dtype=bool)
+    with raises(ValueError, "attn_mask and is_causal=True are given together"):
+        mfa_torch.scaled_dot_product_attention(q, q, q, attn_mask=keep, is_causal=True)
+    with raises(NotImplementedError, "attn_mask requires grad: mfa does not differentiate"):
+        mfa_torch.scaled_dot_product_attention(
+            q, q, q, attn_mask=torch.zeros(5, 5).requires_grad_()
+        )
+    with raises(TypeError, "mask requires grad, but mfa does not differentiate masks"):
+        mfa_torch.attention(q, q, q, mask=torch.zeros(5, 5).requires_grad_())
     with pytest.raises(
         NotImplementedError, match="dropout_p=0.1\\) is not supported: mfa has no dropout"
     ):
@@ -325,8 +568,8 @@ def test_enable_routes_and_disable_restores():
         assert mfa_torch.is_enabled()
         assert _ran_mfa(F.scaled_dot_product_attention(q, q, q, is_causal=True))
         # Refused, not silently computed by PyTorch.
-        with pytest.raises(NotImplementedError, match="attn_mask"):
-            F.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(5, 5, dtype=bool))
+        with pytest.raises(NotImplementedError, match="dropout"):
+            F.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
     finally:
         mfa_torch.disable()
     assert F.scaled_dot_product_attention is original and not mfa_torch.is_enabled()
