@@ -91,7 +91,7 @@ inline void attention_backward_key_value(device const uchar* q, device const uch
             to_scores(probs, softcap_derivative, p, s, edge, read_mask, modifiers, x.mask,
                       score_orientation::key_rows, min(key, key_last), query0, lane);
             const uint col = fragment_col(lane);
-#pragma unroll
+#pragma clang loop unroll(full)
             for (uint t = 0; t < fc_traversal_fragments; ++t)
                 for (ushort e = 0; e < 2; ++e)
                     probs[t].thread_elements()[e] = probability_from_stored_lse(
@@ -106,7 +106,7 @@ inline void attention_backward_key_value(device const uchar* q, device const uch
                                thread_index);
 
 // dS^T = P^T * (dP^T - delta) (* softcap's derivative), in place of dP^T.
-#pragma unroll
+#pragma clang loop unroll(full)
             for (uint t = 0; t < fc_traversal_fragments; ++t)
                 for (ushort e = 0; e < 2; ++e) {
                     float ds = probs[t].thread_elements()[e] *

@@ -103,7 +103,7 @@ inline void attention_backward_query(device const uchar* q, device const uchar* 
                        values, thread_index, simd_index);
 
 // dS = P * (dP - delta) (* softcap's derivative), in place of dP.
-#pragma unroll
+#pragma clang loop unroll(full)
         for (uint t = 0; t < fc_traversal_fragments; ++t)
             for (ushort e = 0; e < 2; ++e) {
                 const float prob = probability_from_stored_lse(probs[t].thread_elements()[e], lse);

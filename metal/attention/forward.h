@@ -37,7 +37,7 @@ struct forward_extras {
 inline void fold_entry_output(thread simd_fragment* out, fold_factors f, device const uchar* o,
                               operand_slice slice, column_range cols, int row, ushort lane) {
     const uint col0 = cols.begin + fragment_col(lane);
-#pragma unroll
+#pragma clang loop unroll(full)
     for (uint j = 0; j < fc_out_fragments; ++j)
         for (ushort e = 0; e < 2; ++e) {
             const uint col = col0 + j * 8 + e;
@@ -53,7 +53,7 @@ inline void store_partial_rows(device float* dst, long base, long col_stride,
                                thread simd_fragment* acc, column_range cols, float factor,
                                ushort lane) {
     const uint col0 = cols.begin + fragment_col(lane);
-#pragma unroll
+#pragma clang loop unroll(full)
     for (uint j = 0; j < fc_out_fragments; ++j)
         for (ushort e = 0; e < 2; ++e) {
             const uint col = col0 + j * 8 + e;

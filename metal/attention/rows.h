@@ -15,7 +15,7 @@ inline void cache_slab(thread simd_fragment* cache, threadgroup float* parallel_
                        staged_operand operand, ushort thread_index, ushort simd_index) {
 // Counted in cache fragments with a constant bound, so that, unrolled, every cache index is
 // a constant and the cache stays in registers.
-#pragma unroll
+#pragma clang loop unroll(full)
     for (uint c = 0; c < MFA_CACHED_FRAGMENTS; c += fc_head_fragments) {
         const uint d0 = c * 8;
         if (d0 >= operand.width) break; // uniform across the threadgroup
@@ -50,13 +50,14 @@ inline void compute_scores(thread simd_fragment* scores, const thread simd_fragm
     clear_fragments(scores, fc_traversal_fragments);
     if (cached) {
 // As in cache_slab: a constant bound keeps the unrolled cache indices constant.
-#pragma unroll
+#pragma clang loop unroll(full)
         for (uint c = 0; c < MFA_CACHED_FRAGMENTS; c += fc_head_fragments) {
             if (c * 8 >= slab.width) break;
             accumulate_score_chunk(scores, cache, true, parallel_tile, slab, traversal_tile,
                                    traversed, c * 8, thread_index, simd_index);
         }
     } else {
+#pragma clang loop unroll(full)
         for (uint d0 = 0; d0 < slab.width; d0 += fc_block_head)
             accumulate_score_chunk(scores, cache, false, parallel_tile, slab, traversal_tile,
                                    traversed, d0, thread_index, simd_index);
@@ -68,7 +69,7 @@ inline void accumulate_product(thread simd_fragment* out, const thread simd_frag
                                threadgroup float* traversal_tile, staged_operand traversed,
                                uint out_begin, uint out_end, ushort thread_index) {
 // Counted from out_begin so that, unrolled, every accumulator index is a constant.
-#pragma unroll
+#pragma clang loop unroll(full)
     for (uint offset = 0; offset < fc_block_out; offset += fc_block_head) {
         const uint d0 = out_begin + offset;
         if (d0 >= out_end) break; // uniform across the threadgroup
@@ -98,7 +99,7 @@ inline column_range output_columns(uint out_block, uint width) {
 inline void store_rows(device uchar* dst, operand_slice slice, thread simd_fragment* acc,
                        column_range cols, int row, float factor, ushort lane) {
     const uint col0 = cols.begin + fragment_col(lane);
-#pragma unroll
+#pragma clang loop unroll(full)
     for (uint j = 0; j < fc_out_fragments; ++j)
         for (ushort e = 0; e < 2; ++e) {
             const uint col = col0 + j * 8 + e;

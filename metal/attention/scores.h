@@ -25,7 +25,7 @@ inline void to_scores(thread simd_fragment* scores, thread simd_fragment* softca
                       bool read_mask, thread const score_modifiers& m, device const uchar* mask,
                       score_orientation orientation, int row, int column0, ushort lane) {
     const int column = column0 + int(fragment_col(lane));
-#pragma unroll
+#pragma clang loop unroll(full)
     for (uint t = 0; t < fc_traversal_fragments; ++t)
         for (ushort e = 0; e < 2; ++e) {
             float score = scores[t].thread_elements()[e] * p.scale;

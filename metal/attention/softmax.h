@@ -89,7 +89,7 @@ inline bool softmax_row_is_empty(softmax_row row) { return as_type<uint>(row.sum
 // factor exp(old max - new max) by which earlier partial results must be rescaled.
 inline float softmax_row_update(thread softmax_row& row, thread simd_fragment* scores, uint count) {
     float block_max = kMaskedScore;
-#pragma unroll
+#pragma clang loop unroll(full)
     for (uint t = 0; t < count; ++t) {
         const float2 s = scores[t].thread_elements();
         block_max = max(block_max, max(s.x, s.y));
@@ -97,7 +97,7 @@ inline float softmax_row_update(thread softmax_row& row, thread simd_fragment* s
     const float new_max = max(row.max_score, row_max(block_max));
     const float reference = softmax_reference(new_max);
     float block_sum = 0.0f;
-#pragma unroll
+#pragma clang loop unroll(full)
     for (uint t = 0; t < count; ++t)
         for (ushort e = 0; e < 2; ++e) {
             const float p = exp_of_difference(scores[t].thread_elements()[e] - reference);

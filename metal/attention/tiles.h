@@ -21,12 +21,12 @@ constant uint fc_out_fragments = fc_block_out / 8;
 inline uint fragments_in(uint width) { return (min(width, fc_block_head) + 7) / 8; }
 
 inline void clear_fragments(thread simd_fragment* f, uint count) {
-#pragma unroll
+#pragma clang loop unroll(full)
     for (uint i = 0; i < count; ++i) f[i] = zero_fragment();
 }
 
 inline void scale_fragments(thread simd_fragment* f, uint count, float factor) {
-#pragma unroll
+#pragma clang loop unroll(full)
     for (uint i = 0; i < count; ++i) {
         f[i].thread_elements()[0] *= factor;
         f[i].thread_elements()[1] *= factor;
@@ -38,10 +38,10 @@ inline void scale_fragments(thread simd_fragment* f, uint count, float factor) {
 // key-value-side twins). slab(k) is the slab's k-th 8-column simd_fragment of this chunk.
 inline void accumulate_scores(thread simd_fragment* scores, const thread simd_fragment* slab,
                               const threadgroup float* traversed, uint fragments) {
-#pragma unroll
+#pragma clang loop unroll(full)
     for (uint k = 0; k < fc_head_fragments; ++k) {
         if (k >= fragments) break; // constant bound, so the unrolled indices are constants
-#pragma unroll
+#pragma clang loop unroll(full)
         for (uint t = 0; t < fc_traversal_fragments; ++t) {
             const simd_fragment rhs = load_fragment(traversed, fc_block_head, t * 8, k * 8, true);
             simdgroup_multiply_accumulate(scores[t], slab[k], rhs, scores[t]);
@@ -53,10 +53,10 @@ inline void accumulate_scores(thread simd_fragment* scores, const thread simd_fr
 // (O += P V, dQ += dS K, dV += P^T dO, dK += dS^T Q) for one staged feature chunk.
 inline void accumulate_output(thread simd_fragment* out, const thread simd_fragment* weights,
                               const threadgroup float* traversed, uint fragments) {
-#pragma unroll
+#pragma clang loop unroll(full)
     for (uint j = 0; j < fc_head_fragments; ++j) {
         if (j >= fragments) break;
-#pragma unroll
+#pragma clang loop unroll(full)
         for (uint t = 0; t < fc_traversal_fragments; ++t) {
             const simd_fragment rhs = load_fragment(traversed, fc_block_head, t * 8, j * 8, false);
             simdgroup_multiply_accumulate(out[j], weights[t], rhs, out[j]);
@@ -67,7 +67,7 @@ inline void accumulate_output(thread simd_fragment* out, const thread simd_fragm
 // The fragments of this simdgroup's 8 rows in a staged [block_parallel x block_head] tile.
 inline void load_slab(thread simd_fragment* slab, const threadgroup float* tile, ushort simd_index,
                       uint fragments) {
-#pragma unroll
+#pragma clang loop unroll(full)
     for (uint k = 0; k < fc_head_fragments; ++k) {
         if (k >= fragments) break;
         slab[k] = load_fragment(tile, fc_block_head, uint(simd_index) * 8, k * 8, false);

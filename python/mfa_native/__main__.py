@@ -1,4 +1,4 @@
-"""Command line: ``python -m mfa_native {info,demo,bench}``."""
+"""Command line: ``python -m mfa_native {info,demo,bench,census}``."""
 
 from __future__ import annotations
 
@@ -173,6 +173,12 @@ def _parser() -> argparse.ArgumentParser:
     commands.add_parser(
         "bench", add_help=False, help="benchmarks; every later argument goes to mfa_native.bench"
     )
+    commands.add_parser(
+        "census",
+        add_help=False,
+        help="exact counts of the Metal kernels' memory traffic on metal-sim; every later "
+        "argument goes to mfa_native.census",
+    )
     return parser
 
 
@@ -180,6 +186,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["bench"]:
         return _bench(argv[1:])
+    if argv[:1] == ["census"]:
+        from mfa_native import census
+
+        return census.main(argv[1:])
     arguments = _parser().parse_args(argv)
     status: int = arguments.run(arguments)
     return status

@@ -45,10 +45,16 @@ set(MFA_SIM_PREPROCESS_FLAGS -E -x c++ -std=c++17 -nostdinc -nostdinc++
     -include ${MFA_SIM_COMPAT_INCLUDE_DIR}/mfa_sim_restrictions.h
     CACHE INTERNAL "metal-sim preprocessing flags")
 # -Wno-unused-parameter: kernels routinely take built-ins they do not read.
-# -Wno-pass-failed: `#pragma unroll` over a loop bounded by function constants cannot be honoured
-# here, where the constants are bound at dispatch time rather than at pipeline creation.
+# -Wno-pass-failed: `#pragma clang loop unroll(full)` over a loop bounded by function constants
+# cannot be honoured here, where the constants are bound at dispatch time rather than at
+# pipeline creation (metal_sim_check_residency.py checks the loops as Metal specialises them).
 set(MFA_SIM_KERNEL_COMPILE_OPTIONS -fno-exceptions -fno-rtti -Wno-unused-parameter
     -Wno-pass-failed CACHE INTERNAL "metal-sim kernel compile options")
+# The executable build's tracing: every load and store a kernel makes calls the race detector and
+# census of the executor (executor.cpp); `func` is the coverage level the tracing needs, and adds
+# no instrumentation of its own. The residency check compiles without it.
+set(MFA_SIM_TRACE_OPTIONS -fsanitize-coverage=func,trace-loads,trace-stores
+    CACHE INTERNAL "metal-sim kernel tracing options (the race detector and census)")
 
 function(mfa_sim_add_kernels target)
   cmake_parse_arguments(ARG "NO_ADDRESS_SPACE_CHECK" "" "SOURCES;INCLUDE_DIRECTORIES" ${ARGN})
@@ -120,7 +126,7 @@ function(mfa_sim_add_kernels target)
     # Source properties are per directory: set them where <target> lives, which may not be here.
     set_source_files_properties(${generated} TARGET_DIRECTORY ${target} PROPERTIES
       GENERATED TRUE
-      COMPILE_OPTIONS "${MFA_SIM_KERNEL_COMPILE_OPTIONS}")
+      COMPILE_OPTIONS "${MFA_SIM_KERNEL_COMPILE_OPTIONS};${MFA_SIM_TRACE_OPTIONS}")
     list(APPEND all_generated ${generated})
   endforeach()
   set(table ${out_dir}/kernel_table.cpp)

@@ -11,10 +11,14 @@
 // function that only part of its group reached. That is reported, naming who waits where.
 #include "metal_sim/sim.h"
 
+#include <dlfcn.h>
 #include <pthread.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -83,8 +87,91 @@ struct KernelThread {
     Worker* worker = nullptr;
     SimdGroup* simd = nullptr;
     const Site* waiting_at = nullptr;
+    const Site* last_site = nullptr; // the last rendezvous it passed, for race reports
+    unsigned acting_for = 0;         // the thread its memory accesses count for
+    uintptr_t stack_bottom = 0;      // its fiber stack, whose accesses are not traced
+    size_t stack_size = 0;
     ThreadState state = ThreadState::Runnable;
     bool started = false; // has run on its fiber in the current threadgroup
+};
+
+// ---- Shadow memory of the race detector ----------------------------------------------------
+
+// A shadow entry, one per 2-byte granule: writer thread (10 bits) and whether there is one,
+// reader thread (10 bits) and how many distinct readers (0, 1, several), and the phase the
+// accesses belong to (an entry of another phase is empty). Phase 0 is never used, so fresh
+// (zero) shadow memory is empty.
+namespace shadow {
+constexpr uint64_t kThreadMask = 0x3FF;
+constexpr int kWriterValid = 10, kReaderShift = 11, kReadersShift = 21, kPhaseShift = 23;
+constexpr uint64_t kPhaseMask = (uint64_t{1} << (64 - kPhaseShift)) - 1;
+inline uint64_t phase(uint64_t e) { return e >> kPhaseShift; }
+inline bool has_writer(uint64_t e) { return (e >> kWriterValid) & 1; }
+inline unsigned writer(uint64_t e) { return static_cast<unsigned>(e & kThreadMask); }
+inline unsigned readers(uint64_t e) { return static_cast<unsigned>((e >> kReadersShift) & 3); }
+inline unsigned reader(uint64_t e) {
+    return static_cast<unsigned>((e >> kReaderShift) & kThreadMask);
+}
+inline uint64_t with_writer(uint64_t e, unsigned t) {
+    return (e & ~(kThreadMask | (uint64_t{1} << kWriterValid))) | t | (uint64_t{1} << kWriterValid);
+}
+inline uint64_t with_reader(uint64_t e, unsigned t, unsigned count) {
+    return (e & ~((kThreadMask << kReaderShift) | (uint64_t{3} << kReadersShift))) |
+           (uint64_t{t} << kReaderShift) | (uint64_t{count} << kReadersShift);
+}
+} // namespace shadow
+
+// Anonymous memory, zero until touched, for the shadow of a memory range.
+class ShadowMemory {
+  public:
+    ShadowMemory() = default;
+    ShadowMemory(const ShadowMemory&) = delete;
+    ShadowMemory& operator=(const ShadowMemory&) = delete;
+    ShadowMemory(ShadowMemory&& other) noexcept : data_(other.data_), size_(other.size_) {
+        other.data_ = nullptr;
+        other.size_ = 0;
+    }
+    ~ShadowMemory() {
+        if (data_) munmap(data_, size_);
+    }
+    void allocate(size_t bytes) {
+        void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) throw std::bad_alloc();
+        data_ = p;
+        size_ = bytes;
+    }
+    void* data() const { return data_; }
+
+  private:
+    void* data_ = nullptr;
+    size_t size_ = 0;
+};
+
+// Threadgroup memory of one binding, or device memory of one or more overlapping buffers.
+struct TrackedRange {
+    uintptr_t begin = 0, end = 0;
+    uint64_t* entries = nullptr; // a shadow entry per granule
+    uintptr_t* code = nullptr;   // per granule: where its writer and its reader accessed it
+    bool device = false;         // device entries are shared by all workers: relaxed atomics
+    int binding = 0;             // the [[threadgroup(i)]] binding (threadgroup memory)
+};
+
+// The census of one worker, summed over the workers when a dispatch ends.
+struct Census {
+    uint64_t threadgroup_read = 0, threadgroup_written = 0;
+    uint64_t device_read = 0, device_written = 0;
+    uint64_t barriers = 0;
+    uint64_t multiplies[3][3] = {}; // [a type][b type], mfa_sim_abi::MatrixType
+
+    void add(const Census& o) {
+        threadgroup_read += o.threadgroup_read;
+        threadgroup_written += o.threadgroup_written;
+        device_read += o.device_read;
+        device_written += o.device_written;
+        barriers += o.barriers;
+        for (int a = 0; a < 3; ++a)
+            for (int b = 0; b < 3; ++b) multiplies[a][b] += o.multiplies[a][b];
+    }
 };
 
 // What all workers of one dispatch share.
@@ -96,6 +183,10 @@ struct DispatchRun {
     uint64_t threadgroup_count = 0;
     unsigned threads_per_group = 0;
     std::atomic<uint64_t> next_threadgroup{0};
+    bool check_races = false;
+    bool take_census = false;
+    std::vector<TrackedRange> device_ranges; // merged bound buffers, sorted by address
+    std::vector<ShadowMemory> device_shadow;
     std::atomic<bool> failed{false};
     std::mutex failure_mutex;
     mfa_status failure_status = MFA_OK;
@@ -147,16 +238,6 @@ struct Worker {
     const FiberStackReservation* stacks = nullptr; // this worker's set is stacks->stack(set, i)
     size_t stack_set = 0;
     std::vector<std::vector<unsigned char>> threadgroup_memory; // exact lengths, for ASan
-    // Threadgroup variables declared in the kernel body, allocated on first use.
-    struct ThreadgroupVariable {
-        unsigned id;
-        std::vector<unsigned char> bytes; // exact size, for ASan
-        uint64_t filled_for_group;        // group_serial it was last filled with garbage for
-    };
-    std::vector<ThreadgroupVariable> threadgroup_variables;
-    uint64_t threadgroup_variable_bytes = 0;
-    uint64_t threadgroup_argument_bytes = 0;
-    uint64_t group_serial = 0;
     char* threadgroup_memory_pointers[kMaxThreadgroupMemoryBindings] = {};
     ArgumentTable arguments = {};
     FiberContext scheduler;
@@ -171,6 +252,14 @@ struct Worker {
     unsigned barrier_arrived = 0;
     unsigned group_position[3] = {};
     bool group_failed = false;
+    // The race detector and the census (tracking when either is on).
+    bool tracking = false;
+    unsigned worker_id = 0;
+    uint64_t threadgroup_phase = 0;
+    uint64_t device_phase = 0;
+    std::vector<TrackedRange> ranges; // threadgroup memory first, then the dispatch's buffers
+    std::vector<ShadowMemory> threadgroup_shadow;
+    Census census;
 
     void push_runnable(unsigned index) {
         threads[index].state = ThreadState::Runnable;
@@ -230,11 +319,21 @@ struct Worker {
         }
     }
 
-    void* threadgroup_variable(KernelThread* thread, unsigned id, size_t size, size_t alignment);
-
     void prepare(const DispatchRun& dispatch_run);
     void run_threadgroup(uint64_t linear_index);
     std::string describe_stuck_threads() const;
+
+    uint64_t phase_of(const TrackedRange& range) const {
+        return range.device ? ((device_phase << 10) | worker_id) & shadow::kPhaseMask
+                            : threadgroup_phase & shadow::kPhaseMask;
+    }
+    void access(KernelThread* thread, uintptr_t address, unsigned size, bool write, uintptr_t code);
+    void track(KernelThread* thread, const TrackedRange& range, uintptr_t address, unsigned size,
+               bool write, uintptr_t code);
+    [[noreturn]] void report_race(KernelThread* thread, const TrackedRange& range,
+                                  uintptr_t address, unsigned size, bool write, uintptr_t code,
+                                  const char* kind, unsigned other, bool other_known,
+                                  uintptr_t other_code);
 };
 
 // A fiber's entry, not instrumented (fiber.h): AddressSanitizer would call
@@ -261,7 +360,6 @@ void Worker::prepare(const DispatchRun& dispatch_run) {
     runnable.assign(capacity, 0);
     runnable_mask = capacity - 1;
     for (int i = 0; i < kMaxThreadgroupMemoryBindings; ++i) {
-        threadgroup_argument_bytes += d.threadgroup_memory_lengths[i];
         threadgroup_memory.emplace_back(d.threadgroup_memory_lengths[i]);
         threadgroup_memory_pointers[i] = d.threadgroup_memory_lengths[i]
                                              ? reinterpret_cast<char*>(threadgroup_memory[i].data())
@@ -270,6 +368,27 @@ void Worker::prepare(const DispatchRun& dispatch_run) {
     arguments.buffers = dispatch_run.buffers;
     arguments.threadgroup_memory = threadgroup_memory_pointers;
     arguments.threadgroup_memory_lengths = d.threadgroup_memory_lengths;
+
+    tracking = dispatch_run.check_races || dispatch_run.take_census;
+    if (tracking) {
+        for (int i = 0; i < kMaxThreadgroupMemoryBindings; ++i) {
+            const size_t length = d.threadgroup_memory_lengths[i];
+            if (length == 0) continue;
+            const size_t granules = length / 2; // lengths are multiples of 16
+            ShadowMemory memory;
+            memory.allocate(granules * (sizeof(uint64_t) + 2 * sizeof(uintptr_t)));
+            TrackedRange range;
+            range.begin = reinterpret_cast<uintptr_t>(threadgroup_memory_pointers[i]);
+            range.end = range.begin + length;
+            range.entries = static_cast<uint64_t*>(memory.data());
+            range.code = reinterpret_cast<uintptr_t*>(range.entries + granules);
+            range.binding = i;
+            ranges.push_back(range);
+            threadgroup_shadow.push_back(std::move(memory));
+        }
+        ranges.insert(ranges.end(), dispatch_run.device_ranges.begin(),
+                      dispatch_run.device_ranges.end());
+    }
 
     for (unsigned s = 0; s < simd_groups.size(); ++s) {
         simd_groups[s].first_thread = s * kSimdWidth;
@@ -299,35 +418,6 @@ void Worker::prepare(const DispatchRun& dispatch_run) {
         info.simdgroups_per_threadgroup = static_cast<unsigned>(simd_groups.size());
         info.threads_per_simdgroup = kSimdWidth;
     }
-}
-
-void* Worker::threadgroup_variable(KernelThread* thread, unsigned id, size_t size,
-                                   size_t alignment) {
-    auto it = std::find_if(threadgroup_variables.begin(), threadgroup_variables.end(),
-                           [id](const ThreadgroupVariable& v) { return v.id == id; });
-    if (it == threadgroup_variables.end()) {
-        if (alignment > __STDCPP_DEFAULT_NEW_ALIGNMENT__) {
-            record_failure(thread, "a threadgroup variable needs " + std::to_string(alignment) +
-                                       "-byte alignment, more than the simulator provides");
-            abandon(thread);
-        }
-        threadgroup_variable_bytes += size;
-        if (threadgroup_variable_bytes + threadgroup_argument_bytes > kMaxThreadgroupMemoryBytes) {
-            record_failure(thread, std::to_string(threadgroup_variable_bytes) +
-                                       " bytes of threadgroup variables and " +
-                                       std::to_string(threadgroup_argument_bytes) +
-                                       " bytes of [[threadgroup]] arguments exceed the " +
-                                       std::to_string(kMaxThreadgroupMemoryBytes) + "-byte limit");
-            abandon(thread);
-        }
-        threadgroup_variables.push_back({id, std::vector<unsigned char>(size), 0});
-        it = threadgroup_variables.end() - 1;
-    }
-    if (it->filled_for_group != group_serial) {
-        fill_with_garbage(&it->bytes);
-        it->filled_for_group = group_serial;
-    }
-    return it->bytes.data();
 }
 
 std::string Worker::describe_stuck_threads() const {
@@ -373,12 +463,13 @@ void Worker::run_threadgroup(uint64_t linear_index) {
     // must not get lucky zeros.
     garbage = rng ^ 0x6A09E667F3BCC909ull;
     for (auto& memory : threadgroup_memory) fill_with_garbage(&memory);
-    ++group_serial;
 
     runnable_head = 0;
     runnable_size = 0;
     barrier_arrived = 0;
     group_failed = false;
+    ++threadgroup_phase;
+    ++device_phase;
     for (SimdGroup& s : simd_groups) s.arrived = 0;
     for (unsigned i = 0; i < threads.size(); ++i) {
         KernelThread& t = threads[i];
@@ -389,8 +480,13 @@ void Worker::run_threadgroup(uint64_t linear_index) {
                 t.info.thread_position_in_threadgroup[axis];
         }
         t.waiting_at = nullptr;
+        t.last_site = nullptr;
+        t.acting_for = i;
         t.started = false;
-        fiber_prepare(&t.context, stacks->stack(stack_set, i), &thread_main, &t);
+        FiberStack& stack = stacks->stack(stack_set, i);
+        t.stack_bottom = reinterpret_cast<uintptr_t>(stack.bottom());
+        t.stack_size = stack.size();
+        fiber_prepare(&t.context, stack, &thread_main, &t);
         push_runnable(i);
     }
 
@@ -424,6 +520,126 @@ void Worker::run_threadgroup(uint64_t linear_index) {
             return;
         }
     }
+}
+
+// "kernel_name+0x1c (libmfa.so+0x4a1c)": where a kernel accessed memory.
+std::string describe_code(uintptr_t code) {
+    char text[64];
+    Dl_info info;
+    if (!dladdr(reinterpret_cast<void*>(code), &info) || !info.dli_fname) {
+        std::snprintf(text, sizeof text, "0x%zx", static_cast<size_t>(code));
+        return text;
+    }
+    const char* slash = std::strrchr(info.dli_fname, '/');
+    std::string out;
+    if (info.dli_sname) {
+        std::snprintf(text, sizeof text, "+0x%zx",
+                      static_cast<size_t>(code - reinterpret_cast<uintptr_t>(info.dli_saddr)));
+        out = std::string(info.dli_sname) + text + " (";
+    }
+    std::snprintf(text, sizeof text, "+0x%zx",
+                  static_cast<size_t>(code - reinterpret_cast<uintptr_t>(info.dli_fbase)));
+    out += std::string(slash ? slash + 1 : info.dli_fname) + text;
+    if (info.dli_sname) out += ")";
+    return out;
+}
+
+void Worker::access(KernelThread* thread, uintptr_t address, unsigned size, bool write,
+                    uintptr_t code) {
+    for (const TrackedRange& range : ranges) {
+        if (address - range.begin < range.end - range.begin) {
+            track(thread, range, address, size, write, code);
+            return;
+        }
+    }
+}
+
+void Worker::track(KernelThread* thread, const TrackedRange& range, uintptr_t address,
+                   unsigned size, bool write, uintptr_t code) {
+    const uintptr_t end = std::min<uintptr_t>(address + size, range.end);
+    if (range.device)
+        (write ? census.device_written : census.device_read) += end - address;
+    else
+        (write ? census.threadgroup_written : census.threadgroup_read) += end - address;
+    if (!run->check_races) return;
+    const uint64_t phase = phase_of(range);
+    const unsigned me = thread->acting_for;
+    for (uintptr_t g = (address - range.begin) / 2; g <= (end - 1 - range.begin) / 2; ++g) {
+        uint64_t* slot = &range.entries[g];
+        const uint64_t stored = range.device ? __atomic_load_n(slot, __ATOMIC_RELAXED) : *slot;
+        const uint64_t e = shadow::phase(stored) == phase ? stored : phase << shadow::kPhaseShift;
+        uint64_t updated = e;
+        int code_slot = -1; // 0: this access becomes the writer, 1: the reader
+        if (write) {
+            if (shadow::has_writer(e) && shadow::writer(e) != me)
+                report_race(thread, range, address, size, write, code, "write-after-write",
+                            shadow::writer(e), true, range.code[2 * g]);
+            if (shadow::readers(e) != 0 && (shadow::readers(e) > 1 || shadow::reader(e) != me))
+                report_race(thread, range, address, size, write, code, "write-after-read",
+                            shadow::reader(e), shadow::reader(e) != me, range.code[2 * g + 1]);
+            if (!shadow::has_writer(e)) {
+                updated = shadow::with_writer(e, me);
+                code_slot = 0;
+            }
+        } else {
+            if (shadow::has_writer(e) && shadow::writer(e) != me)
+                report_race(thread, range, address, size, write, code, "read-after-write",
+                            shadow::writer(e), true, range.code[2 * g]);
+            if (shadow::readers(e) == 0) {
+                updated = shadow::with_reader(e, me, 1);
+                code_slot = 1;
+            } else if (shadow::reader(e) != me) {
+                updated = shadow::with_reader(e, me, 2);
+                code_slot = 1;
+            }
+        }
+        if (updated == stored) continue;
+        if (range.device) {
+            __atomic_store_n(slot, updated, __ATOMIC_RELAXED);
+            if (code_slot >= 0)
+                __atomic_store_n(&range.code[2 * g + code_slot], code, __ATOMIC_RELAXED);
+        } else {
+            *slot = updated;
+            if (code_slot >= 0) range.code[2 * g + code_slot] = code;
+        }
+    }
+}
+
+void Worker::report_race(KernelThread* thread, const TrackedRange& range, uintptr_t address,
+                         unsigned size, bool write, uintptr_t code, const char* kind,
+                         unsigned other, bool other_known, uintptr_t other_code) {
+    {
+        std::string memory;
+        if (range.device) {
+            memory = "device memory";
+            for (int i = 0; i < kMaxBufferBindings; ++i) {
+                const uintptr_t data = reinterpret_cast<uintptr_t>(run->buffers[i].data);
+                if (data && address - data < run->buffers[i].size) {
+                    memory += " buffer(" + std::to_string(i) + ") at byte offset " +
+                              std::to_string(address - data);
+                    break;
+                }
+            }
+        } else {
+            memory = "threadgroup memory [[threadgroup(" + std::to_string(range.binding) +
+                     ")]] at byte offset " + std::to_string(address - range.begin);
+        }
+        const char* scope = range.device ? "mem_device" : "mem_threadgroup";
+        const bool other_wrote = std::strcmp(kind, "read-after-write") == 0 ||
+                                 std::strcmp(kind, "write-after-write") == 0;
+        std::string message = "data race (" + std::string(kind) + ") on " + memory + ": thread " +
+                              std::to_string(thread->acting_for) +
+                              (write ? " writes " : " reads ") + std::to_string(size) +
+                              " bytes there at " + describe_code(code);
+        if (thread->last_site) message += ", after " + describe_site(thread->last_site);
+        message += other_known ? ", and thread " + std::to_string(other) +
+                                     (other_wrote ? " wrote" : " read") + " it at " +
+                                     describe_code(other_code)
+                               : ", and other threads read it";
+        message += std::string(" with no threadgroup_barrier ordering ") + scope + " in between";
+        record_failure(thread, message);
+    }
+    abandon(thread);
 }
 
 void run_worker(DispatchRun* run, Worker* worker) {
@@ -531,6 +747,102 @@ mfa_status reservation_error(const char* kernel, size_t threads) {
                          kernel, threads);
 }
 
+// MFA_SIM_CHECK_RACES=0 turns the race detector off for the whole process (benchmarks).
+bool races_checked_in_this_process() {
+    static const bool checked = [] {
+        const char* value = std::getenv("MFA_SIM_CHECK_RACES");
+        return !(value && std::strcmp(value, "0") == 0);
+    }();
+    return checked;
+}
+
+// The shadow of the dispatch's buffers: one range for each set of overlapping bindings, so that
+// two bindings of one allocation share their entries.
+void track_device_memory(DispatchRun* run) {
+    std::vector<std::pair<uintptr_t, uintptr_t>> spans;
+    for (const BufferView& b : run->buffers) {
+        if (!b.data || b.size == 0) continue;
+        const uintptr_t begin = reinterpret_cast<uintptr_t>(b.data) & ~uintptr_t{1};
+        spans.emplace_back(begin, reinterpret_cast<uintptr_t>(b.data) + b.size);
+    }
+    std::sort(spans.begin(), spans.end());
+    for (size_t i = 0; i < spans.size();) {
+        uintptr_t begin = spans[i].first, end = spans[i].second;
+        for (++i; i < spans.size() && spans[i].first < end; ++i)
+            end = std::max(end, spans[i].second);
+        const size_t granules = (end - begin + 1) / 2;
+        ShadowMemory memory;
+        memory.allocate(granules * (sizeof(uint64_t) + 2 * sizeof(uintptr_t)));
+        TrackedRange range;
+        range.begin = begin;
+        range.end = end;
+        range.entries = static_cast<uint64_t*>(memory.data());
+        range.code = reinterpret_cast<uintptr_t*>(range.entries + granules);
+        range.device = true;
+        run->device_ranges.push_back(range);
+        run->device_shadow.push_back(std::move(memory));
+    }
+}
+
+// One JSON line per dispatch: what it ran and what its threads did to memory.
+bool append_census(const char* path, const Dispatch& d, const Census& c) {
+    std::string line = "{\"kernel\": \"" + std::string(d.kernel) + "\", \"constants\": {";
+    for (size_t i = 0; i < d.num_constants; ++i) {
+        const FunctionConstant& k = d.constants[i];
+        if (i) line += ", ";
+        line += "\"" + std::to_string(k.index) + "\": ";
+        switch (k.type) {
+            case ConstantType::Bool: line += k.value.b ? "true" : "false"; break;
+            case ConstantType::Char:
+            case ConstantType::Short:
+            case ConstantType::Int: line += std::to_string(k.value.i); break;
+            case ConstantType::UChar:
+            case ConstantType::UShort:
+            case ConstantType::UInt: line += std::to_string(k.value.u); break;
+            case ConstantType::Half:
+            case ConstantType::Float: {
+                char text[32];
+                std::snprintf(text, sizeof text, "%.9g", k.value.f);
+                line += text;
+                break;
+            }
+        }
+    }
+    auto triple = [](Size3 s) {
+        return "[" + std::to_string(s.x) + ", " + std::to_string(s.y) + ", " + std::to_string(s.z) +
+               "]";
+    };
+    line += "}, \"threadgroups\": " + triple(d.threadgroups) +
+            ", \"threads_per_threadgroup\": " + triple(d.threads_per_threadgroup);
+    auto field = [&](const char* name, uint64_t value) {
+        line += ", \"" + std::string(name) + "\": " + std::to_string(value);
+    };
+    field("threadgroup_bytes_read", c.threadgroup_read);
+    field("threadgroup_bytes_written", c.threadgroup_written);
+    field("device_bytes_read", c.device_read);
+    field("device_bytes_written", c.device_written);
+    field("barriers", c.barriers);
+    static const char* const type_names[3] = {"float", "half", "bfloat"};
+    line += ", \"multiplies\": {";
+    bool first = true;
+    for (int a = 0; a < 3; ++a) {
+        for (int b = 0; b < 3; ++b) {
+            if (!c.multiplies[a][b]) continue;
+            if (!first) line += ", ";
+            first = false;
+            line += "\"" + std::string(type_names[a]) + "*" + type_names[b] +
+                    "\": " + std::to_string(c.multiplies[a][b]);
+        }
+    }
+    line += "}}\n";
+    static std::mutex file_mutex;
+    std::lock_guard<std::mutex> lock(file_mutex);
+    FILE* file = std::fopen(path, "a");
+    if (!file) return false;
+    const bool written = std::fwrite(line.data(), 1, line.size(), file) == line.size();
+    return std::fclose(file) == 0 && written;
+}
+
 mfa_status run_dispatch(const Dispatch& d) {
     KernelRecord kernel;
     if (mfa_status status = validate(d, &kernel); status != MFA_OK) return status;
@@ -568,9 +880,14 @@ mfa_status run_dispatch(const Dispatch& d) {
         const BufferBinding& b = d.buffers[i];
         if (b.base) run.buffers[i] = {static_cast<char*>(b.base) + b.offset, b.length - b.offset};
     }
+    run.check_races = d.check_races && races_checked_in_this_process();
+    const char* census_file = std::getenv("MFA_SIM_CENSUS");
+    run.take_census = census_file && *census_file;
+    if (run.check_races || run.take_census) track_device_memory(&run);
 
     std::vector<Worker> workers(std::min<uint64_t>(workers_wanted(d), stacks->workers()));
     for (size_t i = 0; i < workers.size(); ++i) {
+        workers[i].worker_id = static_cast<unsigned>(i);
         workers[i].run = &run;
         workers[i].stacks = stacks;
         workers[i].stack_set = i;
@@ -589,6 +906,14 @@ mfa_status run_dispatch(const Dispatch& d) {
 
     if (run.failure_status != MFA_OK)
         return mfa_set_error(run.failure_status, "%s", run.failure_message.c_str());
+    if (run.take_census) {
+        Census total;
+        for (const Worker& w : workers) total.add(w.census);
+        if (!append_census(census_file, d, total))
+            return mfa_set_error(MFA_ERROR_DEVICE,
+                                 "metal-sim: cannot append to MFA_SIM_CENSUS file '%s'",
+                                 census_file);
+    }
     return MFA_OK;
 }
 
@@ -655,6 +980,7 @@ extern "C" mfa_sim_abi::SimdRendezvous mfa_sim_simd_arrive(const mfa_sim_abi::Si
     simd->records[lane] = record;
     simd->sites[lane] = site;
     t->waiting_at = site;
+    t->last_site = site;
     if (++simd->arrived < simd->lanes) {
         t->state = ThreadState::AtSimd;
         t->worker->yield(t);
@@ -688,10 +1014,11 @@ extern "C" void mfa_sim_simd_release(void) {
         if (l != simd->leader) t->worker->push_runnable(simd->first_thread + l);
 }
 
-extern "C" void mfa_sim_threadgroup_barrier(const mfa_sim_abi::Site* site) {
+extern "C" void mfa_sim_threadgroup_barrier(const mfa_sim_abi::Site* site, unsigned flags) {
     KernelThread* t = t_current;
     mfa::sim::Worker* w = t->worker;
     t->waiting_at = site;
+    t->last_site = site;
     if (++w->barrier_arrived < w->threads.size()) {
         t->state = ThreadState::AtBarrier;
         w->yield(t);
@@ -712,12 +1039,49 @@ extern "C" void mfa_sim_threadgroup_barrier(const mfa_sim_abi::Site* site) {
     }
     t->waiting_at = nullptr;
     w->barrier_arrived = 0;
+    // metal::mem_flags: mem_device = 1, mem_threadgroup = 2.
+    if (flags & 1) ++w->device_phase;
+    if (flags & 2) ++w->threadgroup_phase;
+    ++w->census.barriers;
     for (unsigned i = 0; i < w->threads.size(); ++i)
         if (&w->threads[i] != t) w->push_runnable(i);
 }
 
-extern "C" void* mfa_sim_threadgroup_variable(unsigned id, unsigned long size,
-                                              unsigned long alignment) {
+extern "C" void mfa_sim_act_as_lane(unsigned lane) {
     KernelThread* t = t_current;
-    return t->worker->threadgroup_variable(t, id, size, alignment);
+    t->acting_for =
+        lane == ~0u ? t->info.thread_index_in_threadgroup : t->simd->first_thread + lane;
 }
+
+extern "C" void mfa_sim_count_multiply(unsigned a_type, unsigned b_type) {
+    ++t_current->worker->census.multiplies[a_type][b_type];
+}
+
+// SanitizerCoverage's load and store tracing, which the kernel translation units are compiled
+// with: every access they make reaches the race detector and the census. Hidden, so that the
+// empty defaults of a sanitizer runtime never take their place.
+namespace {
+// Most traced accesses are to the kernel thread's own stack (its private arrays): those are
+// skipped first.
+inline void trace_access(void* address, unsigned size, bool write, void* code) {
+    KernelThread* t = t_current;
+    if (!t || reinterpret_cast<uintptr_t>(address) - t->stack_bottom < t->stack_size) return;
+    if (t->worker->tracking)
+        t->worker->access(t, reinterpret_cast<uintptr_t>(address), size, write,
+                          reinterpret_cast<uintptr_t>(code));
+}
+} // namespace
+
+#define MFA_SIM_TRACE(size)                                                                        \
+    extern "C" __attribute__((visibility("hidden"))) void __sanitizer_cov_load##size(void* p) {    \
+        trace_access(p, size, false, __builtin_return_address(0));                                 \
+    }                                                                                              \
+    extern "C" __attribute__((visibility("hidden"))) void __sanitizer_cov_store##size(void* p) {   \
+        trace_access(p, size, true, __builtin_return_address(0));                                  \
+    }
+MFA_SIM_TRACE(1)
+MFA_SIM_TRACE(2)
+MFA_SIM_TRACE(4)
+MFA_SIM_TRACE(8)
+MFA_SIM_TRACE(16)
+#undef MFA_SIM_TRACE

@@ -169,10 +169,14 @@ class Parameter:
 
 
 class Codegen:
-    def __init__(self, text, source, address_spaces):
+    def __init__(self, text, source, address_spaces, folded_constants=None):
         self.text = text
         self.source = source
         self.address_spaces = address_spaces
+        # index -> value: function constants compiled in as constexpr values, as Metal's
+        # pipeline creation specialises them (for metal_sim_check_residency.py); None: bound
+        # per dispatch.
+        self.folded_constants = folded_constants
         self.tokens = tokenize(text)
         self.edits = []  # (start, end, replacement)
         self.attribute_lists = {}  # first token index -> AttributeList
@@ -393,6 +397,9 @@ class Codegen:
             self.require_global(name_token, scopes)
             type_text = " ".join(t.text for t in self.tokens[i + 1 : attrs.first - 1])
             index_text = " ".join(t.text for t in attrs.find("function_constant").args)
+            if self.folded_constants is not None:
+                self.fold_constant(i, end, name_token, type_text, index_text)
+                return end + 1
             self.declare_constant(
                 i,
                 end,
@@ -421,6 +428,17 @@ class Codegen:
                 self.require_global(name_token, scopes)
                 type_text = " ".join(t.text for t in self.tokens[i + 1 : equals - 1])
                 expression_text = " ".join(t.text for t in expression)
+                if self.folded_constants is not None:
+                    self.replace(
+                        i,
+                        end,
+                        f"static constexpr {type_text} {name_token.text} = ({expression_text}); "
+                        f"static constexpr bool __mfa_sim_fc_defined_{name_token.text} = true; "
+                        f"static const char* __mfa_sim_bind_{name_token.text}("
+                        f"const ::mfa_sim_abi::ConstantTable&) {{ return nullptr; }}",
+                    )
+                    self.constants.append(name_token.text)
+                    return end + 1
                 self.declare_constant(
                     i,
                     end,
@@ -433,6 +451,29 @@ class Codegen:
                 return end + 1
         self.rewrite_marker(i)
         return i + 1
+
+    def fold_constant(self, first, last, name_token, type_text, index_text):
+        if not re.fullmatch(r"[0-9+\-*() ]+", index_text):
+            self.error(name_token, f"cannot fold [[function_constant({index_text})]]")
+        index = str(eval(index_text))  # digits and arithmetic only, checked above
+        value = self.folded_constants.get(index)
+        name = name_token.text
+        if isinstance(value, bool):
+            value_text = "true" if value else "false"
+        elif value is None:
+            value_text = f"{type_text}()"
+        else:
+            value_text = str(value)
+        self.replace(
+            first,
+            last,
+            f"static constexpr {type_text} {name} = {value_text}; "
+            f"static constexpr bool __mfa_sim_fc_defined_{name} = "
+            f"{'false' if value is None else 'true'}; "
+            f"static const char* __mfa_sim_bind_{name}("
+            f"const ::mfa_sim_abi::ConstantTable&) {{ return nullptr; }}",
+        )
+        self.constants.append(name)
 
     def require_global(self, name_token, scopes):
         if scopes:
@@ -714,6 +755,11 @@ def main():
     parser.add_argument(
         "--kernel-table", action="store_true", help="write the kernel table of a binary"
     )
+    parser.add_argument(
+        "--fold-constants",
+        metavar="JSON",
+        help='compile function constants in as constexpr values, {"index": value, ...}',
+    )
     args = parser.parse_args()
     if not args.kernel_table and (len(args.inputs) != 1 or not args.source):
         parser.error("compiling a kernel file takes one preprocessed file and --source")
@@ -726,7 +772,8 @@ def main():
             result = kernel_table(manifests)
         else:
             with open(args.inputs[0], encoding="utf-8") as f:
-                codegen = Codegen(f.read(), args.source, args.address_spaces)
+                folded = json.loads(args.fold_constants) if args.fold_constants else None
+                codegen = Codegen(f.read(), args.source, args.address_spaces, folded)
             result = codegen.output()
             if args.manifest:
                 with open(args.manifest, "w", encoding="utf-8") as f:

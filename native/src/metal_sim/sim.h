@@ -67,6 +67,11 @@
 //     32 KB in total, or a length that is not a multiple of 16, fails the dispatch.
 //   - schedule_seed != 0 shuffles the order in which runnable threads run between rendezvous,
 //     so a missing barrier shows up as wrong results; 0 runs them in index order.
+//   - Data races between threads of a threadgroup, in threadgroup memory and in the bound
+//     buffers, fail the dispatch on any schedule (read-after-write, write-after-read,
+//     write-after-write with no threadgroup_barrier between them whose mem_flags name that
+//     memory), naming both threads and both accesses: the race detector of executor.cpp,
+//     which also takes the census. Dispatch::check_races or MFA_SIM_CHECK_RACES=0 turns it off.
 //   - dispatch() is thread-safe: many threads may dispatch at once, with any kernels.
 //   - Kernel threads run on 256 KB stacks (1 MB under AddressSanitizer) with a guard page:
 //     a kernel that overflows its stack crashes rather than corrupting its neighbours. The
@@ -173,7 +178,10 @@ struct Dispatch {
     Size3 threadgroups;            // dispatchThreadgroups: grid
     Size3 threads_per_threadgroup; // threadsPerThreadgroup:
     uint64_t schedule_seed = 0;    // 0 = index order; else shuffled
-    int num_workers = 0;           // OS threads; 0 = one per core
+    // The race detector (executor.cpp), unless MFA_SIM_CHECK_RACES=0 turns it off for the
+    // process.
+    bool check_races = true;
+    int num_workers = 0; // OS threads; 0 = one per core
     // Fiber stacks reserved (reserve() below) for this dispatch among others; it then runs on
     // at most stacks->workers() OS threads. nullptr: the dispatch maps its own.
     const FiberStackReservation* stacks = nullptr;

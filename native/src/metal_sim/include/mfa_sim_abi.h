@@ -38,6 +38,9 @@ struct ArgumentTable {
     const unsigned* threadgroup_memory_lengths;
 };
 
+// Element types of simdgroup_matrix operands, for the census.
+enum MatrixType : unsigned { FloatMatrix, HalfMatrix, BfloatMatrix };
+
 // Must match mfa::sim::ConstantType.
 enum ConstantType : unsigned char { Bool, Char, UChar, Short, UShort, Int, UInt, Half, Float };
 
@@ -101,11 +104,16 @@ const mfa_sim_abi::ThreadInfo* mfa_sim_current_thread(void);
 [[noreturn]] void mfa_sim_fail(const char* message);
 mfa_sim_abi::SimdRendezvous mfa_sim_simd_arrive(const mfa_sim_abi::Site* site, void* record);
 void mfa_sim_simd_release(void);
-void mfa_sim_threadgroup_barrier(const mfa_sim_abi::Site* site);
-// The calling thread's threadgroup's memory for threadgroup variable `id` (a declaration
-// `threadgroup T name[N];` in a kernel body, numbered per translation unit): the same for every
-// thread of the threadgroup, fresh garbage for each threadgroup.
-void* mfa_sim_threadgroup_variable(unsigned id, unsigned long size, unsigned long alignment);
+// A threadgroup_barrier: a rendezvous of the threadgroup that orders the memory `flags` names
+// (metal::mem_flags bits: 1 device, 2 threadgroup) for the race detector.
+void mfa_sim_threadgroup_barrier(const mfa_sim_abi::Site* site, unsigned flags);
+// Called by the leader of a SIMD-group rendezvous around each lane's share of a
+// simdgroup_load or simdgroup_store: the race detector and the census then count the accesses
+// as that lane's, not the leader's. ~0u: the leader acts for itself again.
+void mfa_sim_act_as_lane(unsigned lane);
+// Called by the leader of a simdgroup_multiply(_accumulate) rendezvous, for the census: the
+// element types of a and b (mfa_sim_abi::MatrixType).
+void mfa_sim_count_multiply(unsigned a_type, unsigned b_type);
 }
 
 #endif // MFA_SIM_ABI_H

@@ -14,15 +14,31 @@
 
 namespace metal {
 namespace sim_detail {
-// Runs operation(records, lanes) once for the whole SIMD-group, in the last lane to arrive,
-// after every lane has deposited its record.
+// The leader's share of a rendezvous, run for the whole SIMD-group. What a simulated operation
+// does in the simulator's own memory (the lanes' records, on their stacks) is no access of the
+// kernel's: this is compiled without the race detector's load and store tracing, which would
+// otherwise be most of the simulator's time.
 template <class Record, class Operation>
+__attribute__((noinline, no_sanitize("coverage"))) void
+lead_untraced(Operation& operation, Record* const* records, uint lanes) {
+    operation(records, lanes);
+}
+
+// Runs operation(records, lanes) once for the whole SIMD-group, in the last lane to arrive,
+// after every lane has deposited its record. A `traced` operation's loads and stores are the
+// kernel's accesses to device or threadgroup memory (simdgroup_load and simdgroup_store), seen
+// by the race detector and the census.
+template <bool traced = false, class Record, class Operation>
 inline void simd_rendezvous(const char* name, const char* file, uint line, Record& mine,
                             Operation operation) {
     const mfa_sim_abi::Site site{name, file, line};
     const mfa_sim_abi::SimdRendezvous r = mfa_sim_simd_arrive(&site, &mine);
     if (r.records) {
-        operation(reinterpret_cast<Record* const*>(r.records), r.lanes);
+        Record* const* records = reinterpret_cast<Record* const*>(r.records);
+        if constexpr (traced)
+            operation(records, r.lanes);
+        else
+            lead_untraced(operation, records, r.lanes);
         mfa_sim_simd_release();
     }
 }

@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""Register-residency check of a .metal file's kernels, as Apple's compiler specialises them.
+
+For every pipeline variant the planner can ask for (planner_variants' JSON lines: a kernel and
+its function constants), the file is compiled as the simulator compiles it, but with the
+function constants folded in as constexpr values (metal_sim_codegen.py --fold-constants) and
+the simdgroup matrix operations as opaque calls on values (-DMFA_SIM_RESIDENCY_CHECK=1), at
+-O2 to LLVM IR. The variant fails if its kernel keeps an array on the stack (an `alloca` of an
+array type: a fragment array with a dynamic index, which on a GPU lives in memory instead of
+registers) or carries a loop marked llvm.loop.unroll.disable (what a runtime-unrolled
+`#pragma unroll` loop leaves: its remainder, with dynamic indices).
+
+--known lists findings not fixed yet, one a line: the check fails on any finding not listed
+and on any listed finding that no longer occurs, so the list can only shrink. Exits 1 naming
+each variant, kernel and finding.
+"""
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+
+def kernel_function(ir, kernel):
+    """The body of the kernel's own function definition (the one the glue calls)."""
+    name = r"@_Z\d+" + re.escape(kernel) + r"[^(\s]*"
+    pattern = re.compile(r"^define [^\n]*" + name + r"\(.*?^}", re.M | re.S)
+    match = pattern.search(ir)
+    return match.group(0) if match else None
+
+
+def unroll_disabled_nodes(ir):
+    """Metadata node numbers that are loop IDs listing llvm.loop.unroll.disable."""
+    nodes = dict(re.findall(r"^!(\d+) = (?:distinct )?(!\{.*\})$", ir, re.M))
+    disable = {n for n, body in nodes.items() if '"llvm.loop.unroll.disable"' in body}
+    return {n for n, body in nodes.items() if set(re.findall(r"!(\d+)", body)) & disable}
+
+
+def check_variant(args, preprocessed, number, variant):
+    stem = os.path.join(args.work_dir, f"variant{number}")
+    generated = stem + ".cpp"
+    subprocess.run(
+        [
+            sys.executable,
+            args.codegen,
+            preprocessed,
+            "-o",
+            generated,
+            "--source",
+            args.source,
+            "--fold-constants",
+            json.dumps(variant["constants"]),
+        ],
+        check=True,
+    )
+    subprocess.run(
+        [
+            args.compiler,
+            "-std=c++17",
+            "-O2",
+            "-mllvm",
+            "-inline-threshold=100000",
+            "-S",
+            "-emit-llvm",
+            *args.compile_options,
+            generated,
+            "-o",
+            stem + ".ll",
+        ],
+        check=True,
+    )
+    with open(stem + ".ll", encoding="utf-8") as f:
+        ir = f.read()
+    body = kernel_function(ir, variant["kernel"])
+    where = f"{variant['kernel']} with function constants {json.dumps(variant['constants'])}"
+    if body is None:
+        return [f"{where}: no definition of the kernel in the IR"]
+    problems = []
+    for line in body.splitlines():
+        array = re.search(r"= alloca (\[[^\]]*\])", line)
+        if array:
+            problems.append(f"{where}: an array stays in stack memory: {array.group(1)}")
+    disabled = unroll_disabled_nodes(ir)
+    loops = set(re.findall(r"!llvm\.loop !(\d+)", body)) & disabled
+    if loops:
+        problems.append(
+            f"{where}: {len(loops)} loop(s) marked llvm.loop.unroll.disable "
+            "(a `#pragma unroll` loop left runtime-unrolled)"
+        )
+    return problems
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("source", help="the .metal file")
+    parser.add_argument("--variants", required=True, help="planner_variants' output")
+    parser.add_argument("--compiler", required=True)
+    parser.add_argument("--codegen", required=True)
+    parser.add_argument("--preprocess-flags", required=True, help="';'-separated")
+    parser.add_argument("--compile-options", required=True, type=lambda s: s.split(";"))
+    parser.add_argument("--work-dir", required=True)
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--known", help="findings not fixed yet, one a line")
+    args = parser.parse_args()
+    os.makedirs(args.work_dir, exist_ok=True)
+    preprocessed = os.path.join(args.work_dir, "residency.ii")
+    subprocess.run(
+        [
+            args.compiler,
+            *args.preprocess_flags.split(";"),
+            "-DMFA_SIM_RESIDENCY_CHECK=1",
+            args.source,
+            "-o",
+            preprocessed,
+        ],
+        check=True,
+    )
+    with open(args.variants, encoding="utf-8") as f:
+        variants = [json.loads(line) for line in f if line.strip()]
+    with ThreadPoolExecutor(args.jobs) as pool:
+        results = list(
+            pool.map(lambda nv: check_variant(args, preprocessed, *nv), enumerate(variants))
+        )
+    problems = sorted(p for r in results for p in r)
+    known = []
+    if args.known:
+        with open(args.known, encoding="utf-8") as f:
+            known = sorted(line.strip() for line in f if line.strip() and not line.startswith("#"))
+    remaining = list(known)
+    new = []
+    for p in problems:
+        if p in remaining:
+            remaining.remove(p)
+        else:
+            new.append(p)
+    for p in new:
+        print(f"residency: {p}", file=sys.stderr)
+    for p in remaining:
+        print(f"residency: fixed, remove it from {args.known}: {p}", file=sys.stderr)
+    print(
+        f"residency: {len(variants)} variants, {len(problems)} finding(s), "
+        f"{len(known)} known, {len(new)} new, {len(remaining)} fixed"
+    )
+    return 1 if new or remaining else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
