@@ -135,7 +135,8 @@ class ShadowMemory {
         if (data_) munmap(data_, size_);
     }
     void allocate(size_t bytes) {
-        void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         if (p == MAP_FAILED) throw std::bad_alloc();
         data_ = p;
         size_ = bytes;
@@ -756,6 +757,12 @@ bool races_checked_in_this_process() {
     return checked;
 }
 
+// Device ranges longer than this are not tracked: their shadow (12 bytes per byte) would not fit
+// beside them. The views of the project's tests that span more (offsets beyond 2^31) go unchecked
+// for device-memory races; threadgroup memory, where the kernels' barriers matter, is always
+// tracked.
+constexpr uintptr_t kMaxTrackedDeviceBytes = uintptr_t{64} << 20;
+
 // The shadow of the dispatch's buffers: one range for each set of overlapping bindings, so that
 // two bindings of one allocation share their entries.
 void track_device_memory(DispatchRun* run) {
@@ -770,6 +777,7 @@ void track_device_memory(DispatchRun* run) {
         uintptr_t begin = spans[i].first, end = spans[i].second;
         for (++i; i < spans.size() && spans[i].first < end; ++i)
             end = std::max(end, spans[i].second);
+        if (end - begin > kMaxTrackedDeviceBytes) continue;
         const size_t granules = (end - begin + 1) / 2;
         ShadowMemory memory;
         memory.allocate(granules * (sizeof(uint64_t) + 2 * sizeof(uintptr_t)));

@@ -68,7 +68,7 @@
 //   - schedule_seed != 0 shuffles the order in which runnable threads run between rendezvous,
 //     so a missing barrier shows up as wrong results; 0 runs them in index order.
 //   - Data races between threads of a threadgroup, in threadgroup memory and in the bound
-//     buffers, fail the dispatch on any schedule (read-after-write, write-after-read,
+//     buffers (those spanning at most 64 MiB), fail the dispatch on any schedule (read-after-write, write-after-read,
 //     write-after-write with no threadgroup_barrier between them whose mem_flags name that
 //     memory), naming both threads and both accesses: the race detector of executor.cpp,
 //     which also takes the census. Dispatch::check_races or MFA_SIM_CHECK_RACES=0 turns it off.
