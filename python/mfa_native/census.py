@@ -26,7 +26,8 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -37,18 +38,18 @@ HEAD_DIMS = (64, 128, 256)
 PEER_FORWARD_THREADGROUP_BYTES_PER_FMA = {"MFA": "0.31", "MLX": "0.34-0.37"}
 
 _TRAVERSAL_CONSTANT = "104"  # MFA_FC_BLOCK_TRAVERSAL (metal/attention_params.h)
-_KERNELS = {
+_KERNELS: dict[str, tuple[str, Callable[[int, int], int]]] = {
     "kernel_attention_forward": ("forward", lambda d, dv: d + dv),
     "kernel_attention_backward_query": ("backward-query", lambda d, dv: 2 * d + dv),
     "kernel_attention_backward_key_value": ("backward-key-value", lambda d, dv: 2 * d + 2 * dv),
 }
 
 
-def _dtype(name: str) -> np.dtype:
+def _dtype(name: str) -> np.dtype[Any]:
     if name == "bfloat16":
         import ml_dtypes
 
-        return np.dtype(ml_dtypes.bfloat16)
+        return np.dtype(ml_dtypes.bfloat16)  # type: ignore[no-any-return]
     return np.dtype(name)
 
 
@@ -57,7 +58,7 @@ def census(
     dtypes: Sequence[str] = DTYPES,
     head_dims: Sequence[int] = HEAD_DIMS,
     sequence: int = 128,
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """One row per (family, dtype, D, kernel): the census of a B=1, H=1, N=sequence problem."""
     if sequence < 1:
         raise ValueError(f"sequence must be at least 1, not {sequence}")
@@ -92,7 +93,9 @@ def census(
     return rows
 
 
-def _rows(family, dtype, d, n, dispatches):
+def _rows(
+    family: str, dtype: str, d: int, n: int, dispatches: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
     rows = []
     for dispatch in dispatches:
         if dispatch["kernel"] not in _KERNELS:
@@ -125,7 +128,7 @@ def _rows(family, dtype, d, n, dispatches):
     return rows
 
 
-def format_table(rows: Sequence[dict]) -> str:
+def format_table(rows: Sequence[dict[str, Any]]) -> str:
     lines = [
         "| family | dtype | D | kernel | threadgroup B/FMA | device B/FMA | barriers/block "
         "| MMA work/useful |",
