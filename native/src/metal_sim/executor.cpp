@@ -87,9 +87,11 @@ struct KernelThread {
     Worker* worker = nullptr;
     SimdGroup* simd = nullptr;
     const Site* waiting_at = nullptr;
-    const Site* last_site = nullptr; // the last rendezvous it passed, for race reports
-    unsigned acting_for = 0;         // the thread its memory accesses count for
-    uintptr_t stack_bottom = 0;      // its fiber stack, whose accesses are not traced
+    // The last rendezvous it passed, for race reports: a copy, because a Site lives on the
+    // stack of the call that passed it (its strings are literals).
+    Site last_site{nullptr, nullptr, 0};
+    unsigned acting_for = 0;    // the thread its memory accesses count for
+    uintptr_t stack_bottom = 0; // its fiber stack, whose accesses are not traced
     size_t stack_size = 0;
     ThreadState state = ThreadState::Runnable;
     bool started = false; // has run on its fiber in the current threadgroup
@@ -481,7 +483,7 @@ void Worker::run_threadgroup(uint64_t linear_index) {
                 t.info.thread_position_in_threadgroup[axis];
         }
         t.waiting_at = nullptr;
-        t.last_site = nullptr;
+        t.last_site = Site{nullptr, nullptr, 0};
         t.acting_for = i;
         t.started = false;
         FiberStack& stack = stacks->stack(stack_set, i);
@@ -632,7 +634,7 @@ void Worker::report_race(KernelThread* thread, const TrackedRange& range, uintpt
                               std::to_string(thread->acting_for) +
                               (write ? " writes " : " reads ") + std::to_string(size) +
                               " bytes there at " + describe_code(code);
-        if (thread->last_site) message += ", after " + describe_site(thread->last_site);
+        if (thread->last_site.operation) message += ", after " + describe_site(&thread->last_site);
         message += other_known ? ", and thread " + std::to_string(other) +
                                      (other_wrote ? " wrote" : " read") + " it at " +
                                      describe_code(other_code)
@@ -988,7 +990,7 @@ extern "C" mfa_sim_abi::SimdRendezvous mfa_sim_simd_arrive(const mfa_sim_abi::Si
     simd->records[lane] = record;
     simd->sites[lane] = site;
     t->waiting_at = site;
-    t->last_site = site;
+    if (site) t->last_site = *site;
     if (++simd->arrived < simd->lanes) {
         t->state = ThreadState::AtSimd;
         t->worker->yield(t);
@@ -1026,7 +1028,7 @@ extern "C" void mfa_sim_threadgroup_barrier(const mfa_sim_abi::Site* site, unsig
     KernelThread* t = t_current;
     mfa::sim::Worker* w = t->worker;
     t->waiting_at = site;
-    t->last_site = site;
+    if (site) t->last_site = *site;
     if (++w->barrier_arrived < w->threads.size()) {
         t->state = ThreadState::AtBarrier;
         w->yield(t);
