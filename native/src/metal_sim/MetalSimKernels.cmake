@@ -53,8 +53,12 @@ set(MFA_SIM_KERNEL_COMPILE_OPTIONS -fno-exceptions -fno-rtti -Wno-unused-paramet
 # The executable build's tracing: every load and store a kernel makes calls the race detector and
 # census of the executor (executor.cpp); `func` is the coverage level the tracing needs, and adds
 # no instrumentation of its own. The residency check compiles without it.
-set(MFA_SIM_TRACE_OPTIONS -fsanitize-coverage=func,trace-loads,trace-stores
-    CACHE INTERNAL "metal-sim kernel tracing options (the race detector and census)")
+if(MFA_SIM_TRACE)
+  set(MFA_SIM_TRACE_OPTIONS -fsanitize-coverage=func,trace-loads,trace-stores
+      CACHE INTERNAL "metal-sim kernel tracing options (the race detector and census)")
+else()
+  set(MFA_SIM_TRACE_OPTIONS "" CACHE INTERNAL "metal-sim kernel tracing options (none)")
+endif()
 
 function(mfa_sim_add_kernels target)
   cmake_parse_arguments(ARG "NO_ADDRESS_SPACE_CHECK" "" "SOURCES;INCLUDE_DIRECTORIES" ${ARGN})
