@@ -25,16 +25,8 @@
 #include <unistd.h>
 
 #include "test_reference.h"
+#include "sanitizer.h"
 #include "test_util.h"
-
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define UNDER_SANITIZER 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) ||                         \
-    __has_feature(memory_sanitizer)
-#define UNDER_SANITIZER 1
-#endif
-#endif
 
 /* ---- Arrays in one device buffer ------------------------------------------------------------ */
 
@@ -407,7 +399,7 @@ static int failing_child(void) {
 }
 
 static void test_failing_command_buffer(void) {
-#ifdef UNDER_SANITIZER
+#ifdef TEST_SANITIZED
     printf("test_device_memory: the failing command buffer is not run under a sanitizer (its "
            "runtime maps more than an address-space limit allows)\n");
 #else

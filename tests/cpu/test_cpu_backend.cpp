@@ -16,6 +16,7 @@
 #include "cpu/merge.h"
 
 #include "check.h"
+#include "sanitizer.h"
 #include "test_reference.h"
 
 #include <math.h>
@@ -1665,12 +1666,7 @@ static long long peak_virtual_bytes() {
  * threads reserves what its two tasks need, not a tile set per thread (which was 2 MiB per
  * thread for the backward at D = 1024). */
 static void test_scratch_follows_work(const mfa_backend_ops* ops) {
-#if defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define MFA_TEST_ASAN 1
-#endif
-#endif
-#if defined(__SANITIZE_ADDRESS__) || defined(MFA_TEST_ASAN)
+#ifdef TEST_ASAN
     (void)ops;
     printf("scratch bound: skipped (AddressSanitizer's allocator maps memory of its own)\n");
     return;

@@ -34,6 +34,7 @@
 #include <sys/mman.h>
 
 #include "mfa.h"
+#include "sanitizer.h"
 #include "test_reference.h"
 
 #define POISON      0xA5
@@ -144,10 +145,7 @@ static char* guard_region; /* PROT_NONE: where tensors too large to allocate poi
  * the fences are poisoned for it, so any access there is reported at once; elsewhere they are
  * compared after every call, so a write just outside an array is caught in any build. */
 #define CANARY_BYTES 64
-#ifndef __has_feature
-#define __has_feature(x) 0
-#endif
-#if defined(__SANITIZE_ADDRESS__) || __has_feature(address_sanitizer)
+#ifdef TEST_ASAN
 #include <sanitizer/asan_interface.h>
 #define FENCES_POISONED 1
 #else

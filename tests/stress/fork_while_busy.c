@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "sanitizer.h"
 #include "test_reference.h"
 
 /* Not run under a sanitizer (exit 77, skipped), whose runtime is what fails there, whatever
@@ -26,14 +27,6 @@
  * child forked while another thread allocates hangs in malloc itself; ThreadSanitizer does
  * not support starting threads in the child of a threaded process (die_after_fork), and with
  * that check off its runtime crashes there. */
-#if defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define SANITIZED 1
-#endif
-#endif
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define SANITIZED 1
-#endif
 enum { DEFAULT_FORKS = 60 };
 enum { BUSY = 4, POOL_THREADS = 4 };
 
@@ -56,12 +49,7 @@ static problem make_problem(int64_t hq, int64_t nq, int64_t nk, int64_t d, int c
     p.params = test_params(causal, MFA_ALIGN_BOTTOM_RIGHT, -1, -1, 0);
     p.ref = ref_problem_of(&p.a.q.t, &p.a.k.t, &p.a.v.t, &p.params);
     p.forward = ref_forward(&p.ref, &p.a.q.t, &p.a.k.t, &p.a.v.t);
-    for (int64_t h = 0; h < hq; ++h)
-        for (int64_t s = 0; s < nq; ++s) {
-            test_set(&p.a.lse.t, 0, h, s, 0, (float)p.forward.lse[h * nq + s]);
-            for (int64_t y = 0; y < d; ++y)
-                test_set(&p.a.out.t, 0, h, s, y, (float)p.forward.out[(h * nq + s) * d + y]);
-        }
+    ref_store_forward(&p.forward, &p.a.out.t, &p.a.lse.t);
     p.backward = ref_backward(&p.ref, &p.a.q.t, &p.a.k.t, &p.a.v.t, &p.a.out.t, &p.a.dout.t,
                               &p.a.lse.t, NULL);
     return p;
@@ -129,7 +117,7 @@ static void child(unsigned alarm_seconds) {
 }
 
 int main(int argc, char** argv) {
-#ifdef SANITIZED
+#ifdef TEST_SANITIZED
     printf("fork_while_busy: the sanitizer's runtime does not survive this, skipped\n");
     return 77;
 #endif

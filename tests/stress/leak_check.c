@@ -10,18 +10,10 @@
  * only: allocations made by the calling thread, not by worker threads. */
 #include <malloc.h>
 
+#include "sanitizer.h"
 #include "test_util.h"
 
-#if defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define HAVE_ASAN 1
-#endif
-#endif
-#if defined(__SANITIZE_ADDRESS__)
-#define HAVE_ASAN 1
-#endif
-
-#ifdef HAVE_ASAN
+#ifdef TEST_ASAN
 #include <sanitizer/allocator_interface.h>
 static size_t allocated_bytes(void) { return __sanitizer_get_current_allocated_bytes(); }
 #else

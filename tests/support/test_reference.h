@@ -195,6 +195,21 @@ static ref_result ref_forward(const ref_problem* p, const mfa_tensor* q, const m
     return r;
 }
 
+/* Stores a forward's out and lse into out [B, Hq, Nq, Dv] and lse [B, Hq, Nq, 1], rounded to
+ * their dtypes: the given forward of a backward whose check must not depend on the library's
+ * own forward. */
+static void ref_store_forward(const ref_result* f, const mfa_tensor* out, const mfa_tensor* lse) {
+    const int64_t dv = out->shape[3];
+    int64_t row = 0;
+    for (int64_t b = 0; b < out->shape[0]; ++b)
+        for (int64_t h = 0; h < out->shape[1]; ++h)
+            for (int64_t s = 0; s < out->shape[2]; ++s, ++row) {
+                test_set(lse, b, h, s, 0, (float)f->lse[row]);
+                for (int64_t y = 0; y < dv; ++y)
+                    test_set(out, b, h, s, y, (float)f->out[row * dv + y]);
+            }
+}
+
 /* dq, dk, dv as the backward contract defines them: P = exp(S - lse), delta = rowsum(dout * out),
  * dS = P (dP - delta), through the tanh of softcap (times 1 - tanh^2); with sinks, dsinks(h) =
  * -sum over b and i of exp(t_h - lse) * delta. Rows whose lse is -inf get no gradient. out and
