@@ -112,29 +112,23 @@ static void run_case(const attention_case* c) {
 
     if (c->backward && status == MFA_OK) {
         test_tensor dout = test_tensor_make(c->dtype, c->b, c->hq, c->nq, c->dv, c->q_layout);
-        test_tensor dq = test_tensor_make(c->dtype, c->b, c->hq, c->nq, c->d, c->q_layout);
-        test_tensor dk = test_tensor_make(c->dtype, c->b, c->hkv, c->nk, c->d, c->kv_layout);
-        test_tensor dv = test_tensor_make(c->dtype, c->b, c->hkv, c->nk, c->dv, c->kv_layout);
         test_fill_random(&dout);
-        test_fill_nan(&dq);
-        test_fill_nan(&dk);
-        test_fill_nan(&dv);
+        test_gradients g = test_gradients_make(c->dtype, c->b, c->hq, c->hkv, c->nq, c->nk, c->d,
+                                               c->dv, c->q_layout, c->kv_layout);
         status = mfa_attention_backward(ctx, &params, &q.t, &k.t, &v.t, &o.t, &dout.t, &lse.t,
-                                        &dq.t, &dk.t, &dv.t);
+                                        &g.dq.t, &g.dk.t, &g.dv.t);
         CHECK(status == MFA_OK, "%s: backward: %s", c->name, mfa_last_error());
         /* Reference gradients; D uses the out tensor as given, as the API defines, and P the
          * reference's own lse. */
         ref_result grad = ref_backward(&p, &q.t, &k.t, &v.t, &o.t, &dout.t, NULL, &fwd);
         if (status == MFA_OK) {
-            compare(c->name, "dq", &dq, grad.dq, c->dtype);
-            compare(c->name, "dk", &dk, grad.dk, c->dtype);
-            compare(c->name, "dv", &dv, grad.dv, c->dtype);
+            compare(c->name, "dq", &g.dq, grad.dq, c->dtype);
+            compare(c->name, "dk", &g.dk, grad.dk, c->dtype);
+            compare(c->name, "dv", &g.dv, grad.dv, c->dtype);
         }
         ref_free(&grad);
         test_tensor_free(&dout);
-        test_tensor_free(&dq);
-        test_tensor_free(&dk);
-        test_tensor_free(&dv);
+        test_gradients_free(&g);
     }
     ref_free(&fwd);
     test_tensor_free(&q);
@@ -420,20 +414,20 @@ int main(int argc, char** argv) {
          5},
     };
     const size_t count = sizeof cases / sizeof cases[0];
+    const char* filter = argc > 1 ? argv[1] : NULL;
     for (size_t i = 0; i < count; ++i) {
-        if (argc > 1 && strstr(cases[i].name, argv[1]) == NULL) continue;
+        if (!test_case_selected(filter, cases[i].name)) continue;
         const int before = test_failures;
         run_case(&cases[i]);
-        printf("%-28s %s\n", cases[i].name, test_failures == before ? "ok" : "FAILED");
-        fflush(stdout);
+        test_case_report(cases[i].name, before);
     }
-    if (argc <= 1) {
+    if (!filter) {
         const int before = test_failures;
         test_bf16_ties();
-        printf("%-28s %s\n", "bf16_store_ties", test_failures == before ? "ok" : "FAILED");
+        test_case_report("bf16_store_ties", before);
         const int before2 = test_failures;
         test_very_negative_scores();
-        printf("%-28s %s\n", "very_negative_scores", test_failures == before2 ? "ok" : "FAILED");
+        test_case_report("very_negative_scores", before2);
     }
     return test_finish("metal-sim attention");
 }

@@ -14,16 +14,6 @@
  */
 #include "test_reference.h"
 
-static mfa_array array_of(const mfa_tensor* t) {
-    mfa_array a;
-    memset(&a, 0, sizeof a);
-    a.data = t->data;
-    a.dtype = t->dtype;
-    memcpy(a.shape, t->shape, sizeof a.shape);
-    memcpy(a.strides, t->strides, sizeof a.strides);
-    return a;
-}
-
 /* Rows [first, first + count) of axis 2 of t, a view into the same memory. */
 static mfa_tensor rows_of(const mfa_tensor* t, int64_t first, int64_t count) {
     mfa_tensor view = *t;
@@ -59,15 +49,15 @@ static void check(const char* label, const char* what, const mfa_tensor* got, mf
 static mfa_status forward(mfa_context* ctx, const mfa_attention_params* params, const mfa_tensor* q,
                           const mfa_tensor* k, const mfa_tensor* v, const mfa_tensor* out,
                           const mfa_tensor* lse, const mfa_tensor* sinks, int initial_state) {
-    const mfa_array aq = array_of(q), ak = array_of(k), av = array_of(v), ao = array_of(out),
-                    al = array_of(lse);
+    const mfa_array aq = test_array_of(q), ak = test_array_of(k), av = test_array_of(v),
+                    ao = test_array_of(out), al = test_array_of(lse);
     mfa_array as;
     mfa_attention_args args;
     mfa_attention_args_init(&args, sizeof args);
     args.q = &aq, args.k = &ak, args.v = &av, args.out = &ao, args.lse = &al;
     args.initial_state = initial_state;
     if (sinks) {
-        as = array_of(sinks);
+        as = test_array_of(sinks);
         args.sinks = &as;
     }
     return mfa_attention_compute(ctx, MFA_FORWARD, params, &args);
@@ -211,10 +201,11 @@ static void run_paged(const paged_case* c) {
                     }
                 }
     }
-    const mfa_array aq = array_of(&q.t), ak = array_of(&k_cache.t), av = array_of(&v_cache.t),
-                    ao = array_of(&o.t), al = array_of(&lse.t), at = array_of(&table.t),
-                    ac = array_of(&cache_seqlens.t), akn = array_of(&k_new.t),
-                    avn = array_of(&v_new.t);
+    const mfa_array aq = test_array_of(&q.t), ak = test_array_of(&k_cache.t),
+                    av = test_array_of(&v_cache.t), ao = test_array_of(&o.t),
+                    al = test_array_of(&lse.t), at = test_array_of(&table.t),
+                    ac = test_array_of(&cache_seqlens.t), akn = test_array_of(&k_new.t),
+                    avn = test_array_of(&v_new.t);
     mfa_attention_args args;
     mfa_attention_args_init(&args, sizeof args);
     args.q = &aq, args.k = &ak, args.v = &av, args.out = &ao, args.lse = &al;
@@ -277,19 +268,18 @@ int main(int argc, char** argv) {
         {"paged_chunk_bf16", A7, BF16, 2, 1, 5, 32, 24, 3, {100, 0}},
         {"paged_empty_append_f32", A8, F32, 2, 2, 2, 16, 8, 2, {0, 41}},
     };
+    const char* filter = argc > 1 ? argv[1] : NULL;
     for (size_t i = 0; i < sizeof dense / sizeof dense[0]; ++i) {
-        if (argc > 1 && strstr(dense[i].name, argv[1]) == NULL) continue;
+        if (!test_case_selected(filter, dense[i].name)) continue;
         const int before = test_failures;
         run_dense(&dense[i]);
-        printf("%-32s %s\n", dense[i].name, test_failures == before ? "ok" : "FAILED");
-        fflush(stdout);
+        test_case_report(dense[i].name, before);
     }
     for (size_t i = 0; i < sizeof paged / sizeof paged[0]; ++i) {
-        if (argc > 1 && strstr(paged[i].name, argv[1]) == NULL) continue;
+        if (!test_case_selected(filter, paged[i].name)) continue;
         const int before = test_failures;
         run_paged(&paged[i]);
-        printf("%-32s %s\n", paged[i].name, test_failures == before ? "ok" : "FAILED");
-        fflush(stdout);
+        test_case_report(paged[i].name, before);
     }
     return test_finish("metal-sim kv cache");
 }

@@ -113,28 +113,22 @@ static void run_forward(mfa_context* ctx, const prepared* x, const char* where) 
 
 static void run_backward(mfa_context* ctx, const prepared* x, const char* where) {
     const test_problem* p = x->p;
-    test_tensor dq = test_tensor_make(p->dtype, p->b, p->hq, p->nq, p->d, p->layout);
-    test_tensor dk = test_tensor_make(p->dtype, p->b, p->hkv, p->nk, p->d, p->layout);
-    test_tensor dv = test_tensor_make(p->dtype, p->b, p->hkv, p->nk, p->dv, p->layout);
-    test_fill_nan(&dq);
-    test_fill_nan(&dk);
-    test_fill_nan(&dv);
+    test_gradients g = test_gradients_make(p->dtype, p->b, p->hq, p->hkv, p->nq, p->nk, p->d, p->dv,
+                                           p->layout, p->layout);
     const mfa_attention_params params = params_of(p);
     const mfa_status s =
         mfa_attention_backward(ctx, &params, &x->q.t, &x->k.t, &x->v.t, &x->out_in.t, &x->dout.t,
-                               &x->lse_in.t, &dq.t, &dk.t, &dv.t);
+                               &x->lse_in.t, &g.dq.t, &g.dk.t, &g.dv.t);
     CHECK(s == MFA_OK, "%s: backward failed: %s", where, mfa_last_error());
     if (s == MFA_OK) {
         const int64_t n = p->d + p->dv + p->nk + p->nq * (p->hq / p->hkv);
         const ref_result* r = &x->backward;
-        expect_match(where, "dq", &dq, p->dtype, r->dq, r->dq_mag, n, r->max_score);
-        expect_match(where, "dk", &dk, p->dtype, r->dk, r->dk_mag, n, r->max_score);
-        expect_match(where, "dv", &dv, p->dtype, r->dv, r->dv_mag, n, r->max_score);
+        expect_match(where, "dq", &g.dq, p->dtype, r->dq, r->dq_mag, n, r->max_score);
+        expect_match(where, "dk", &g.dk, p->dtype, r->dk, r->dk_mag, n, r->max_score);
+        expect_match(where, "dv", &g.dv, p->dtype, r->dv, r->dv_mag, n, r->max_score);
         atomic_fetch_add(&checked_calls, 1);
     }
-    test_tensor_free(&dq);
-    test_tensor_free(&dk);
-    test_tensor_free(&dv);
+    test_gradients_free(&g);
 }
 
 /* A call that must fail with a message naming this thread's own mistake: the dimension it

@@ -6,6 +6,8 @@
  *       a call that must fail: `status` must be `expected` and the calling thread's error
  *       message (mfa_last_error(), which the library, the planner, the CPU backend and the
  *       simulator all fill through mfa_set_error) must contain `text`; `label` names the case
+ *   test_case_selected(filter, name), test_case_report(name, failures_before)
+ *       suites of named cases: the cases a filter selects, and a line for each once run
  *   test_finish(name)                       main's exit status: 0, or 1 after any failure
  *
  * A failed check prints "file:line: check failed: ..." (the first 50) and is counted; counting
@@ -76,6 +78,18 @@ static int test_check_error(const char* file, int line, const char* label, mfa_s
 
 #define CHECK_ERROR(label, status, expected, text)                                                 \
     test_check_error(__FILE__, __LINE__, (label), (status), (expected), (text))
+
+/* Suites of named cases: whether a case is selected by the filter (the suite's first argument;
+ * NULL: every case), and the line that reports it once run ("name ok", or FAILED where a check
+ * failed since failures_before = test_failures before it). */
+static int test_case_selected(const char* filter, const char* name) {
+    return filter == NULL || strstr(name, filter) != NULL;
+}
+
+static void test_case_report(const char* name, int failures_before) {
+    printf("%-32s %s\n", name, test_failures == failures_before ? "ok" : "FAILED");
+    fflush(stdout);
+}
 
 static int test_finish(const char* name) {
     const int failures = __atomic_load_n(&test_failures, __ATOMIC_RELAXED);

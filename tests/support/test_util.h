@@ -199,6 +199,29 @@ static void test_attention_free(test_attention* a) {
     for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) test_tensor_free(all[i]);
 }
 
+/* The gradients of a backward over q [b, hq, nq, d] and k, v [b, hkv, nk, d or dv]: dq in q's
+ * layout, dk and dv in kv_layout, NaN-filled so that an element the library does not write
+ * shows. */
+typedef struct test_gradients {
+    test_tensor dq, dk, dv;
+} test_gradients;
+
+static test_gradients test_gradients_make(mfa_dtype dtype, int64_t b, int64_t hq, int64_t hkv,
+                                          int64_t nq, int64_t nk, int64_t d, int64_t dv,
+                                          test_layout q_layout, test_layout kv_layout) {
+    test_gradients g = {test_tensor_make(dtype, b, hq, nq, d, q_layout),
+                        test_tensor_make(dtype, b, hkv, nk, d, kv_layout),
+                        test_tensor_make(dtype, b, hkv, nk, dv, kv_layout)};
+    test_tensor* all[] = {&g.dq, &g.dk, &g.dv};
+    for (int i = 0; i < 3; ++i) test_fill_nan(all[i]);
+    return g;
+}
+
+static void test_gradients_free(test_gradients* g) {
+    test_tensor* all[] = {&g->dq, &g->dk, &g->dv};
+    for (int i = 0; i < 3; ++i) test_tensor_free(all[i]);
+}
+
 /* Attention options from a test's mask and scale (scale 0: the library's default). */
 static mfa_attention_params test_params(int causal, mfa_alignment alignment, int64_t window_left,
                                         int64_t window_right, float scale) {
