@@ -55,29 +55,45 @@ static ref_problem problem_of(const tensors* t) {
     return ref_problem_of(&t->a.q.t, &t->a.k.t, &t->a.v.t, &t->params);
 }
 
-/* The result matches the reference within the dtype's tolerance widened by `slack` (subnormal
- * flushing), and exactly where the reference is infinite (the -inf lse of empty rows). For
- * finite inputs only; test_non_finite_inputs has its own rule. */
+/* Where test_non_finite_inputs put its NaN or Inf: the key/value head group it belongs to. The
+ * heads of q-shaped outputs (query_heads 1) are query heads, `group` of them a key/value head. */
+typedef struct bad_input {
+    int query_heads;
+    int64_t group, kv_head;
+} bad_input;
+
+/* One output against its reference. Finite inputs (bad NULL): within the dtype's tolerance
+ * widened by `slack` (subnormal flushing), and exactly where the reference is infinite (the -inf
+ * lse of empty rows). A NaN or Inf input: the non-finite rule of the header comment, without
+ * slack. */
 static void expect(const char* label, const char* what, const test_tensor* got, mfa_dtype dtype,
                    const double* want, const double* magnitude, int64_t n, double max_score,
-                   double slack) {
+                   double slack, const bad_input* bad) {
     const mfa_tensor* t = &got->t;
-    const int64_t count = test_element_count(t);
-    const double max_want = ref_max_abs(want, count);
-    int64_t at = 0, bad = 0;
+    const double max_want = ref_max_abs(want, test_element_count(t));
+    int64_t at = 0, reported = 0;
     for (int64_t b = 0; b < t->shape[0]; ++b)
         for (int64_t h = 0; h < t->shape[1]; ++h)
             for (int64_t s = 0; s < t->shape[2]; ++s)
                 for (int64_t d = 0; d < t->shape[3]; ++d, ++at) {
                     const double g = test_get(t, b, h, s, d), w = want[at];
-                    const int ok = isfinite(w) ? fabs(g - w) <= ref_allowed_error(dtype, max_want,
-                                                                                  magnitude[at], n,
-                                                                                  max_score) +
-                                                                    slack
-                                               : g == w;
-                    if (!ok && bad++ == 0)
-                        CHECK(0, "%s: %s[%lld, %lld, %lld, %lld] = %.9g, reference %.9g", label,
-                              what, (long long)b, (long long)h, (long long)s, (long long)d, g, w);
+                    const int same_group =
+                        bad && (bad->query_heads ? h / bad->group : h) == bad->kv_head;
+                    const double allowed =
+                        ref_allowed_error(dtype, max_want, magnitude[at], n, max_score) + slack;
+                    const char* wrong = NULL;
+                    if (!isfinite(w)) {
+                        if (bad ? isfinite(g) : g != w)
+                            wrong = bad ? "the non-finite input was dropped"
+                                        : "not the reference's infinity";
+                    } else if (!(same_group && !isfinite(g)) && !(fabs(g - w) <= allowed)) {
+                        wrong = bad && !same_group ? "a head group without the bad input changed"
+                                                   : "wrong value";
+                    }
+                    if (wrong && reported++ == 0)
+                        CHECK(0, "%s: %s[%lld, %lld, %lld, %lld] = %.9g, reference %.9g: %s", label,
+                              what, (long long)b, (long long)h, (long long)s, (long long)d, g, w,
+                              wrong);
                 }
 }
 
@@ -93,8 +109,8 @@ static void run(mfa_context* ctx, const char* label, tensors* t, double slack, i
     const ref_problem p = problem_of(t);
     ref_result f = ref_forward(&p, &t->a.q.t, &t->a.k.t, &t->a.v.t);
     const int64_t n = p.seq_k + p.head_dim;
-    expect(label, "out", &t->a.out, t->s.dtype, f.out, f.out_mag, n, f.max_score, slack);
-    expect(label, "lse", &t->a.lse, MFA_DTYPE_F32, f.lse, f.lse_mag, n, f.max_score, slack);
+    expect(label, "out", &t->a.out, t->s.dtype, f.out, f.out_mag, n, f.max_score, slack, NULL);
+    expect(label, "lse", &t->a.lse, MFA_DTYPE_F32, f.lse, f.lse_mag, n, f.max_score, slack, NULL);
     ref_free(&f);
     if (forward_only) return;
 
@@ -105,9 +121,9 @@ static void run(mfa_context* ctx, const char* label, tensors* t, double slack, i
     ref_result g = ref_backward(&p, &t->a.q.t, &t->a.k.t, &t->a.v.t, &t->a.out.t, &t->a.dout.t,
                                 &t->a.lse.t, NULL);
     const int64_t m = p.head_dim + p.head_dim_v + p.seq_k + p.seq_q * (p.heads_q / p.heads_kv);
-    expect(label, "dq", &t->a.dq, t->s.dtype, g.dq, g.dq_mag, m, g.max_score, slack);
-    expect(label, "dk", &t->a.dk, t->s.dtype, g.dk, g.dk_mag, m, g.max_score, slack);
-    expect(label, "dv", &t->a.dv, t->s.dtype, g.dv, g.dv_mag, m, g.max_score, slack);
+    expect(label, "dq", &t->a.dq, t->s.dtype, g.dq, g.dq_mag, m, g.max_score, slack, NULL);
+    expect(label, "dk", &t->a.dk, t->s.dtype, g.dk, g.dk_mag, m, g.max_score, slack, NULL);
+    expect(label, "dv", &t->a.dv, t->s.dtype, g.dv, g.dv_mag, m, g.max_score, slack, NULL);
     ref_free(&g);
 }
 
@@ -215,39 +231,6 @@ static void test_fully_masked_rows(mfa_context* ctx, const char* backend) {
     release(&t);
 }
 
-/* The non-finite rule of the header comment, for one output against its reference. kv_head
- * is the key/value head group the bad input belongs to; heads of q-shaped outputs are query
- * heads (group `group`). */
-static void expect_propagated(const char* label, const char* what, const test_tensor* got,
-                              mfa_dtype dtype, const double* want, const double* magnitude,
-                              int64_t n, double max_score, int query_heads, int64_t group,
-                              int64_t kv_head) {
-    const mfa_tensor* t = &got->t;
-    const int64_t count = test_element_count(t);
-    const double max_want = ref_max_abs(want, count);
-    int64_t at = 0, reported = 0;
-    for (int64_t b = 0; b < t->shape[0]; ++b)
-        for (int64_t h = 0; h < t->shape[1]; ++h)
-            for (int64_t s = 0; s < t->shape[2]; ++s)
-                for (int64_t d = 0; d < t->shape[3]; ++d, ++at) {
-                    const double g = test_get(t, b, h, s, d), w = want[at];
-                    const int same_group = (query_heads ? h / group : h) == kv_head;
-                    const char* wrong = NULL;
-                    if (!isfinite(w)) {
-                        if (isfinite(g)) wrong = "the non-finite input was dropped";
-                    } else if (!(same_group && !isfinite(g)) &&
-                               !(fabs(g - w) <=
-                                 ref_allowed_error(dtype, max_want, magnitude[at], n, max_score))) {
-                        wrong = same_group ? "wrong value"
-                                           : "a head group without the bad input changed";
-                    }
-                    if (wrong && reported++ == 0)
-                        CHECK(0, "%s: %s[%lld, %lld, %lld, %lld] = %.9g, reference %.9g: %s", label,
-                              what, (long long)b, (long long)h, (long long)s, (long long)d, g, w,
-                              wrong);
-                }
-}
-
 static void test_non_finite_inputs(mfa_context* ctx, const char* backend) {
     static const struct {
         const char* name;
@@ -281,10 +264,11 @@ static void test_non_finite_inputs(mfa_context* ctx, const char* backend) {
             }
             const ref_problem p = problem_of(&t);
             ref_result f = ref_forward(&p, &t.a.q.t, &t.a.k.t, &t.a.v.t);
-            expect_propagated(label, "out", &t.a.out, dtypes[i], f.out, f.out_mag, 12, f.max_score,
-                              1, group, kv_head);
-            expect_propagated(label, "lse", &t.a.lse, MFA_DTYPE_F32, f.lse, f.lse_mag, 12,
-                              f.max_score, 1, group, kv_head);
+            const bad_input in_q_heads = {1, group, kv_head}, in_kv_heads = {0, group, kv_head};
+            expect(label, "out", &t.a.out, dtypes[i], f.out, f.out_mag, 12, f.max_score, 0,
+                   &in_q_heads);
+            expect(label, "lse", &t.a.lse, MFA_DTYPE_F32, f.lse, f.lse_mag, 12, f.max_score, 0,
+                   &in_q_heads);
             ref_free(&f);
             s = mfa_attention_backward(ctx, &t.params, &t.a.q.t, &t.a.k.t, &t.a.v.t, &t.a.out.t,
                                        &t.a.dout.t, &t.a.lse.t, &t.a.dq.t, &t.a.dk.t, &t.a.dv.t);
@@ -292,12 +276,12 @@ static void test_non_finite_inputs(mfa_context* ctx, const char* backend) {
             if (s == MFA_OK) {
                 ref_result g = ref_backward(&p, &t.a.q.t, &t.a.k.t, &t.a.v.t, &t.a.out.t,
                                             &t.a.dout.t, &t.a.lse.t, NULL);
-                expect_propagated(label, "dq", &t.a.dq, dtypes[i], g.dq, g.dq_mag, 32, g.max_score,
-                                  1, group, kv_head);
-                expect_propagated(label, "dk", &t.a.dk, dtypes[i], g.dk, g.dk_mag, 32, g.max_score,
-                                  0, group, kv_head);
-                expect_propagated(label, "dv", &t.a.dv, dtypes[i], g.dv, g.dv_mag, 32, g.max_score,
-                                  0, group, kv_head);
+                expect(label, "dq", &t.a.dq, dtypes[i], g.dq, g.dq_mag, 32, g.max_score, 0,
+                       &in_q_heads);
+                expect(label, "dk", &t.a.dk, dtypes[i], g.dk, g.dk_mag, 32, g.max_score, 0,
+                       &in_kv_heads);
+                expect(label, "dv", &t.a.dv, dtypes[i], g.dv, g.dv_mag, 32, g.max_score, 0,
+                       &in_kv_heads);
                 ref_free(&g);
             }
             release(&t);
@@ -347,7 +331,8 @@ static void test_subnormals(mfa_context* ctx, const char* backend, int may_flush
 
 static const char* const sections[] = {"large", "masked", "nonfinite", "subnormal"};
 
-static void run_section(const char* section, mfa_context* ctx, const char* backend, int gpu) {
+static void run_section(const char* section, mfa_context* ctx, mfa_backend which) {
+    const char* backend = mfa_backend_name(which);
     if (strcmp(section, "large") == 0) {
         test_large_scores(ctx, backend);
         test_logits_near_f32_limit(ctx, backend);
@@ -357,30 +342,11 @@ static void run_section(const char* section, mfa_context* ctx, const char* backe
     } else if (strcmp(section, "nonfinite") == 0) {
         test_non_finite_inputs(ctx, backend);
     } else {
-        test_subnormals(ctx, backend, gpu);
+        test_subnormals(ctx, backend, which != MFA_BACKEND_CPU);
     }
 }
 
 int main(int argc, char** argv) {
-    const char* section = argc > 1 ? argv[1] : "";
-    int known = 0;
-    for (size_t i = 0; i < sizeof sections / sizeof sections[0]; ++i)
-        known |= strcmp(section, sections[i]) == 0;
-    if (!known) {
-        fprintf(stderr, "usage: %s large|masked|nonfinite|subnormal\n", argv[0]);
-        return 2;
-    }
-    const mfa_backend backends[] = {MFA_BACKEND_CPU, MFA_BACKEND_METAL_SIM, MFA_BACKEND_METAL};
-    int ran = 0;
-    for (size_t i = 0; i < sizeof backends / sizeof backends[0]; ++i) {
-        if (!mfa_backend_available(backends[i])) continue;
-        mfa_context* ctx = test_context(backends[i], NULL, mfa_backend_name(backends[i]));
-        if (!ctx) continue;
-        run_section(section, ctx, mfa_backend_name(backends[i]), backends[i] != MFA_BACKEND_CPU);
-        mfa_context_destroy(ctx);
-        printf("test_edge_numerics %s: %s checked\n", section, mfa_backend_name(backends[i]));
-        ++ran;
-    }
-    CHECK(ran > 0, "no backend ran");
-    return test_finish("test_edge_numerics");
+    return test_main_sections(argc, argv, "test_edge_numerics", sections,
+                              (int)(sizeof sections / sizeof sections[0]), run_section);
 }

@@ -267,7 +267,8 @@ static void test_large_logit_backward(mfa_context* ctx, double size, int accurat
 
 static const char* const sections[] = {"scale", "lse", "large_logits"};
 
-static void run_section(const char* section, mfa_context* ctx) {
+static void run_section(const char* section, mfa_context* ctx, mfa_backend backend) {
+    backend_label = mfa_backend_name(backend);
     static const mfa_dtype all[] = {MFA_DTYPE_F32, MFA_DTYPE_F16, MFA_DTYPE_BF16};
     if (strcmp(section, "scale") == 0) {
         /* f16 cannot hold these operands; f32 and bf16 (the same exponent range) can. */
@@ -287,28 +288,6 @@ static void run_section(const char* section, mfa_context* ctx) {
 }
 
 int main(int argc, char** argv) {
-    const char* section = argc > 1 ? argv[1] : "";
-    int known = 0;
-    for (size_t i = 0; i < sizeof sections / sizeof sections[0]; ++i)
-        known |= strcmp(section, sections[i]) == 0;
-    if (!known) {
-        fprintf(stderr, "usage: %s scale|lse|large_logits\n", argv[0]);
-        return 2;
-    }
-    const mfa_backend backends[] = {MFA_BACKEND_CPU, MFA_BACKEND_METAL_SIM, MFA_BACKEND_METAL};
-    int ran = 0;
-    for (size_t i = 0; i < sizeof backends / sizeof backends[0]; ++i) {
-        if (!mfa_backend_available(backends[i])) continue;
-        mfa_context* ctx = test_context(backends[i], NULL, mfa_backend_name(backends[i]));
-        if (!ctx) continue;
-        backend_label = mfa_backend_name(backends[i]);
-        const int failures_before = test_failures;
-        run_section(section, ctx);
-        mfa_context_destroy(ctx);
-        printf("test_scale_and_lse %s: %s %s\n", section, backend_label,
-               test_failures == failures_before ? "passed" : "FAILED");
-        ++ran;
-    }
-    CHECK(ran > 0, "no backend ran");
-    return test_finish("test_scale_and_lse");
+    return test_main_sections(argc, argv, "test_scale_and_lse", sections,
+                              (int)(sizeof sections / sizeof sections[0]), run_section);
 }

@@ -272,4 +272,35 @@ static mfa_context* test_backend_context(int i, const mfa_context_options* optio
                         mfa_backend_name(backend));
 }
 
+/* The main of a suite that ctest runs one section at a time: argv[1] must name one of the count
+ * `sections` (else a usage line and exit status 2); run(section, ctx, backend) on the default
+ * context of each available backend of test_backends, with a line per backend saying whether it
+ * passed. Returns main's exit status (test_finish). */
+static int
+test_main_sections(int argc, char** argv, const char* suite, const char* const* sections, int count,
+                   void (*run)(const char* section, mfa_context* ctx, mfa_backend backend)) {
+    const char* section = argc > 1 ? argv[1] : "";
+    int known = 0;
+    for (int i = 0; i < count; ++i) known |= strcmp(section, sections[i]) == 0;
+    if (!known) {
+        fprintf(stderr, "usage: %s", argv[0]);
+        for (int i = 0; i < count; ++i) fprintf(stderr, "%s%s", i ? "|" : " ", sections[i]);
+        fputc('\n', stderr);
+        return 2;
+    }
+    int ran = 0;
+    for (int i = 0; i < TEST_BACKEND_COUNT; ++i) {
+        mfa_context* ctx = test_backend_context(i, NULL);
+        if (!ctx) continue;
+        const int failures_before = test_failures;
+        run(section, ctx, test_backends[i]);
+        mfa_context_destroy(ctx);
+        printf("%s %s: %s %s\n", suite, section, mfa_backend_name(test_backends[i]),
+               test_failures == failures_before ? "passed" : "FAILED");
+        ++ran;
+    }
+    CHECK(ran > 0, "no backend ran");
+    return test_finish(suite);
+}
+
 #endif
