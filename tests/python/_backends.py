@@ -124,6 +124,43 @@ def call_with_features(backend, direction, features, function):
     return None
 
 
+def forward_with_features(backend, case, modifiers, function, *arrays, features=None, **keywords):
+    """function(*arrays, **keywords) -- a forward entry point -- with the case's options and
+    modifiers, on the backend's context, returning lse: (out, lse), or None where the backend
+    lacks one of `features` (default: the case's) in the forward (call_with_features)."""
+    return call_with_features(
+        backend,
+        "forward",
+        case.features if features is None else features,
+        lambda: function(
+            *arrays,
+            **case.options,
+            **modifiers,
+            **keywords,
+            return_lse=True,
+            backend=backend.context(),
+        ),
+    )
+
+
+def backward_with_features(backend, case, modifiers, function, *arrays, features=None):
+    """function(*arrays) -- a backward entry point -- with the case's options and modifiers, and
+    dsinks where the case has sinks, on the backend's context: the gradients, or None where the
+    backend lacks one of `features` (default: the case's) in the backward (call_with_features)."""
+    return call_with_features(
+        backend,
+        "backward",
+        case.features if features is None else features,
+        lambda: function(
+            *arrays,
+            **case.options,
+            **modifiers,
+            return_dsinks=case.sinks,
+            backend=backend.context(),
+        ),
+    )
+
+
 # The arrays of each direction's mfa_attention_args, in mfa_attention_forward's and
 # mfa_attention_backward's order.
 _ROLES = {

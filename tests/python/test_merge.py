@@ -20,6 +20,7 @@ from _backends import (
     call_with_features,
     check_forward,
     feature_params,
+    forward_with_features,
 )
 
 ROUNDOFF = {np.dtype(DTYPES[name]): u for name, u in UNIT_ROUNDOFF.items()}
@@ -100,6 +101,36 @@ STATE_CASE = Case(33, 100, 16, 24, batch=2, query_heads=4, kv_heads=2, causal=Tr
 BLOCKS = [(0, 37), (37, 37), (37, 64), (64, 100)]
 
 
+def _over_key_blocks(backend, q, k, v, modifiers, features=(), **keywords):
+    """attention(**keywords) over each non-empty block of BLOCKS in turn, the sinks in the first
+    call only: the results, or None where the backend lacks a feature a call needs (checked to
+    raise UNSUPPORTED)."""
+    results = []
+    for index, (start, stop) in enumerate(BLOCKS):
+        if start == stop:
+            continue
+        block = {"sinks": modifiers["sinks"]} if index == 0 else {}
+        result = call_with_features(
+            backend,
+            "forward",
+            set(features) | (set(block) & {"sinks"}),
+            lambda block=block, start=start, stop=stop: mfa_native.attention(
+                q,
+                k[:, :, start:stop],
+                v[:, :, start:stop],
+                window=(None, 67 - start),
+                causal_alignment="top_left",
+                **block,
+                **keywords,
+                backend=backend.context(),
+            ),
+        )
+        if result is None:
+            return None
+        results.append(result)
+    return results
+
+
 @pytest.mark.parametrize("backend", backend_only_params(FEATURE_BACKENDS))
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
 def test_attention_over_key_blocks_merged_equals_one_call(backend, dtype):
@@ -109,30 +140,10 @@ def test_attention_over_key_blocks_merged_equals_one_call(backend, dtype):
     rng = case.rng()
     q, k, v = case.inputs(rng)
     modifiers = case.modifiers(rng)
-    outs, lses = [], []
-    for index, (start, stop) in enumerate(BLOCKS):
-        if start == stop:
-            continue
-        block = {"sinks": modifiers["sinks"]} if index == 0 else {}
-        result = call_with_features(
-            backend,
-            "forward",
-            set(block) & {"sinks"},
-            lambda block=block, start=start, stop=stop: mfa_native.attention(
-                q,
-                k[:, :, start:stop],
-                v[:, :, start:stop],
-                window=(None, 67 - start),
-                causal_alignment="top_left",
-                **block,
-                return_lse=True,
-                backend=backend.context(),
-            ),  # fmt: skip
-        )
-        if result is None:
-            return
-        outs.append(result[0])
-        lses.append(result[1])
+    results = _over_key_blocks(backend, q, k, v, modifiers, return_lse=True)
+    if results is None:
+        return
+    outs, lses = [out for out, _ in results], [lse for _, lse in results]
     out, lse = mfa_native.merge_attention_states(
         outs, lses, return_lse=True, backend=backend.context()
     )
@@ -165,33 +176,13 @@ def test_accumulating_key_blocks_into_an_initial_state_equals_one_call(backend, 
     modifiers = case.modifiers(rng)
     out = np.full((case.batch, case.query_heads, case.num_queries, case.value_dim), np.nan, q.dtype)
     lse = np.full(out.shape[:3], -np.inf, np.float32)  # an empty state: out is never read
-    steps = 0
-    for index, (start, stop) in enumerate(BLOCKS):
-        if start == stop:
-            continue
-        block = {"sinks": modifiers["sinks"]} if index == 0 else {}
-        features = {"initial_state"} | (set(block) & {"sinks"})
-        result = call_with_features(
-            backend,
-            "forward",
-            features,
-            lambda block=block, start=start, stop=stop: mfa_native.attention(
-                q,
-                k[:, :, start:stop],
-                v[:, :, start:stop],
-                window=(None, 67 - start),
-                causal_alignment="top_left",
-                **block,
-                out=out,
-                lse=lse,
-                accumulate=True,
-                backend=backend.context(),
-            ),  # fmt: skip
-        )
-        if result is None:
-            return
-        assert result is out
-        steps += 1
+    results = _over_key_blocks(
+        backend, q, k, v, modifiers, {"initial_state"}, out=out, lse=lse, accumulate=True
+    )
+    if results is None:
+        return
+    assert all(result is out for result in results)
+    steps = len(results)
     # Each step stores the state in q's dtype once more.
     expected_out, _ = reference.attention_forward(q, k, v, **case.options, **modifiers)
     slack = steps * ROUNDOFF[q.dtype] * np.max(np.abs(expected_out))
@@ -277,20 +268,16 @@ def test_a_block_mask_gives_what_its_mask_gives(backend, case):
     modifiers = {"mask": masks[case.mask](case.num_queries, case.num_keys)}
     summary = mfa_native.mask_summary(modifiers["mask"], case.num_queries, case.num_keys)
     assert set(np.unique(summary)) == {0, 1, 2}  # tiles to skip, to read plainly, to mask
-    result = call_with_features(
+    result = forward_with_features(
         backend,
-        "forward",
-        case.features | {"block_mask"},
-        lambda: mfa_native.attention(
-            q,
-            k,
-            v,
-            **case.options,
-            **modifiers,
-            block_mask=summary,
-            return_lse=True,
-            backend=backend.context(),
-        ),  # fmt: skip
+        case,
+        modifiers,
+        mfa_native.attention,
+        q,
+        k,
+        v,
+        features=case.features | {"block_mask"},
+        block_mask=summary,
     )
     if result is not None:
         check_forward(case, *result, q, k, v, modifiers)

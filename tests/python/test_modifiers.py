@@ -17,26 +17,27 @@ from _backends import (
     FEATURE_BACKENDS,
     Case,
     backend_only_params,
-    call_with_features,
+    backward_with_features,
     check_backward,
     check_forward,
     feature_params,
+    forward_with_features,
 )
+
+
+def forward_of_case(backend, case):
+    """The case's q, k, v and modifiers, and the backend's (out, lse) of them, or None where it
+    lacks a feature the case needs (checked to raise UNSUPPORTED)."""
+    rng = case.rng()
+    q, k, v = case.inputs(rng)
+    modifiers = case.modifiers(rng)
+    result = forward_with_features(backend, case, modifiers, mfa_native.attention, q, k, v)
+    return (q, k, v), modifiers, result
 
 
 @pytest.mark.parametrize("backend, case", feature_params(_cases.MODIFIER_CASES))
 def test_forward_with_modifiers_matches_reference(backend, case):
-    rng = case.rng()
-    q, k, v = case.inputs(rng)
-    modifiers = case.modifiers(rng)
-    result = call_with_features(
-        backend,
-        "forward",
-        case.features,
-        lambda: mfa_native.attention(
-            q, k, v, **case.options, **modifiers, return_lse=True, backend=backend.context()
-        ),
-    )
+    (q, k, v), modifiers, result = forward_of_case(backend, case)
     if result is not None:
         out, lse = result
         assert out.dtype == q.dtype and lse.dtype == np.float32
@@ -53,22 +54,8 @@ def test_backward_with_modifiers_matches_reference(backend, case):
     # forward error cannot hide or cause a backward failure.
     exact_out, exact_lse = reference.attention_forward(q, k, v, **case.options, **modifiers)
     out, lse = exact_out.astype(q.dtype), exact_lse.astype(np.float32)
-    gradients = call_with_features(
-        backend,
-        "backward",
-        case.features,
-        lambda: mfa_native.attention_backward(
-            dout,
-            q,
-            k,
-            v,
-            out,
-            lse,
-            **case.options,
-            **modifiers,
-            return_dsinks=case.sinks,
-            backend=backend.context(),
-        ),  # fmt: skip
+    gradients = backward_with_features(
+        backend, case, modifiers, mfa_native.attention_backward, dout, q, k, v, out, lse
     )
     if gradients is not None:
         assert len(gradients) == (4 if case.sinks else 3)
@@ -102,34 +89,12 @@ PIPELINE_CASES = [
 def forward_then_backward(backend, case, q, k, v, dout, modifiers):
     """(out, gradients) of a backend's own forward and backward, or None where it lacks a
     feature in one of them (checked to raise UNSUPPORTED)."""
-    context = backend.context()
-    result = call_with_features(
-        backend,
-        "forward",
-        case.features,
-        lambda: mfa_native.attention(
-            q, k, v, **case.options, **modifiers, return_lse=True, backend=context
-        ),
-    )
+    result = forward_with_features(backend, case, modifiers, mfa_native.attention, q, k, v)
     if result is None:
         return None
     out, lse = result
-    gradients = call_with_features(
-        backend,
-        "backward",
-        case.features,
-        lambda: mfa_native.attention_backward(
-            dout,
-            q,
-            k,
-            v,
-            out,
-            lse,
-            **case.options,
-            **modifiers,
-            return_dsinks=case.sinks,
-            backend=context,
-        ),  # fmt: skip
+    gradients = backward_with_features(
+        backend, case, modifiers, mfa_native.attention_backward, dout, q, k, v, out, lse
     )
     return None if gradients is None else (out, gradients)
 
@@ -204,17 +169,7 @@ def test_a_row_without_keys_but_with_a_sink_gets_zeros_and_the_sink_logit(backen
     # Bottom-right causal with Nq - Nk = 3: rows 0-2 see no key. lse there is t_h exactly, as
     # mfa.h states, and out exactly 0.
     case = Case(5, 2, 8, 8, query_heads=2, kv_heads=1, causal=True, sinks=True)
-    rng = case.rng()
-    q, k, v = case.inputs(rng)
-    modifiers = case.modifiers(rng)
-    result = call_with_features(
-        backend,
-        "forward",
-        case.features,
-        lambda: mfa_native.attention(
-            q, k, v, **case.options, **modifiers, return_lse=True, backend=backend.context()
-        ),
-    )
+    (q, k, v), modifiers, result = forward_of_case(backend, case)
     if result is not None:
         out, lse = result
         np.testing.assert_array_equal(lse[0, :, :3], np.repeat(modifiers["sinks"][:, None], 3, 1))

@@ -11,7 +11,7 @@ import mfa_native
 import numpy as np
 import pytest
 import reference
-from _backends import call_with_features, check_forward, feature_params
+from _backends import check_forward, feature_params, forward_with_features
 
 
 def assert_same_bits(actual: np.ndarray, expected: np.ndarray) -> None:
@@ -65,23 +65,19 @@ def test_paged_forward_matches_dense_attention_over_each_sequences_keys(backend,
     layout = paged.layout
     given_k, given_v = to_layout(k_cache, layout), to_layout(v_cache, layout)
     before_k, before_v = given_k.copy(), given_v.copy()
-    result = call_with_features(
+    result = forward_with_features(
         backend,
-        "forward",
-        paged.features,
-        lambda: mfa_native.attention_with_kvcache(
-            to_layout(q, layout),
-            given_k,
-            given_v,
-            table,
-            np.array(paged.cached, np.int32),
-            *(to_layout(new[name], layout) for name in ("k", "v") if new),
-            **case.options,
-            **modifiers,
-            layout=layout,
-            return_lse=True,
-            backend=backend.context(),
-        ),  # fmt: skip
+        case,
+        modifiers,
+        mfa_native.attention_with_kvcache,
+        to_layout(q, layout),
+        given_k,
+        given_v,
+        table,
+        np.array(paged.cached, np.int32),
+        *(to_layout(new[name], layout) for name in ("k", "v") if new),
+        features=paged.features,
+        layout=layout,
     )
     if result is None:
         assert_same_bits(given_k, before_k)

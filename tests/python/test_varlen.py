@@ -14,10 +14,11 @@ from _backends import (
     DTYPES,
     allowed_error,
     assert_close,
-    call_with_features,
+    backward_with_features,
     check_backward,
     check_forward,
     feature_params,
+    forward_with_features,
 )
 
 
@@ -64,17 +65,13 @@ def call_args(packed, q, k, v):
 @pytest.mark.parametrize("backend, packed", feature_params(_cases.PACKED_CASES))
 def test_packed_forward_matches_reference_per_sequence(backend, packed):
     q, k, v, _, modifiers = packed_inputs(packed, packed.case.rng())
-    result = call_with_features(
+    result = forward_with_features(
         backend,
-        "forward",
-        packed.features,
-        lambda: mfa_native.attention_varlen(
-            *call_args(packed, q, k, v),
-            **packed.case.options,
-            **modifiers,
-            return_lse=True,
-            backend=backend.context(),
-        ),  # fmt: skip
+        packed.case,
+        modifiers,
+        mfa_native.attention_varlen,
+        *call_args(packed, q, k, v),
+        features=packed.features,
     )
     if result is None:
         return
@@ -103,23 +100,19 @@ def test_packed_backward_matches_reference_per_sequence(backend, packed):
     )
     out = np.swapaxes(exact_out[0], 0, 1).astype(q.dtype)  # rounded as a backend stores it
     lse = exact_lse[0].astype(np.float32)
-    gradients = call_with_features(
+    gradients = backward_with_features(
         backend,
-        "backward",
-        packed.features,
-        lambda: mfa_native.attention_varlen_backward(
-            dout,
-            q,
-            k,
-            v,
-            out,
-            lse,
-            *call_args(packed, q, k, v)[3:],
-            **case.options,
-            **modifiers,
-            return_dsinks=case.sinks,
-            backend=backend.context(),
-        ),  # fmt: skip
+        case,
+        modifiers,
+        mfa_native.attention_varlen_backward,
+        dout,
+        q,
+        k,
+        v,
+        out,
+        lse,
+        *call_args(packed, q, k, v)[3:],
+        features=packed.features,
     )
     if gradients is None:
         return
