@@ -98,52 +98,19 @@ def test_k_and_v_rank_must_equal_q_rank(rng, position, name):
         mfa_native.attention(*arrays)
 
 
-# (what is changed, keyword arguments of _arrays for k or v, message per layout)
+# The axis of the batch, heads, sequence and head dimension in each layout.
+_AXES = {"bhsd": dict(b=0, h=1, s=2, d=3), "bshd": dict(b=0, s=1, h=2, d=3)}
+# (what is changed: k or v and the dimension, keyword arguments of _arrays for it, the message
+# with the layout's axes in braces)
 _SHAPE_MISMATCHES = [
-    (
-        "k batch",
-        dict(batch=3),
-        "k",
-        {
-            "bhsd": "k.shape[0] (batch) must equal q.shape[0] = 2, got 3",
-            "bshd": "k.shape[0] (batch) must equal q.shape[0] = 2, got 3",
-        },
-    ),
-    (
-        "v batch",
-        dict(batch=3),
-        "v",
-        {
-            "bhsd": "v.shape[0] (batch) must equal q.shape[0] = 2, got 3",
-            "bshd": "v.shape[0] (batch) must equal q.shape[0] = 2, got 3",
-        },
-    ),
-    (
-        "v heads",
-        dict(heads_kv=1),
-        "v",
-        {
-            "bhsd": "v.shape[1] (heads) must equal k.shape[1] = 2, got 1",
-            "bshd": "v.shape[2] (heads) must equal k.shape[2] = 2, got 1",
-        },
-    ),
-    (
-        "k head dim",
-        dict(dim=9),
-        "k",
-        {
-            "bhsd": "k.shape[3] (head dim) must equal q.shape[3] = 8, got 9",
-            "bshd": "k.shape[3] (head dim) must equal q.shape[3] = 8, got 9",
-        },
-    ),
+    ("k batch", dict(batch=3), "k.shape[{b}] (batch) must equal q.shape[{b}] = 2, got 3"),
+    ("v batch", dict(batch=3), "v.shape[{b}] (batch) must equal q.shape[{b}] = 2, got 3"),
+    ("v heads", dict(heads_kv=1), "v.shape[{h}] (heads) must equal k.shape[{h}] = 2, got 1"),
+    ("k head dim", dict(dim=9), "k.shape[{d}] (head dim) must equal q.shape[{d}] = 8, got 9"),
     (
         "v sequence",
         dict(seq_k=3),
-        "v",
-        {
-            "bhsd": "v.shape[2] (sequence length) must equal k.shape[2] = 7, got 3",
-            "bshd": "v.shape[1] (sequence length) must equal k.shape[1] = 7, got 3",
-        },
+        "v.shape[{s}] (sequence length) must equal k.shape[{s}] = 7, got 3",
     ),
 ]
 
@@ -151,11 +118,12 @@ _SHAPE_MISMATCHES = [
 @pytest.mark.parametrize("layout", ["bhsd", "bshd"])
 @pytest.mark.parametrize("case", _SHAPE_MISMATCHES, ids=[case[0] for case in _SHAPE_MISMATCHES])
 def test_shapes_must_agree_naming_the_axis_in_the_layout(rng, layout, case):
-    _, changes, name, messages = case
+    what, changes, message = case
+    name = what.split()[0]
     q, k, v = _arrays(rng, layout)
     _, bad_k, bad_v = _arrays(rng, layout, **changes)
     k, v = (bad_k, v) if name == "k" else (k, bad_v)
-    with raises(ValueError, messages[layout]):
+    with raises(ValueError, message.format(**_AXES[layout])):
         mfa_native.attention(q, k, v, layout=layout)
 
 
@@ -428,12 +396,16 @@ def _reference_forward(q, k, v, layout="bhsd", **options):
     return (out[0], lse[0]) if rank3 else (out, lse)
 
 
+def _arrays_of_rank(rng, layout, rank, batch):
+    """_arrays in the layout; at rank 3, their batch entry `batch`."""
+    q, k, v = _arrays(rng, layout)
+    return (q[batch], k[batch], v[batch]) if rank == 3 else (q, k, v)
+
+
 @pytest.mark.parametrize("layout", ["bhsd", "bshd"])
 @pytest.mark.parametrize("rank", [3, 4])
 def test_forward_layout_and_rank(rng, layout, rank):
-    q, k, v = _arrays(rng, layout)
-    if rank == 3:
-        q, k, v = q[1], k[1], v[1]
+    q, k, v = _arrays_of_rank(rng, layout, rank, batch=1)
     out, lse = mfa_native.attention(q, k, v, layout=layout, causal=True, return_lse=True)
     expected_out, expected_lse = _reference_forward(q, k, v, layout, causal=True)
     assert out.shape == expected_out.shape and out.dtype == np.float32
@@ -445,9 +417,7 @@ def test_forward_layout_and_rank(rng, layout, rank):
 @pytest.mark.parametrize("layout", ["bhsd", "bshd"])
 @pytest.mark.parametrize("rank", [3, 4])
 def test_backward_layout_and_rank(rng, layout, rank):
-    q, k, v = _arrays(rng, layout)
-    if rank == 3:
-        q, k, v = q[0], k[0], v[0]
+    q, k, v = _arrays_of_rank(rng, layout, rank, batch=0)
     out, lse = mfa_native.attention(q, k, v, layout=layout, window=(2, None), return_lse=True)
     dout = rng.standard_normal(out.shape).astype(np.float32)
     grads = mfa_native.attention_backward(dout, q, k, v, out, lse, layout=layout, window=(2, None))
