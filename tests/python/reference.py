@@ -24,11 +24,33 @@ alibi_slopes, sinks. The backward adds out (the forward output the gradient is t
 and return_dsinks.
 """
 
+import types
+
 import numpy as np
 
 ALIGNMENTS = ("bottom_right", "top_left")
+# The options of every function (above) and their defaults, which are mfa_native.attention's.
+OPTIONS = {
+    "causal": False,
+    "causal_alignment": "bottom_right",
+    "window": None,
+    "scale": None,
+    "mask": None,
+    "softcap": None,
+    "alibi_slopes": None,
+    "sinks": None,
+}
 # Queries and keys per side of one block of a mask summary (MFA_MASK_BLOCK).
 MASK_BLOCK = 64
+
+
+def resolve_options(options):
+    """The options with the defaults of those not given, as attributes; a TypeError names any
+    that is not one of OPTIONS."""
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise TypeError(f"unknown options: {', '.join(unknown)}")
+    return types.SimpleNamespace(**{**OPTIONS, **options})
 
 
 def window_bounds(window):
@@ -112,20 +134,9 @@ class _Softmax:
     (d capped / d raw score: 1 - tanh^2, or 1 without softcap), bias (ALiBi plus an additive
     mask, where visible) and the scale actually used."""
 
-    def __init__(
-        self,
-        q,
-        k,
-        *,
-        causal=False,
-        causal_alignment="bottom_right",
-        window=None,
-        scale=None,
-        mask=None,
-        softcap=None,
-        alibi_slopes=None,
-        sinks=None,
-    ):
+    def __init__(self, q, k, **options):
+        given = resolve_options(options)
+        scale, mask, softcap, sinks = given.scale, given.mask, given.softcap, given.sinks
         q = np.asarray(q, dtype=np.float64)
         k = _repeat_kv_heads(np.asarray(k, dtype=np.float64), q.shape[1])
         batch, heads, num_queries, head_dim = q.shape
@@ -144,15 +155,17 @@ class _Softmax:
             visible_keys(
                 num_queries,
                 num_keys,
-                causal=causal,
-                causal_alignment=causal_alignment,
-                window=window,
+                causal=given.causal,
+                causal_alignment=given.causal_alignment,
+                window=given.window,
             ),
             shape,
         )
         bias = np.zeros(shape)
-        if alibi_slopes is not None:
-            bias = bias + alibi_bias(alibi_slopes, batch, num_queries, num_keys, causal_alignment)
+        if given.alibi_slopes is not None:
+            bias = bias + alibi_bias(
+                given.alibi_slopes, batch, num_queries, num_keys, given.causal_alignment
+            )
         if mask is not None:
             mask = broadcast_mask(mask, shape)
             if mask.dtype == bool:
