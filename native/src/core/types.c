@@ -1,5 +1,6 @@
 /* What needs no context: versions, dtypes and the defaults of the input structs. Apart from
  * api.c so that the core's unit tests can link validation without any backend. */
+#include <stdbool.h>
 #include <string.h>
 
 #include "core/backend.h"
@@ -19,26 +20,26 @@ MFA_EXPORT const char* mfa_version_string(void) {
         MFA_VERSION_PATCH);
 }
 
+/* Each dtype's size and name, indexed by its value. */
+static const struct {
+    size_t size;
+    const char* name;
+} dtypes[] = {
+    [MFA_DTYPE_F32] = {4, "f32"},   [MFA_DTYPE_F16] = {2, "f16"}, [MFA_DTYPE_BF16] = {2, "bf16"},
+    [MFA_DTYPE_BOOL] = {1, "bool"}, [MFA_DTYPE_I32] = {4, "i32"},
+};
+
+/* Callers may pass any integer (see validate.c): only the table's values are dtypes. */
+static bool is_dtype(mfa_dtype dtype) {
+    return (unsigned)(int)dtype < sizeof dtypes / sizeof dtypes[0];
+}
+
 MFA_EXPORT size_t mfa_dtype_size(mfa_dtype dtype) {
-    switch ((int)dtype) {
-        case MFA_DTYPE_F32: return 4;
-        case MFA_DTYPE_F16: return 2;
-        case MFA_DTYPE_BF16: return 2;
-        case MFA_DTYPE_BOOL: return 1;
-        case MFA_DTYPE_I32: return 4;
-    }
-    return 0;
+    return is_dtype(dtype) ? dtypes[(int)dtype].size : 0;
 }
 
 MFA_EXPORT const char* mfa_dtype_name(mfa_dtype dtype) {
-    switch ((int)dtype) {
-        case MFA_DTYPE_F32: return "f32";
-        case MFA_DTYPE_F16: return "f16";
-        case MFA_DTYPE_BF16: return "bf16";
-        case MFA_DTYPE_BOOL: return "bool";
-        case MFA_DTYPE_I32: return "i32";
-    }
-    return "unknown";
+    return is_dtype(dtype) ? dtypes[(int)dtype].name : "unknown";
 }
 
 MFA_EXPORT void mfa_attention_params_init(mfa_attention_params* params) {
