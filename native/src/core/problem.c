@@ -183,14 +183,22 @@ static mfa_status choose_layout(const mfa_attention_args* args, mfa_layout* layo
     return MFA_OK;
 }
 
+/* The rule of an int32 array [rows, 1, 1, n] (sequence offsets, block tables, cache lengths):
+ * rows from `from` (NULL: a fixed number). */
+static mfa_array_rule int32_rows_rule(const char* dtype_rule, const char* const* dim_names,
+                                      int64_t rows, const char* from) {
+    mfa_array_rule rule = mfa_rule(I32_ONLY, dtype_rule, false);
+    rule.dim_names = dim_names;
+    mfa_rule_size(&rule, 0, rows, from, false);
+    mfa_rule_size(&rule, 1, 1, NULL, false);
+    mfa_rule_size(&rule, 2, 1, NULL, false);
+    return rule;
+}
+
 /* The offsets of packed sequences: shapes, then every value (on the host). */
 static mfa_status check_varlen(mfa_checks* checks, const mfa_attention_args* args, int64_t total_q,
                                int64_t total_k, mfa_problem* problem) {
-    mfa_array_rule rule = mfa_rule(I32_ONLY, "sequence offsets are int32", false);
-    rule.dim_names = offsets_dims;
-    mfa_rule_size(&rule, 0, 1, NULL, false);
-    mfa_rule_size(&rule, 1, 1, NULL, false);
-    mfa_rule_size(&rule, 2, 1, NULL, false);
+    mfa_array_rule rule = int32_rows_rule("sequence offsets are int32", offsets_dims, 1, NULL);
     const mfa_checked *cu_q, *cu_k;
     mfa_status status =
         mfa_check_array(checks, "args.cu_seqlens_q", args->cu_seqlens_q, &rule, &cu_q);
@@ -281,11 +289,8 @@ static mfa_status check_paged(mfa_checks* checks, const mfa_attention_args* args
     const int64_t batch = args->q->shape[0], num_blocks = args->k->shape[0];
     const int64_t block_size = args->k->shape[2];
     mfa_paged* paged = &problem->paged;
-    mfa_array_rule rule = mfa_rule(I32_ONLY, "block tables are int32", false);
-    rule.dim_names = table_dims;
-    mfa_rule_size(&rule, 0, batch, "q.shape[0]", false);
-    mfa_rule_size(&rule, 1, 1, NULL, false);
-    mfa_rule_size(&rule, 2, 1, NULL, false);
+    mfa_array_rule rule =
+        int32_rows_rule("block tables are int32", table_dims, batch, "q.shape[0]");
     const mfa_checked *table, *lengths;
     mfa_status status =
         mfa_check_array(checks, "args.block_table", args->block_table, &rule, &table);
