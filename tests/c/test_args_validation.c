@@ -636,24 +636,25 @@ static void test_device_entry_points(void) {
     call_free(&c);
 }
 
+static void run_backend(mfa_context* backend_ctx, mfa_backend backend) {
+    (void)backend;
+    ctx = backend_ctx;
+    caps.struct_size = sizeof caps;
+    mfa_context_capabilities(ctx, &caps);
+    test_struct_and_direction();
+    test_softcap();
+    test_masks();
+    test_alibi_and_sinks();
+    test_varlen();
+    test_paged();
+    test_initial_state();
+    test_device_entry_points();
+}
+
 int main(void) {
     mfa_context_options options;
     mfa_context_options_init(&options);
     options.num_threads = 1;
-    for (int i = 0; i < TEST_BACKEND_COUNT; ++i) {
-        ctx = test_backend_context(i, &options);
-        if (!ctx) continue;
-        caps.struct_size = sizeof caps;
-        mfa_context_capabilities(ctx, &caps);
-        test_struct_and_direction();
-        test_softcap();
-        test_masks();
-        test_alibi_and_sinks();
-        test_varlen();
-        test_paged();
-        test_initial_state();
-        test_device_entry_points();
-        mfa_context_destroy(ctx);
-    }
+    test_each_backend(&options, run_backend);
     return test_finish("test_args_validation");
 }

@@ -200,15 +200,14 @@ static void test_args_sizes(mfa_context* ctx) {
     test_attention_free(&a);
 }
 
+static void run_backend(mfa_context* ctx, mfa_backend backend) {
+    for (size_t c = 0; c < sizeof configs / sizeof configs[0]; ++c)
+        for (int via = 0; via < 2; ++via)
+            run_config(ctx, mfa_backend_name(backend), &configs[c], via);
+    if (backend == MFA_BACKEND_CPU) test_args_sizes(ctx);
+}
+
 int main(void) {
-    for (int i = 0; i < TEST_BACKEND_COUNT; ++i) {
-        mfa_context* ctx = test_backend_context(i, NULL);
-        if (!ctx) continue;
-        const char* name = mfa_backend_name(test_backends[i]);
-        for (size_t c = 0; c < sizeof configs / sizeof configs[0]; ++c)
-            for (int via = 0; via < 2; ++via) run_config(ctx, name, &configs[c], via);
-        if (test_backends[i] == MFA_BACKEND_CPU) test_args_sizes(ctx);
-        mfa_context_destroy(ctx);
-    }
+    test_each_backend(NULL, run_backend);
     return test_finish("test_compute");
 }

@@ -474,21 +474,20 @@ static void test_summary_arguments(mfa_context* ctx) {
     test_tensor_free(&mask);
 }
 
-int main(void) {
-    for (int i = 0; i < TEST_BACKEND_COUNT; ++i) {
-        mfa_context* ctx = test_backend_context(i, NULL);
-        if (!ctx) continue;
-        const char* name = mfa_backend_name(test_backends[i]);
-        printf("test_merge: %s\n", name);
-        test_merge_values(ctx, name);
-        test_merge_special_values(ctx, name);
-        test_merge_of_attention(ctx, name);
-        test_mask_summaries(ctx, name);
-        if (test_backends[i] == MFA_BACKEND_CPU) {
-            test_merge_arguments(ctx);
-            test_summary_arguments(ctx);
-        }
-        mfa_context_destroy(ctx);
+static void run_backend(mfa_context* ctx, mfa_backend backend) {
+    const char* name = mfa_backend_name(backend);
+    printf("test_merge: %s\n", name);
+    test_merge_values(ctx, name);
+    test_merge_special_values(ctx, name);
+    test_merge_of_attention(ctx, name);
+    test_mask_summaries(ctx, name);
+    if (backend == MFA_BACKEND_CPU) {
+        test_merge_arguments(ctx);
+        test_summary_arguments(ctx);
     }
+}
+
+int main(void) {
+    test_each_backend(NULL, run_backend);
     return test_finish("test_merge");
 }

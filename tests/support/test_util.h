@@ -272,10 +272,38 @@ static mfa_context* test_backend_context(int i, const mfa_context_options* optio
                         mfa_backend_name(backend));
 }
 
+/* run(ctx, backend) on a context of each available backend of test_backends in turn (options as
+ * test_backend_context's), destroyed after it; returns how many backends ran. */
+static int test_each_backend(const mfa_context_options* options,
+                             void (*run)(mfa_context* ctx, mfa_backend backend)) {
+    int ran = 0;
+    for (int i = 0; i < TEST_BACKEND_COUNT; ++i) {
+        mfa_context* ctx = test_backend_context(i, options);
+        if (!ctx) continue;
+        run(ctx, test_backends[i]);
+        mfa_context_destroy(ctx);
+        ++ran;
+    }
+    return ran;
+}
+
+/* The section of a sectioned suite (test_main_sections) being run, and how. */
+static struct {
+    const char *suite, *name;
+    void (*run)(const char* section, mfa_context* ctx, mfa_backend backend);
+} test_section;
+
+static void test_run_section(mfa_context* ctx, mfa_backend backend) {
+    const int failures_before = test_failures;
+    test_section.run(test_section.name, ctx, backend);
+    printf("%s %s: %s %s\n", test_section.suite, test_section.name, mfa_backend_name(backend),
+           test_failures == failures_before ? "passed" : "FAILED");
+}
+
 /* The main of a suite that ctest runs one section at a time: argv[1] must name one of the count
  * `sections` (else a usage line and exit status 2); run(section, ctx, backend) on the default
- * context of each available backend of test_backends, with a line per backend saying whether it
- * passed. Returns main's exit status (test_finish). */
+ * context of each available backend, with a line per backend saying whether it passed. Returns
+ * main's exit status (test_finish). */
 static int
 test_main_sections(int argc, char** argv, const char* suite, const char* const* sections, int count,
                    void (*run)(const char* section, mfa_context* ctx, mfa_backend backend)) {
@@ -288,18 +316,10 @@ test_main_sections(int argc, char** argv, const char* suite, const char* const* 
         fputc('\n', stderr);
         return 2;
     }
-    int ran = 0;
-    for (int i = 0; i < TEST_BACKEND_COUNT; ++i) {
-        mfa_context* ctx = test_backend_context(i, NULL);
-        if (!ctx) continue;
-        const int failures_before = test_failures;
-        run(section, ctx, test_backends[i]);
-        mfa_context_destroy(ctx);
-        printf("%s %s: %s %s\n", suite, section, mfa_backend_name(test_backends[i]),
-               test_failures == failures_before ? "passed" : "FAILED");
-        ++ran;
-    }
-    CHECK(ran > 0, "no backend ran");
+    test_section.suite = suite;
+    test_section.name = section;
+    test_section.run = run;
+    CHECK(test_each_backend(NULL, test_run_section) > 0, "no backend ran");
     return test_finish(suite);
 }
 
