@@ -308,17 +308,8 @@ static void decode_problem(reader* r, call* c) {
 }
 
 static void decode_params(reader* r, call* c) {
-    static const float scales[] = {0.0f,
-                                   0.125f,
-                                   0.5f,
-                                   1.0f,
-                                   2.0f,
-                                   -0.75f,
-                                   1e-3f,
-                                   1e-30f,
-                                   __builtin_nanf(""),
-                                   __builtin_inff(),
-                                   -__builtin_inff()};
+    static const float scales[] = {0.0f,  0.125f, 0.5f, 1.0f,     2.0f,     -0.75f,
+                                   1e-3f, 1e-30f, NAN,  INFINITY, -INFINITY};
     static const size_t struct_sizes[] = {sizeof(mfa_attention_params),
                                           0,
                                           8,
@@ -644,8 +635,7 @@ static outcome expected_outcome(const call* c, const mfa_capabilities* caps) {
 
 /* Read after the mutations, so that the bytes before keep the format of the 0.1 calls. */
 static void decode_tweaks(reader* r, bool backward, compute_tweaks* t) {
-    static const float softcaps[] = {
-        0.0f, 0.0f, 0.0f, 1.5f, 50.0f, -1.0f, __builtin_nanf(""), __builtin_inff(), -0.0f};
+    static const float softcaps[] = {0.0f, 0.0f, 0.0f, 1.5f, 50.0f, -1.0f, NAN, INFINITY, -0.0f};
     static const int bad_directions[] = {2, -1, 7, INT32_MIN};
     const int args = next_byte(r) % 8;
     t->args = args < 4 ? 0 : args - 3;
@@ -1146,6 +1136,17 @@ static outcome merge_outcome(int32_t count, const fuzz_tensor* f, bool want_lse)
     return o;
 }
 
+/* Up to max (at most 8) mutations of the array kinds, of arrays [0, count), then the arrays:
+ * what a mutation claims of a shape, dtype or stride before they are allocated, where their
+ * data lives after. */
+static void mutate_and_allocate(reader* r, fuzz_tensor* f, int count, int max) {
+    mutation m[8];
+    const int n = decode_mutations(r, m, max, M_ARRAY_KINDS, 0, count);
+    for (int i = 0; i < n; ++i) apply_claim(f, &m[i]);
+    allocate(f, count);
+    for (int i = 0; i < n; ++i) apply_pointer(f, &m[i]);
+}
+
 static void run_merge(reader* r) {
     mfa_context* ctx = contexts[next_byte(r) % context_count];
     test_rng_state = next_u64(r) | 1;
@@ -1164,11 +1165,7 @@ static void run_merge(reader* r) {
         set_shape(&f[i].t, b, h, n, lse ? 1 : dv);
         decode_layout(r, &f[i].t);
     }
-    mutation m[6];
-    const int mutations = decode_mutations(r, m, 6, M_ARRAY_KINDS, 0, MERGE_ARRAYS);
-    for (int i = 0; i < mutations; ++i) apply_claim(f, &m[i]);
-    allocate(f, MERGE_ARRAYS);
-    for (int i = 0; i < mutations; ++i) apply_pointer(f, &m[i]);
+    mutate_and_allocate(r, f, MERGE_ARRAYS, 6);
     const bool want_lse = f[MERGE_LSE].present; /* NULL: not wanted, which is valid */
 
     const outcome expected = merge_outcome(count, f, want_lse);
@@ -1304,11 +1301,7 @@ static void run_summary(reader* r) {
     set_shape(&f[SUMMARY_OUT].t, stride0 ? 1 : mb, mh, seq_q < 1 ? 1 : mask_blocks(seq_q),
               seq_k < 1 ? 1 : mask_blocks(seq_k));
     decode_layout(r, &f[SUMMARY_OUT].t);
-    mutation m[4];
-    const int mutations = decode_mutations(r, m, 4, M_ARRAY_KINDS, 0, SUMMARY_ARRAYS);
-    for (int i = 0; i < mutations; ++i) apply_claim(f, &m[i]);
-    allocate(f, SUMMARY_ARRAYS);
-    for (int i = 0; i < mutations; ++i) apply_pointer(f, &m[i]);
+    mutate_and_allocate(r, f, SUMMARY_ARRAYS, 4);
 
     outcome o = {0, 0};
     if (seq_q < 1 || seq_k < 1) violation(&o, MFA_ERROR_INVALID_ARGUMENT);
@@ -1469,18 +1462,8 @@ static int32_t read_i32_at(const fuzz_tensor* f, int64_t b, int64_t e) {
 }
 
 static void decode_features(reader* r, features_call* c) {
-    static const float softcaps[] = {0.0f,
-                                     0.0f,
-                                     0.0f,
-                                     0.0f,
-                                     0.5f,
-                                     2.5f,
-                                     30.0f,
-                                     -0.0f,
-                                     1e-30f,
-                                     -1.0f,
-                                     __builtin_nanf(""),
-                                     __builtin_inff()};
+    static const float softcaps[] = {0.0f,  0.0f,  0.0f,   0.0f,  0.5f, 2.5f,
+                                     30.0f, -0.0f, 1e-30f, -1.0f, NAN,  INFINITY};
     static const int64_t windows[] = {-1, -1, -1, 0, 1, 3};
     static const int64_t block_sizes[] = {8, 16, 8, 24, 32, 8, 12, 264};
     memset(c, 0, sizeof *c);
