@@ -1093,6 +1093,39 @@ static void run_case(const mfa_backend_ops* ops, void* state, const Case& c, std
     ref_free(&f);
 }
 
+/* Sequence b of a packed or paged case against the dense reference: its problem (nq queries, nk
+ * keys, the case's band and heads) with its batch's modifiers, the mask cut to its batch, rows
+ * and keys (into *mask), and a label naming it. */
+template <class SequenceCase>
+static ref_problem sequence_problem(const SequenceCase& c, ModifierArrays& mods, int64_t b,
+                                    int64_t nq, int64_t nk, float scale, char* label,
+                                    size_t label_size, mfa_tensor* mask) {
+    snprintf(label, label_size, "%s, sequence %lld", c.name, (long long)b);
+    ref_problem r = reference_problem(1, c.heads_q, c.heads_kv, nq, nk, c.dim, c.dim_v, scale,
+                                      c.window_left, c.window_right, c.bottom_right);
+    mods.refer(c.mods, b, c.heads_q, &r);
+    if (r.mask) {
+        *mask = *r.mask;
+        if (mask->shape[0] > 1)
+            mask->data = (char*)mask->data + mfa_dtype_size(mask->dtype) * b * mask->strides[0];
+        mask->shape[0] = 1;
+        if (mask->shape[2] > 1) mask->shape[2] = nq;
+        if (mask->shape[3] > 1) mask->shape[3] = nk;
+        r.mask = mask;
+    }
+    return r;
+}
+
+/* out and lse of one sequence against the reference forward over its nk keys. */
+static void check_forward(const char* label, const ref_problem& r, const mfa_tensor& q,
+                          const mfa_tensor& k, const mfa_tensor& v, const mfa_tensor& out,
+                          const mfa_tensor& lse, mfa_dtype dtype, int64_t nk) {
+    ref_result f = ref_forward(&r, &q, &k, &v);
+    check_result(label, "out", out, dtype, f.out, f.out_mag, nk, f.max_score);
+    check_result(label, "lse", lse, MFA_DTYPE_F32, f.lse, f.lse_mag, nk, f.max_score);
+    ref_free(&f);
+}
+
 /* ---- Packed sequences ------------------------------------------------------------------------
  * q [1, Hq, total_q, D] and k, v [1, Hkv, total_k, .] with offsets cu_q, cu_k; each sequence
  * against the dense reference of its own rows (its lengths, its band, its row of the mask and of
@@ -1241,28 +1274,13 @@ static void run_varlen_case(const mfa_backend_ops* ops, void* state, const Varle
         const int64_t nq = c.lengths_q[(size_t)b], nk = c.lengths_k[(size_t)b];
         const int64_t q0 = cu_q[(size_t)b], k0 = cu_k[(size_t)b];
         char label[160];
-        snprintf(label, sizeof label, "%s, sequence %lld", c.name, (long long)b);
-        ref_problem r = reference_problem(1, Hq, Hkv, nq, nk, D, Dv, scale, c.window_left,
-                                          c.window_right, c.bottom_right);
-        mods.refer(c.mods, b, Hq, &r);
         mfa_tensor mask;
-        if (r.mask) {
-            /* Sequence b's part of the mask: its batch, its local rows and keys. */
-            mask = *r.mask;
-            if (mask.shape[0] > 1)
-                mask.data = (char*)mask.data + mfa_dtype_size(mask.dtype) * b * mask.strides[0];
-            mask.shape[0] = 1;
-            if (mask.shape[2] > 1) mask.shape[2] = nq;
-            if (mask.shape[3] > 1) mask.shape[3] = nk;
-            r.mask = &mask;
-        }
+        ref_problem r = sequence_problem(c, mods, b, nq, nk, scale, label, sizeof label, &mask);
         const mfa_tensor tq = q.sub(0, 1, q0, nq), tk = k.sub(0, 1, k0, nk),
                          tv = v.sub(0, 1, k0, nk);
         const mfa_tensor tout = out.sub(0, 1, q0, nq), tlse = lse.sub(0, 1, q0, nq);
         const mfa_tensor tdout = dout.sub(0, 1, q0, nq);
-        ref_result f = ref_forward(&r, &tq, &tk, &tv);
-        check_result(label, "out", tout, c.dtype, f.out, f.out_mag, nk, f.max_score);
-        check_result(label, "lse", tlse, MFA_DTYPE_F32, f.lse, f.lse_mag, nk, f.max_score);
+        check_forward(label, r, tq, tk, tv, tout, tlse, c.dtype, nk);
         ref_result g = ref_backward(&r, &tq, &tk, &tv, &tout, &tdout, &tlse, NULL);
         const int64_t longest = std::max(nq, nk);
         check_result(label, "dq", dq.sub(0, 1, q0, nq), c.dtype, g.dq, g.dq_mag, longest,
@@ -1276,7 +1294,6 @@ static void run_varlen_case(const mfa_backend_ops* ops, void* state, const Varle
             dsinks_mag[(size_t)h] += g.dsinks_mag[h];
         }
         max_score = std::max(max_score, g.max_score);
-        ref_free(&f);
         ref_free(&g);
     }
     if (c.mods.sinks)
@@ -1407,27 +1424,24 @@ static void run_paged_case(const mfa_backend_ops* ops, void* state, const PagedC
     Tensor k_new(c.dtype, B, Hkv, N_new, D), v_new(c.dtype, B, Hkv, N_new, Dv);
     for (Tensor* t : {&q, &logical_k, &logical_v}) t->fill_normal(rng);
     for (Tensor* t : {&out, &lse, &k_cache, &v_cache, &k_want, &v_want}) t->fill(NAN);
-    for (int64_t b = 0; b < B; ++b)
-        for (int64_t h = 0; h < Hkv; ++h)
-            for (int64_t j = 0; j < keys[(size_t)b]; ++j) {
-                const bool cached = j < c.cached[(size_t)b];
-                for (int64_t x = 0; x < D; ++x) {
-                    const float value = (float)logical_k.get(b, h, j, x);
-                    if (cached)
-                        k_cache.set(block_of(b, j), h, j % bs, x, value);
-                    else
-                        k_new.set(b, h, j - c.cached[(size_t)b], x, value);
-                    k_want.set(block_of(b, j), h, j % bs, x, value);
-                }
-                for (int64_t x = 0; x < Dv; ++x) {
-                    const float value = (float)logical_v.get(b, h, j, x);
-                    if (cached)
-                        v_cache.set(block_of(b, j), h, j % bs, x, value);
-                    else
-                        v_new.set(b, h, j - c.cached[(size_t)b], x, value);
-                    v_want.set(block_of(b, j), h, j % bs, x, value);
-                }
-            }
+    /* Each sequence's rows into its blocks of the cache, or into the appended rows past its
+     * cached length; the cache expected afterwards holds them all. */
+    auto place = [&](Tensor& logical, Tensor& cache, Tensor& appended, Tensor& want,
+                     int64_t width) {
+        for (int64_t b = 0; b < B; ++b)
+            for (int64_t h = 0; h < Hkv; ++h)
+                for (int64_t j = 0; j < keys[(size_t)b]; ++j)
+                    for (int64_t x = 0; x < width; ++x) {
+                        const float value = (float)logical.get(b, h, j, x);
+                        if (j < c.cached[(size_t)b])
+                            cache.set(block_of(b, j), h, j % bs, x, value);
+                        else
+                            appended.set(b, h, j - c.cached[(size_t)b], x, value);
+                        want.set(block_of(b, j), h, j % bs, x, value);
+                    }
+    };
+    place(logical_k, k_cache, k_new, k_want, D);
+    place(logical_v, v_cache, v_new, v_want, Dv);
     ModifierArrays mods;
     mods.make(c.mods, c.dtype, B, Hq, Nq, max_blocks * bs, rng);
 
@@ -1458,27 +1472,12 @@ static void run_paged_case(const mfa_backend_ops* ops, void* state, const PagedC
     for (int64_t b = 0; b < B; ++b) {
         const int64_t nk = keys[(size_t)b];
         char label[160];
-        snprintf(label, sizeof label, "%s, sequence %lld", c.name, (long long)b);
-        ref_problem r = reference_problem(1, Hq, Hkv, Nq, nk, D, Dv, scale, c.window_left,
-                                          c.window_right, c.bottom_right);
-        mods.refer(c.mods, b, Hq, &r);
         mfa_tensor mask;
-        if (r.mask) {
-            mask = *r.mask;
-            if (mask.shape[0] > 1)
-                mask.data = (char*)mask.data + mfa_dtype_size(mask.dtype) * b * mask.strides[0];
-            mask.shape[0] = 1;
-            if (mask.shape[3] > 1) mask.shape[3] = nk;
-            r.mask = &mask;
-        }
+        ref_problem r = sequence_problem(c, mods, b, Nq, nk, scale, label, sizeof label, &mask);
         const mfa_tensor tq = q.sub(b, 1, 0, Nq), tk = logical_k.sub(b, 1, 0, nk);
         const mfa_tensor tv = logical_v.sub(b, 1, 0, nk);
-        ref_result f = ref_forward(&r, &tq, &tk, &tv);
-        check_result(label, "out", out.sub(b, 1, 0, Nq), c.dtype, f.out, f.out_mag, nk,
-                     f.max_score);
-        check_result(label, "lse", lse.sub(b, 1, 0, Nq), MFA_DTYPE_F32, f.lse, f.lse_mag, nk,
-                     f.max_score);
-        ref_free(&f);
+        check_forward(label, r, tq, tk, tv, out.sub(b, 1, 0, Nq), lse.sub(b, 1, 0, Nq), c.dtype,
+                      nk);
     }
 }
 
