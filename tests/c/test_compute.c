@@ -1,9 +1,8 @@
 /* mfa_attention_compute on every available backend, for the dense problems the 0.1 calls also
  * express: forward (out, lse) and backward (dq, dk, dv) against the float64 reference of
  * test_reference.h, through compute and through mfa_attention_forward / _backward, each checked
- * against the reference (not against each other). And the ABI promise of mfa_attention_args:
- * its first release's layout, a newer program's larger struct and a smaller one, and what
- * mfa_attention_args_init writes for each size. */
+ * against the reference (not against each other). mfa_attention_args' sizes are
+ * test_abi_sizes.c's. */
 #include "test_reference.h"
 #include "test_util.h"
 
@@ -93,118 +92,10 @@ static void run_config(mfa_context* ctx, const char* backend, const test_problem
     test_attention_free(&a);
 }
 
-/* ---- mfa_attention_args sizes ---------------------------------------------------------------- */
-
-/* mfa_attention_args as libmfa 0.2.0, its first release, laid it out. */
-typedef struct args_0_2_0 {
-    size_t struct_size;
-    float softcap;
-    int32_t initial_state;
-    int64_t max_seqlen_q;
-    int64_t max_seqlen_k;
-    const mfa_array *q, *k, *v, *out, *lse, *dout, *dq, *dk, *dv;
-    const mfa_array *mask, *block_mask, *alibi_slopes, *sinks, *dsinks;
-    const mfa_array *cu_seqlens_q, *cu_seqlens_k;
-    const mfa_array *block_table, *cache_seqlens, *k_new, *v_new;
-} args_0_2_0;
-
-typedef struct args_next {
-    args_0_2_0 first;
-    int64_t appended;
-} args_next;
-
-static int all_bytes(const void* p, size_t from, size_t to, unsigned char byte) {
-    for (size_t i = from; i < to; ++i)
-        if (((const unsigned char*)p)[i] != byte) return 0;
-    return 1;
-}
-
-static void test_args_sizes(mfa_context* ctx) {
-    enum { B = 1, HQ = 2, HKV = 1, NQ = 5, NK = 9, D = 4, DV = 3 };
-    test_attention a = test_attention_make(MFA_DTYPE_F32, B, HQ, HKV, NQ, NK, D, DV, TEST_BHSD);
-    arrays x;
-    mfa_attention_args current;
-    arrays_of(&a, &x, &current, MFA_FORWARD);
-
-    /* A 0.2.0 program's struct, set by hand and exactly sized (AddressSanitizer builds catch a
-     * read past it), is read: the result matches the reference. */
-    args_0_2_0* old = (args_0_2_0*)calloc(1, sizeof *old);
-    old->struct_size = sizeof *old;
-    old->q = &x.q, old->k = &x.k, old->v = &x.v, old->out = &x.out, old->lse = &x.lse;
-    test_fill_nan(&a.out);
-    CHECK(mfa_attention_compute(ctx, MFA_FORWARD, NULL,
-                                (const mfa_attention_args*)(const void*)old) == MFA_OK,
-          "0.2.0 args rejected: %s", mfa_last_error());
-    const ref_problem problem = ref_problem_of(&a.q.t, &a.k.t, &a.v.t, NULL);
-    ref_result want = ref_forward(&problem, &a.q.t, &a.k.t, &a.v.t);
-    check("0.2.0 args", "out", &a.out, MFA_DTYPE_F32, want.out, want.out_mag, NK, want.max_score);
-    ref_free(&want);
-
-    /* A newer program's struct (a field appended) is refused, naming the struct. */
-    args_next* newer = (args_next*)calloc(1, sizeof *newer);
-    newer->first = *old;
-    newer->first.struct_size = sizeof *newer;
-    test_fill_nan(&a.out);
-    CHECK(mfa_attention_compute(ctx, MFA_FORWARD, NULL,
-                                (const mfa_attention_args*)(const void*)newer) ==
-              MFA_ERROR_INVALID_ARGUMENT,
-          "args larger than the library's accepted");
-    CHECK(strstr(mfa_last_error(), "args.struct_size") &&
-              strstr(mfa_last_error(), "mfa_attention_args") &&
-              strstr(mfa_last_error(), "newer mfa.h"),
-          "message: %s", mfa_last_error());
-    CHECK(all_bytes(a.out.storage, 0, a.out.bytes, 0xff), "out written by a refused call");
-
-    /* Smaller than the first release's: no release had it. */
-    old->struct_size = sizeof *old - sizeof(void*);
-    CHECK(mfa_attention_compute(ctx, MFA_FORWARD, NULL,
-                                (const mfa_attention_args*)(const void*)old) ==
-              MFA_ERROR_INVALID_ARGUMENT,
-          "args smaller than 0.2.0's accepted");
-    CHECK(strstr(mfa_last_error(), "libmfa 0.2.0") &&
-              strstr(mfa_last_error(), "mfa_attention_args_init()"),
-          "message: %s", mfa_last_error());
-    CHECK(all_bytes(a.out.storage, 0, a.out.bytes, 0xff), "out written by a refused call");
-    CHECK(sizeof(args_0_2_0) == sizeof(mfa_attention_args),
-          "mfa.h grew mfa_attention_args: this test's newer-program case now needs the layout "
-          "of the release that adds the field");
-
-    /* The sized init: zeros and struct_size in exactly the caller's bytes. */
-    const size_t big = sizeof(mfa_attention_args) + 16;
-    unsigned char* bytes = (unsigned char*)malloc(big + 8);
-    memset(bytes, 0xEE, big + 8);
-    mfa_attention_args_init((mfa_attention_args*)(void*)bytes, big);
-    size_t size;
-    memcpy(&size, bytes, sizeof size);
-    CHECK(size == big && all_bytes(bytes, sizeof size, big, 0) &&
-              all_bytes(bytes, big, big + 8, 0xEE),
-          "init of a larger struct: struct_size %zu, or bytes wrong", size);
-    CHECK(mfa_attention_compute(ctx, MFA_FORWARD, NULL, (const mfa_attention_args*)(void*)bytes) ==
-              MFA_ERROR_INVALID_ARGUMENT,
-          "a larger struct, even zero-filled, must be refused");
-    const size_t small = 40;
-    memset(bytes, 0xEE, big + 8);
-    mfa_attention_args_init((mfa_attention_args*)(void*)bytes, small);
-    memcpy(&size, bytes, sizeof size);
-    CHECK(size == small && all_bytes(bytes, sizeof size, small, 0) &&
-              all_bytes(bytes, small, big + 8, 0xEE),
-          "init of a smaller struct wrote past it (struct_size %zu)", size);
-    memset(bytes, 0xEE, big + 8);
-    mfa_attention_args_init((mfa_attention_args*)(void*)bytes, sizeof(size_t) - 1);
-    CHECK(all_bytes(bytes, 0, big + 8, 0xEE), "init of a struct too small for struct_size wrote");
-    mfa_attention_args_init(NULL, sizeof(mfa_attention_args));
-
-    free(bytes);
-    free(newer);
-    free(old);
-    test_attention_free(&a);
-}
-
 static void run_backend(mfa_context* ctx, mfa_backend backend) {
     for (size_t c = 0; c < sizeof configs / sizeof configs[0]; ++c)
         for (int via = 0; via < 2; ++via)
             run_config(ctx, mfa_backend_name(backend), &configs[c], via);
-    if (backend == MFA_BACKEND_CPU) test_args_sizes(ctx);
 }
 
 int main(void) {
