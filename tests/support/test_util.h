@@ -1,5 +1,6 @@
 /* Small helpers shared by the C tests: strided test tensors, the tensors and options of one
- * attention call, a checked context, and f16 / bf16 conversions written independently of the
+ * attention call, checked contexts and the loop over every available backend (with the main of a
+ * suite run one section at a time), and f16 / bf16 conversions written independently of the
  * library. Checks are check.h's. */
 #ifndef MFA_TEST_UTIL_H
 #define MFA_TEST_UTIL_H
