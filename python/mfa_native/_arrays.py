@@ -41,6 +41,7 @@ __all__ = [
     "ArrayView",
     "read_array",
     "allocate",
+    "synchronize",
     "device_name",
 ]
 
@@ -278,6 +279,7 @@ class _TorchKind:
     export, and it sees MPS storage as the Metal buffer plus offset that it is."""
 
     name = "torch"
+    device_results = True
 
     def __init__(self, torch):
         self.torch = torch
@@ -299,6 +301,9 @@ class _TorchKind:
             )
         numpy_dtype = self.to_numpy.get(tensor.dtype) or str(tensor.dtype)
         _check_dtype(name, numpy_dtype, dtype)
+        return self._view(name, tensor, numpy_dtype)
+
+    def _view(self, name, tensor, numpy_dtype):
         itemsize = numpy_dtype.itemsize
         if tensor.is_cpu:
             device, address, byte_offset = CPU, tensor.data_ptr(), 0
@@ -327,15 +332,33 @@ class _TorchKind:
             tensor,
         )
 
-    def empty(self, specs):
+    def empty(self, specs, like=None):
+        """New tensors in CPU memory, or on the device of the tensor that `like` views (MPS:
+        Metal buffers of torch's allocator, read as buffer plus offset)."""
         results = []
+        if like is None:
+            for shape, dtype in specs:
+                tensor = self.torch.empty(shape, dtype=self.from_numpy[dtype])
+                view = ArrayView(
+                    self, CPU, tensor.data_ptr(), 0, dtype, shape, tensor.stride(), True, tensor
+                )
+                results.append((tensor, view))
+            return results
+        device = like.keepalive.device
         for shape, dtype in specs:
-            tensor = self.torch.empty(shape, dtype=self.from_numpy[dtype])
-            view = ArrayView(
-                self, CPU, tensor.data_ptr(), 0, dtype, shape, tensor.stride(), True, tensor
-            )
-            results.append((tensor, view))
+            tensor = self.torch.empty(shape, dtype=self.from_numpy[dtype], device=device)
+            results.append((tensor, self._view("result", tensor, dtype)))
         return results
+
+    def synchronize(self):
+        """Before a call in Metal memory: torch's MPS stream has finished the work it queued,
+        which may still be writing the inputs (or the memory the results were given). Public
+        Python has no handle on the MPS stream's command buffer to encode into (torch's C++
+        torch::mps::get_command_buffer() is not reachable without a compiled extension), so
+        the call waits for the stream. No synchronisation is needed after: the call returns
+        once mfa's own command buffer has completed, and shared memory is coherent at
+        command-buffer boundaries."""
+        self.torch.mps.synchronize()
 
 
 # ---- MLX and other DLPack producers ---------------------------------------------------------
@@ -348,6 +371,7 @@ class _MlxKind:
     yet."""
 
     name = "mlx"
+    device_results = True
 
     def __init__(self, mx):
         self.mx = mx
@@ -355,7 +379,10 @@ class _MlxKind:
     def read(self, name, array, dtype):
         return _read_dlpack(self, name, array, dtype)
 
-    def empty(self, specs):
+    def empty(self, specs, like=None):
+        """New arrays in the memory MLX keeps every array in: CPU memory, or (where Metal is
+        available) Metal buffers, exported as kDLMetal like the inputs (like: the call's
+        first input, whose memory the results must share)."""
         # An array made from host memory exists at once, where mx.zeros would need an
         # evaluation: a round trip to MLX's stream thread that costs more than the copy of
         # a small result, and a pass over memory as long as the copy's for a large one.
@@ -363,6 +390,11 @@ class _MlxKind:
         results = []
         for array, (_, dtype) in zip(arrays, specs):
             view = _read_dlpack(self, "result", array, dtype)
+            if like is not None and view.device != like.device:
+                raise ValueError(
+                    f"MLX made a result in {device_name(view.device)} memory for arrays in "
+                    f"{device_name(like.device)} memory: pass out= (and lse=) explicitly"
+                )
             view.writable = True
             results.append((array, view))
         return results
@@ -523,17 +555,31 @@ def read_array(name, array, dtype=None):
     return kind.read(name, array, dtype)
 
 
-def allocate(kind, specs, device=CPU):
+def allocate(kind, specs, like):
     """[(result, view)] of new C-contiguous arrays of the given kind, one for each (shape,
-    numpy dtype) in specs, for a call in `device`'s memory. Results are allocated in CPU memory
-    only: a call in device memory (a DeviceBuffer, kDLMetal) takes every output explicitly,
-    and a ValueError says so before anything is written."""
+    numpy dtype) in specs, in the memory of the view `like` (the call's first array). Results
+    are allocated in CPU memory, and in device memory by the kinds that know how (torch on
+    MPS, MLX in Metal buffers: device_results, empty(specs, like)); a call in other device memory (a
+    DeviceBuffer, another kDLMetal producer) takes every output explicitly, and a ValueError
+    says so before anything is written."""
     if not specs:
         return []
-    if device != CPU:
+    if like.device == CPU:
+        return kind.empty(specs)
+    if not getattr(kind, "device_results", False):
         raise ValueError(
-            f"the arrays are in {device_name(device)} memory: pass every output (out=, lse=, "
-            "dq=, ...) as an array in the same memory; mfa_native allocates results in CPU "
-            "memory only"
+            f"the arrays are in {device_name(like.device)} memory: pass every output (out=, "
+            "lse=, dq=, ...) as an array in the same memory; mfa_native allocates results in "
+            "device memory only for torch tensors and MLX arrays"
         )
-    return kind.empty(specs)
+    return kind.empty(specs, like)
+
+
+def synchronize(views):
+    """Before a call in device memory: let each producer of the call's arrays finish the work
+    it queued on them (torch's MPS stream); MLX arrays were evaluated by their DLPack export,
+    DeviceBuffers are the caller's to order."""
+    for kind in {view.kind for view in views}:
+        wait = getattr(kind, "synchronize", None)
+        if wait is not None:
+            wait()

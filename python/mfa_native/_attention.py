@@ -20,8 +20,18 @@ from typing import Any, Literal, Optional, Protocol, TypeVar, Union, overload
 
 import numpy as np
 
-from ._arrays import BOOL, CPU, INT32, METAL, UINT8, allocate, device_name, read_array
-from ._context import DTYPES, Context, resolve_context
+from ._arrays import (
+    BOOL,
+    CPU,
+    INT32,
+    METAL,
+    UINT8,
+    allocate,
+    device_name,
+    read_array,
+    synchronize,
+)
+from ._context import DTYPES, Context, available_backends, resolve_context
 from ._device import encoding_target
 from ._keywords import MFA_NAMES, keyword_hints
 from ._library import ffi, lib
@@ -204,12 +214,13 @@ class _Call:
     """The arrays of one library call: each one's C view (shape and strides in the C API's
     axis order) under its role, and the (name, view) pairs that must share one memory kind."""
 
-    __slots__ = ("roles", "named", "device")
+    __slots__ = ("roles", "named", "device", "memory")
 
     def __init__(self):
         self.roles = []
         self.named = []
         self.device = CPU  # of every array, once check_memory has run
+        self.memory = None  # the first array's view, whose memory results share
 
     def add(self, role, name, view, c_view):
         self.roles.append((role, view, c_view))
@@ -237,8 +248,16 @@ class _Call:
                     f"{device_name(first.device)} memory: the arrays of a call must share one"
                 )
         if first.device == METAL and context.backend != "metal":
-            _refuse_metal_memory(context.backend)
+            _refuse_metal_memory(first_name, context.backend)
         self.device = first.device
+        self.memory = first
+
+    def synchronize(self):
+        """Right before the library call, once every result is allocated: in device memory,
+        the producers of the arrays finish what they queued on them (torch.mps.synchronize);
+        in CPU memory there is nothing to wait for."""
+        if self.device != CPU:
+            synchronize([view for _, view in self.named])
 
 
 def _memory_fields(view):
@@ -249,14 +268,20 @@ def _memory_fields(view):
     return (ffi.NULL, ffi.cast(_VOID_P, view.address), view.byte_offset)
 
 
-def _refuse_metal_memory(backend):
+def _refuse_metal_memory(name, backend):
     """Metal memory (MPS tensors, MLX arrays on a Mac: DLPack kDLMetal) goes to the metal
     backend's device buffers only. Elsewhere it is refused before anything is allocated or
     written, and never copied behind the caller's back."""
+    here = available_backends()
+    where = (
+        "Use backend='metal'"
+        if "metal" in here
+        else f"This machine has no metal backend (available: {', '.join(here)})"
+    )
     raise NotImplementedError(
-        "the arrays are in Metal memory (DLPack kDLMetal: MPS tensors, MLX arrays on an Apple "
-        f"GPU), which only the metal backend reads, not {backend!r}. Use backend='metal', or "
-        "copy them to CPU memory explicitly (tensor.cpu(), numpy.array(x))"
+        f"{name} is in Metal memory (DLPack kDLMetal: MPS tensors, MLX arrays on an Apple "
+        f"GPU), which only the metal backend reads, not {backend!r}. {where}; or copy the "
+        "arrays to CPU memory explicitly (tensor.cpu(), numpy.array(x))"
     )
 
 
@@ -506,6 +531,7 @@ def _compute(context, direction, params, call, softcap, extra=()):
     # mfa_attention_args_init's defaults are all bytes zero, as ffi.new leaves them.
     fields.update(extra, struct_size=_ARGS_SIZE, softcap=softcap)
     args = ffi.new(_ARGS, fields)
+    call.synchronize()
     target = encoding_target()
     if target is None:
         context._call(lib.mfa_attention_compute, direction, params, args)
@@ -552,7 +578,7 @@ def _forward(q, call, arrays, sizes, options, extra=()):
             q.kind,
             ([(out_shape, q.dtype)] if out is None else [])
             + ([(lse_shape, _F32)] if lse is None and return_lse else []),
-            call.device,
+            call.memory,
         )
     )
     if out is None:
@@ -604,7 +630,7 @@ def _backward(arrays, sizes, call, operands, options, extra=()):
 
     wanted = ("dq", "dk", "dv", "dsinks") if return_dsinks else ("dq", "dk", "dv")
     missing = [name for name in wanted if results[name] is None]
-    allocated = allocate(q.kind, [specs[n][:2] for n in missing], call.device)
+    allocated = allocate(q.kind, [specs[n][:2] for n in missing], call.memory)
     for name, (array, view) in zip(missing, allocated):
         results[name], views[name] = array, view
     for name in ("dq", "dk", "dv"):
@@ -1392,9 +1418,10 @@ def mask_summary(mask: Array, seq_q: int, seq_k: int, *, backend: Backend = None
     summary_shape = _summary_shape(shape, strides, seq_q, seq_k)
     context = resolve_context(backend)
     call.check_memory(context)
-    ((summary, summary_view),) = allocate(view.kind, [(summary_shape, UINT8)], call.device)
+    ((summary, summary_view),) = allocate(view.kind, [(summary_shape, UINT8)], call.memory)
     call.add("summary", "summary", summary_view, (summary_shape, summary_view.strides))
     arrays, pointers = call.arrays()
+    call.synchronize()
     context._call(lib.mfa_mask_summarize, pointers["mask"], seq_q, seq_k, pointers["summary"])
     return summary
 
@@ -1519,7 +1546,7 @@ def merge_attention_states(
             first.kind,
             ([(first.shape, first.dtype)] if out is None else [])
             + ([(lse_shape, _F32)] if lse is None and return_lse else []),
-            call.device,
+            call.memory,
         )
     )
     if out is None:
@@ -1532,6 +1559,7 @@ def merge_attention_states(
     arrays_memory, pointers = call.arrays()
     part_outs = ffi.new(_ARRAY_POINTERS, [pointers[f"out{i}"] for i in parts])
     part_lses = ffi.new(_ARRAY_POINTERS, [pointers[f"lse{i}"] for i in parts])
+    call.synchronize()
     context._call(
         lib.mfa_attention_merge,
         len(parts),

@@ -16,9 +16,8 @@ giving zeros, and ``return_attn_probs=True`` returning ``(out, softmax_lse, S_dm
 softmax_lse float32 ``[batch, nheads, seqlen_q]`` (``[nheads, total_q]`` packed). All but the
 KV-cache function are differentiable through :mod:`mfa_native.torch`'s operators (mfa's fused
 backward, options carried from the forward) and trace under ``torch.compile``, so code written
-for flash-attn on CUDA runs unchanged on CPU tensors, and on a Mac once the metal backend takes
-MPS tensors. As in flash-attn, ``alibi_slopes`` get no gradient and
-:func:`flash_attn_with_kvcache` has no backward.
+for flash-attn on CUDA runs unchanged on CPU tensors and on MPS tensors. As in flash-attn,
+``alibi_slopes`` get no gradient and :func:`flash_attn_with_kvcache` has no backward.
 
 Beyond flash-attn: float32 as well as float16 and bfloat16, any head dimension, a value head
 dimension different from the query's, any strides (inputs are never copied or padded), and
@@ -30,8 +29,9 @@ backward is always deterministic, and it splits the keys of a decoding step itse
 backends compute softcap, ALiBi, packed sequences and paged caches is in
 ``mfa_native.Context(...).capabilities``; elsewhere they raise MFAError UNSUPPORTED.
 
-What ran where: CPU tensors are tested on every CI run (Linux); MPS tensors raise
-NotImplementedError until libmfa has its device-buffer path (never a silent copy).
+What ran where: CPU tensors are tested on every CI run (Linux); MPS tensors go to the metal
+backend's device buffers as in :mod:`mfa_native.torch` (awaiting a Mac; without the metal
+backend they raise NotImplementedError, never a silent copy).
 """
 
 from __future__ import annotations

@@ -27,11 +27,19 @@ Functions:
 - :func:`enable`, :func:`disable` and the context manager :func:`routed`: route
   ``torch.nn.functional.scaled_dot_product_attention`` itself through mfa, and restore it.
 
-Tensors: float32, float16 or bfloat16 in CPU memory, any strides (views are never copied).
+Tensors: float32, float16 or bfloat16, any strides (views are never copied), in CPU memory or
+on MPS. An MPS tensor goes to the metal backend's device-buffer entry points: its storage
+pointer is its ``id<MTLBuffer>``, bound at a byte offset of ``storage_offset() *
+element_size()``; results are allocated on the same device by torch. Synchronisation: before
+each call ``torch.mps.synchronize()`` waits for the work torch queued (public Python exposes no
+handle on the MPS stream's command buffer to encode into), and the call returns once mfa's own
+command buffer has completed, so nothing more is needed after it. Without the metal backend an
+MPS tensor raises NotImplementedError naming the argument; it is never copied to the CPU
+implicitly.
 What ran where: CPU tensors, forward and backward, eager and compiled, are tested on every CI
-run (Linux). MPS tensors are routed to the metal backend's device-buffer path, which libmfa does
-not have yet: they raise NotImplementedError, and are never copied to the CPU implicitly.
-Importing this module imports torch; ``import mfa_native`` alone never does.
+run (Linux); the device-memory routing runs there through metal-sim's device buffers. MPS
+tensors themselves await a Mac. Importing this module imports torch; ``import mfa_native``
+alone never does.
 """
 
 from __future__ import annotations
@@ -148,7 +156,7 @@ def _backward_kernel(
 
 
 # CPU tensors run here. MPS tensors reach the same kernels, which send Metal memory to the
-# metal backend's device-buffer path (today: a NotImplementedError naming it).
+# metal backend's device-buffer path (elsewhere: a NotImplementedError naming the argument).
 for _dispatch_key in ("CPU", "MPS"):
     _library.impl("attention_forward", _forward_kernel, _dispatch_key)
     _library.impl("attention_backward", _backward_kernel, _dispatch_key)

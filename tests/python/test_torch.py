@@ -21,6 +21,7 @@ from _backends import (
     run_or_skip,
 )
 from _errors import raises
+from mfa_native import _arrays
 
 torch = pytest.importorskip("torch")
 mfa_torch = pytest.importorskip("mfa_native.torch")
@@ -547,6 +548,31 @@ def test_mps_and_meta_tensors_are_not_copied():
     q = torch.randn(1, 2, 5, 8)
     with pytest.raises(ValueError, match="^q is on the 'meta' device"):
         mfa_native.attention(q.to("meta"), q, q)
+
+
+def test_an_mps_tensor_is_read_as_its_buffer_and_byte_offset():
+    """What an MPS tensor gives libmfa (no MPS device here: its attributes stood in): the
+    storage pointer, which is the id<MTLBuffer>, and storage_offset elements into it."""
+
+    class Storage:
+        def data_ptr(self):
+            return 0x7000
+
+    class MpsTensor:
+        is_cpu, is_mps, requires_grad, dtype, shape = False, True, False, torch.float16, (2, 3)
+
+        def untyped_storage(self):
+            return Storage()
+
+        def storage_offset(self):
+            return 5
+
+        def stride(self):
+            return (1, 2)
+
+    view = _arrays._torch_kind(torch).read("q", MpsTensor(), None)
+    assert (view.device, view.address, view.byte_offset) == (_arrays.METAL, 0x7000, 10)
+    assert view.shape == (2, 3) and view.strides == (1, 2)
 
 
 # ---- routing torch.nn.functional.scaled_dot_product_attention --------------------------------
