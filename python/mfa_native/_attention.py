@@ -319,8 +319,31 @@ def _window_bound(side, value):
     return int(value)
 
 
+# (causal, causal_alignment, window, scale and their types) -> the parameter struct made for
+# them, shared by the calls that repeat them (read-only once made, so across threads too).
+_params_made: dict[tuple[Any, ...], Any] = {}
+_PARAMS_KEPT = 256
+
+
 def _params(causal, causal_alignment, window, scale):
     """Validate the masking and scaling options and return the C parameter struct."""
+    # The types too: 1 == True == 1.0, but only some of them are valid.
+    bound_types = tuple(map(type, window)) if type(window) is tuple else type(window)
+    key = (causal, causal_alignment, window, scale, type(causal), bound_types, type(scale))
+    try:
+        return _params_made[key]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable window: checked (and refused, or made) every time
+        return _make_params(causal, causal_alignment, window, scale)
+    params = _make_params(causal, causal_alignment, window, scale)
+    if len(_params_made) >= _PARAMS_KEPT:
+        _params_made.clear()
+    _params_made[key] = params
+    return params
+
+
+def _make_params(causal, causal_alignment, window, scale):
     causal = _flag("causal", causal)
     if not isinstance(causal_alignment, str) or causal_alignment not in _ALIGNMENTS:
         raise ValueError(

@@ -128,7 +128,10 @@ _SINKS = _Options._fields.index("sinks")
 
 
 def _forward_kernel(q: Tensor, k: Tensor, v: Tensor, *options: Any) -> tuple[Tensor, Tensor]:
-    given = _Options(*options)
+    return _forward(q, k, v, _Options(*options))
+
+
+def _forward(q: Tensor, k: Tensor, v: Tensor, given: _Options) -> tuple[Tensor, Tensor]:
     if given.cu_seqlens_q is not None:
         return _attention.attention_varlen(
             q, k, v, *given.packed(), **given.keywords(), return_lse=True
@@ -257,13 +260,44 @@ class _Attention(torch.autograd.Function):
 
 
 def _forward_below_autograd(
-    q: Tensor, k: Tensor, v: Tensor, options: Sequence[Any]
+    q: Tensor, k: Tensor, v: Tensor, options: _Options
 ) -> tuple[Tensor, Tensor]:
     """The forward operator without its autograd wrapper, where nothing is to be recorded
     (as that wrapper itself redispatches then, but some 8 us a call sooner): every other
-    dispatch key (CPU, MPS, Meta, fake tensors, dispatch modes) still applies."""
+    dispatch key (CPU, MPS, Meta, fake tensors, dispatch modes) still applies. Plain CPU and
+    MPS tensors outside every mode go to the kernel directly, as the dispatcher would send
+    them, without its conversion of the arguments (some 10 us a call)."""
+    if _reaches_kernel_unchanged(q, k, v, options):
+        return _forward(q, k, v, options)
     with torch._C._AutoDispatchBelowAutograd():
         return cast("tuple[Tensor, Tensor]", _forward_op(q, k, v, *options))
+
+
+def _plain_keys() -> frozenset[int]:
+    """The dispatch key sets of plain dense tensors on the devices mfa's kernels read: a
+    tensor with any other key (a functorch wrapper, a negative or conjugate view, a subclass's
+    Python key, inference mode's) is left to the dispatcher."""
+    tensors = [torch.empty(0)]
+    if torch.backends.mps.is_available():
+        tensors.append(torch.empty(0, device="mps"))
+    return frozenset(torch._C._dispatch_keys(tensor).raw_repr() for tensor in tensors)
+
+
+_PLAIN_KEYS = _plain_keys()
+_dispatch_keys = torch._C._dispatch_keys
+
+
+def _reaches_kernel_unchanged(q: Tensor, k: Tensor, v: Tensor, options: _Options) -> bool:
+    """Whether the dispatcher would hand these arguments to _forward_kernel as they are: no
+    dispatch or function mode is active and every tensor is a plain CPU or MPS tensor."""
+    if torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled():
+        return False
+    for tensor in (q, k, v, *options[:_TENSOR_OPTIONS]):
+        if tensor is not None and (
+            type(tensor) is not Tensor or _dispatch_keys(tensor).raw_repr() not in _PLAIN_KEYS
+        ):
+            return False
+    return True
 
 
 def _attend(q: Tensor, k: Tensor, v: Tensor, options: _Options) -> tuple[Tensor, Tensor]:

@@ -550,6 +550,15 @@ def test_mps_and_meta_tensors_are_not_copied():
         mfa_native.attention(q.to("meta"), q, q)
 
 
+def test_tensors_the_dispatcher_must_transform_do_not_take_the_direct_path():
+    """Eager calls of plain tensors skip the dispatcher; a negative view (whose values are the
+    negation of its memory's) must not: the dispatcher materialises it first."""
+    q = torch.randn(1, 2, 5, 8, generator=torch.Generator().manual_seed(3))
+    expected = reference.attention_forward(-q.numpy(), q.numpy(), q.numpy())[0]
+    # float32 softmax of 8 keys: a few ulps of values of order 1.
+    assert_close("out", mfa_torch.attention(q._neg_view(), q, q).numpy(), expected, 1e-5)
+
+
 def test_an_mps_tensor_is_read_as_its_buffer_and_byte_offset():
     """What an MPS tensor gives libmfa (no MPS device here: its attributes stood in): the
     storage pointer, which is the id<MTLBuffer>, and storage_offset elements into it."""
