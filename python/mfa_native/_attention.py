@@ -16,7 +16,18 @@ import numbers
 import operator
 import struct
 from collections.abc import Sequence
-from typing import Any, Literal, Optional, Protocol, TypeVar, Union, overload
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Generic,
+    Literal,
+    Optional,
+    Protocol,
+    TypedDict,
+    TypeVar,
+    Union,
+    overload,
+)
 
 import numpy as np
 
@@ -84,6 +95,44 @@ Window = Optional[tuple[Optional[int], Optional[int]]]
 Backend = Union[None, str, Context]
 Layout = Literal["bhsd", "bshd"]
 Alignment = Literal["bottom_right", "top_left"]
+
+if TYPE_CHECKING:
+    # The keyword arguments the typed signatures of the overloaded functions share: each
+    # group once, so that mypy checks every keyword of every function (the functions
+    # themselves spell theirs out, with their defaults).
+    from typing_extensions import Unpack
+
+    Operand = TypeVar("Operand")
+
+    class Scores(TypedDict, Generic[Operand], total=False):
+        """The masking, scaling and score modifiers of every attention call, with their
+        arrays of type Operand (the adapters' signatures use them too)."""
+
+        causal: bool
+        causal_alignment: Alignment
+        window: Window
+        scale: float | None
+        mask: Operand | None
+        block_mask: Operand | None
+        softcap: float | None
+        alibi_slopes: Operand | None
+        sinks: Operand | None
+
+    class _Outputs(TypedDict, total=False):
+        """Where a forward call or a merge writes, and the backend that computes it."""
+
+        backend: Backend
+        out: SupportsDLPack | None
+        lse: SupportsDLPack | None
+
+    class _PackedForward(Scores[SupportsDLPack], _Outputs, total=False):
+        accumulate: bool
+
+    class _Forward(_PackedForward, total=False):
+        layout: Layout
+
+    class _Merge(_Outputs, total=False):
+        layout: Layout
 
 
 class _Layout:
@@ -673,21 +722,8 @@ def attention(
     k: SupportsDLPack,
     v: SupportsDLPack,
     *,
-    causal: bool = ...,
-    causal_alignment: Alignment = ...,
-    window: Window = ...,
-    scale: float | None = ...,
-    mask: SupportsDLPack | None = ...,
-    block_mask: SupportsDLPack | None = ...,
-    softcap: float | None = ...,
-    alibi_slopes: SupportsDLPack | None = ...,
-    sinks: SupportsDLPack | None = ...,
-    layout: Layout = ...,
     return_lse: Literal[False] = ...,
-    accumulate: bool = ...,
-    backend: Backend = ...,
-    out: SupportsDLPack | None = ...,
-    lse: SupportsDLPack | None = ...,
+    **options: Unpack[_Forward],
 ) -> Array: ...
 
 
@@ -697,21 +733,8 @@ def attention(
     k: SupportsDLPack,
     v: SupportsDLPack,
     *,
-    causal: bool = ...,
-    causal_alignment: Alignment = ...,
-    window: Window = ...,
-    scale: float | None = ...,
-    mask: SupportsDLPack | None = ...,
-    block_mask: SupportsDLPack | None = ...,
-    softcap: float | None = ...,
-    alibi_slopes: SupportsDLPack | None = ...,
-    sinks: SupportsDLPack | None = ...,
-    layout: Layout = ...,
     return_lse: Literal[True],
-    accumulate: bool = ...,
-    backend: Backend = ...,
-    out: SupportsDLPack | None = ...,
-    lse: SupportsDLPack | None = ...,
+    **options: Unpack[_Forward],
 ) -> tuple[Array, Array]: ...
 
 
@@ -959,20 +982,8 @@ def attention_varlen(
     max_seqlen_q: int,
     max_seqlen_k: int,
     *,
-    causal: bool = ...,
-    causal_alignment: Alignment = ...,
-    window: Window = ...,
-    scale: float | None = ...,
-    mask: SupportsDLPack | None = ...,
-    block_mask: SupportsDLPack | None = ...,
-    softcap: float | None = ...,
-    alibi_slopes: SupportsDLPack | None = ...,
-    sinks: SupportsDLPack | None = ...,
     return_lse: Literal[False] = ...,
-    accumulate: bool = ...,
-    backend: Backend = ...,
-    out: SupportsDLPack | None = ...,
-    lse: SupportsDLPack | None = ...,
+    **options: Unpack[_PackedForward],
 ) -> Array: ...
 
 
@@ -986,20 +997,8 @@ def attention_varlen(
     max_seqlen_q: int,
     max_seqlen_k: int,
     *,
-    causal: bool = ...,
-    causal_alignment: Alignment = ...,
-    window: Window = ...,
-    scale: float | None = ...,
-    mask: SupportsDLPack | None = ...,
-    block_mask: SupportsDLPack | None = ...,
-    softcap: float | None = ...,
-    alibi_slopes: SupportsDLPack | None = ...,
-    sinks: SupportsDLPack | None = ...,
     return_lse: Literal[True],
-    accumulate: bool = ...,
-    backend: Backend = ...,
-    out: SupportsDLPack | None = ...,
-    lse: SupportsDLPack | None = ...,
+    **options: Unpack[_PackedForward],
 ) -> tuple[Array, Array]: ...
 
 
@@ -1190,21 +1189,8 @@ def attention_with_kvcache(
     k: SupportsDLPack | None = ...,
     v: SupportsDLPack | None = ...,
     *,
-    causal: bool = ...,
-    causal_alignment: Alignment = ...,
-    window: Window = ...,
-    scale: float | None = ...,
-    mask: SupportsDLPack | None = ...,
-    block_mask: SupportsDLPack | None = ...,
-    softcap: float | None = ...,
-    alibi_slopes: SupportsDLPack | None = ...,
-    sinks: SupportsDLPack | None = ...,
-    layout: Layout = ...,
     return_lse: Literal[False] = ...,
-    accumulate: bool = ...,
-    backend: Backend = ...,
-    out: SupportsDLPack | None = ...,
-    lse: SupportsDLPack | None = ...,
+    **options: Unpack[_Forward],
 ) -> Array: ...
 
 
@@ -1218,21 +1204,8 @@ def attention_with_kvcache(
     k: SupportsDLPack | None = ...,
     v: SupportsDLPack | None = ...,
     *,
-    causal: bool = ...,
-    causal_alignment: Alignment = ...,
-    window: Window = ...,
-    scale: float | None = ...,
-    mask: SupportsDLPack | None = ...,
-    block_mask: SupportsDLPack | None = ...,
-    softcap: float | None = ...,
-    alibi_slopes: SupportsDLPack | None = ...,
-    sinks: SupportsDLPack | None = ...,
-    layout: Layout = ...,
     return_lse: Literal[True],
-    accumulate: bool = ...,
-    backend: Backend = ...,
-    out: SupportsDLPack | None = ...,
-    lse: SupportsDLPack | None = ...,
+    **options: Unpack[_Forward],
 ) -> tuple[Array, Array]: ...
 
 
@@ -1462,11 +1435,8 @@ def merge_attention_states(
     outs: Sequence[Array],
     lses: Sequence[SupportsDLPack],
     *,
-    layout: Layout = ...,
     return_lse: Literal[False] = ...,
-    backend: Backend = ...,
-    out: SupportsDLPack | None = ...,
-    lse: SupportsDLPack | None = ...,
+    **options: Unpack[_Merge],
 ) -> Array: ...
 
 
@@ -1475,11 +1445,8 @@ def merge_attention_states(
     outs: Sequence[Array],
     lses: Sequence[SupportsDLPack],
     *,
-    layout: Layout = ...,
     return_lse: Literal[True],
-    backend: Backend = ...,
-    out: SupportsDLPack | None = ...,
-    lse: SupportsDLPack | None = ...,
+    **options: Unpack[_Merge],
 ) -> tuple[Array, Array]: ...
 
 

@@ -32,7 +32,7 @@ never does.
 
 from __future__ import annotations
 
-from typing import Any, Literal, cast, overload
+from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 import mlx.core as mx
 
@@ -109,6 +109,15 @@ def _backend_of(stream: Any) -> str:
     return "metal"
 
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    class _AttentionOptions(_attention.Scores[mx.array], total=False):
+        """attention's keyword arguments but return_lse, for its typed signatures."""
+
+        stream: None | mx.Stream | mx.Device
+
+
 _MLX_NAMES = {
     "is_causal": "mfa_native.mlx.attention's name for it is causal= (bottom-right by default, "
     "as MLX's mask='causal')",
@@ -123,17 +132,8 @@ def attention(
     k: mx.array,
     v: mx.array,
     *,
-    causal: bool = ...,
-    causal_alignment: Literal["bottom_right", "top_left"] = ...,
-    window: tuple[int | None, int | None] | None = ...,
-    scale: float | None = ...,
-    mask: mx.array | None = ...,
-    block_mask: mx.array | None = ...,
-    softcap: float | None = ...,
-    alibi_slopes: mx.array | None = ...,
-    sinks: mx.array | None = ...,
     return_lse: Literal[False] = ...,
-    stream: None | mx.Stream | mx.Device = ...,
+    **options: Unpack[_AttentionOptions],
 ) -> mx.array: ...
 
 
@@ -143,17 +143,8 @@ def attention(
     k: mx.array,
     v: mx.array,
     *,
-    causal: bool = ...,
-    causal_alignment: Literal["bottom_right", "top_left"] = ...,
-    window: tuple[int | None, int | None] | None = ...,
-    scale: float | None = ...,
-    mask: mx.array | None = ...,
-    block_mask: mx.array | None = ...,
-    softcap: float | None = ...,
-    alibi_slopes: mx.array | None = ...,
-    sinks: mx.array | None = ...,
     return_lse: Literal[True],
-    stream: None | mx.Stream | mx.Device = ...,
+    **options: Unpack[_AttentionOptions],
 ) -> tuple[mx.array, mx.array]: ...
 
 

@@ -47,7 +47,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Literal, NamedTuple, cast, overload
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, cast, overload
 
 import torch
 from torch import Tensor
@@ -408,6 +408,16 @@ def _options(
     )
 
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    class _AttentionOptions(_attention.Scores[Tensor], total=False):
+        """attention's keyword arguments but return_lse, for its typed signatures."""
+
+        layout: Literal["bhsd", "bshd"]
+        backend: str | None
+
+
 _TORCH_NAMES = {
     "is_causal": "mfa_native.torch.attention's name for it is causal= (PyTorch's is_causal is "
     "causal=True, causal_alignment='top_left'; scaled_dot_product_attention takes is_causal=)",
@@ -426,18 +436,8 @@ def attention(
     k: Tensor,
     v: Tensor,
     *,
-    causal: bool = ...,
-    causal_alignment: Literal["bottom_right", "top_left"] = ...,
-    window: tuple[int | None, int | None] | None = ...,
-    scale: float | None = ...,
-    mask: Tensor | None = ...,
-    block_mask: Tensor | None = ...,
-    softcap: float | None = ...,
-    alibi_slopes: Tensor | None = ...,
-    sinks: Tensor | None = ...,
-    layout: Literal["bhsd", "bshd"] = ...,
     return_lse: Literal[False] = ...,
-    backend: str | None = ...,
+    **options: Unpack[_AttentionOptions],
 ) -> Tensor: ...
 
 
@@ -447,18 +447,8 @@ def attention(
     k: Tensor,
     v: Tensor,
     *,
-    causal: bool = ...,
-    causal_alignment: Literal["bottom_right", "top_left"] = ...,
-    window: tuple[int | None, int | None] | None = ...,
-    scale: float | None = ...,
-    mask: Tensor | None = ...,
-    block_mask: Tensor | None = ...,
-    softcap: float | None = ...,
-    alibi_slopes: Tensor | None = ...,
-    sinks: Tensor | None = ...,
-    layout: Literal["bhsd", "bshd"] = ...,
     return_lse: Literal[True],
-    backend: str | None = ...,
+    **options: Unpack[_AttentionOptions],
 ) -> tuple[Tensor, Tensor]: ...
 
 
