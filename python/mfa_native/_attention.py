@@ -47,16 +47,6 @@ from ._device import encoding_target
 from ._keywords import MFA_NAMES, keyword_hints
 from ._library import ffi, lib
 
-__all__ = [
-    "attention",
-    "attention_backward",
-    "attention_varlen",
-    "attention_varlen_backward",
-    "attention_with_kvcache",
-    "mask_summary",
-    "merge_attention_states",
-]
-
 # For each layout, the array axis holding (batch, heads, sequence, head dim) of a rank-4 array.
 _LAYOUT_AXES = {"bhsd": (0, 1, 2, 3), "bshd": (0, 2, 1, 3)}
 _ALIGNMENTS = {"bottom_right": lib.MFA_ALIGN_BOTTOM_RIGHT, "top_left": lib.MFA_ALIGN_TOP_LEFT}

@@ -411,7 +411,7 @@ def _options(
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-    class _AttentionOptions(_attention.Scores[Tensor], total=False):
+    class _Kwargs(_attention.Scores[Tensor], total=False):
         """attention's keyword arguments but return_lse, for its typed signatures."""
 
         layout: Literal["bhsd", "bshd"]
@@ -432,23 +432,13 @@ _TORCH_NAMES = {
 
 @overload
 def attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    return_lse: Literal[False] = ...,
-    **options: Unpack[_AttentionOptions],
+    q: Tensor, k: Tensor, v: Tensor, *, return_lse: Literal[False] = ..., **options: Unpack[_Kwargs]
 ) -> Tensor: ...
 
 
 @overload
 def attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    return_lse: Literal[True],
-    **options: Unpack[_AttentionOptions],
+    q: Tensor, k: Tensor, v: Tensor, *, return_lse: Literal[True], **options: Unpack[_Kwargs]
 ) -> tuple[Tensor, Tensor]: ...
 
 
