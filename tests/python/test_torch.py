@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import reference
 from _backends import (
-    Backend,
     Case,
     adapter_backends,
     allowed_error,
@@ -19,6 +18,7 @@ from _backends import (
     check_backward,
     check_forward,
     run_or_skip,
+    skip_unless_default_has,
 )
 from _errors import raises
 from mfa_native import _arrays
@@ -120,10 +120,7 @@ def test_modifiers_through_autograd_match_reference(case):
     """Masks of four kinds, softcap, ALiBi and sinks through mfa_torch.attention and
     loss.backward(), sinks a leaf whose .grad is mfa's dsinks, against the float64 reference
     with check_forward/check_backward's tolerances."""
-    default = Backend(mfa_native.info()["default_backend"])
-    missing = case.features - (default.features("forward") & default.features("backward"))
-    if missing:
-        pytest.skip(f"the default backend lacks {sorted(missing)}")
+    skip_unless_default_has(case.features)
     rng = case.rng()
     q, k, v = case.inputs(rng)
     modifiers = case.modifiers(rng)
@@ -150,10 +147,7 @@ def test_packed_sequences_through_autograd_match_reference(packed):
     test_varlen's tolerances; dsinks, one float32 sum over every sequence's rows, likewise."""
     from test_varlen import bhsd, call_args, packed_inputs, sequences
 
-    default = Backend(mfa_native.info()["default_backend"])
-    missing = packed.features - (default.features("forward") & default.features("backward"))
-    if missing:
-        pytest.skip(f"the default backend lacks {sorted(missing)}")
+    skip_unless_default_has(packed.features)
     case = packed.case
     q, k, v, dout, modifiers = packed_inputs(packed, case.rng())
     leaves = [to_torch(x).requires_grad_() for x in (q, k, v)]
@@ -624,15 +618,21 @@ def test_routed_nests_and_restores_on_error():
     assert F.scaled_dot_product_attention is original
 
 
-def test_multihead_attention_runs_through_mfa_when_routed(monkeypatch):
-    """torch.nn.MultiheadAttention looks the function up at call time."""
+def _count_calls(monkeypatch, name):
+    """A list that gets one entry per call of mfa_native's function `name` (still called)."""
     calls = []
-    original = mfa_native._attention.attention
+    original = getattr(mfa_native._attention, name)
     monkeypatch.setattr(
         mfa_native._attention,
-        "attention",
+        name,
         lambda *args, **options: calls.append(1) or original(*args, **options),
     )
+    return calls
+
+
+def test_multihead_attention_runs_through_mfa_when_routed(monkeypatch):
+    """torch.nn.MultiheadAttention looks the function up at call time."""
+    calls = _count_calls(monkeypatch, "attention")
     torch.manual_seed(0)
     layer = torch.nn.MultiheadAttention(16, 4, batch_first=True)
     x = torch.randn(2, 7, 16)
@@ -658,13 +658,7 @@ def _routed_sdpa(q, k, v):
 
 @pytest.mark.parametrize("route", ["mfa_native.torch", "routed F.sdpa"])
 def test_a_model_trains_with_gradients_matching_the_reference(route, monkeypatch):
-    calls = []
-    original = mfa_native._attention.attention_backward
-    monkeypatch.setattr(
-        mfa_native._attention,
-        "attention_backward",
-        lambda *args, **options: calls.append(1) or original(*args, **options),
-    )
+    calls = _count_calls(monkeypatch, "attention_backward")
     if route == "routed F.sdpa":
         with mfa_torch.routed():
             before, after = train_alongside_reference(_routed_sdpa)
