@@ -199,6 +199,13 @@ def flash_attn_func(
     )  # fmt: skip
 
 
+def _unpack(name: str, packed: Tensor, count: int, shape: str) -> tuple[Tensor, ...]:
+    """The `count` views of a packed tensor along its axis 2 (its shape in words), in place."""
+    if packed.dim() != 5 or packed.shape[2] != count:
+        raise ValueError(f"{name} must have shape {shape}, got {tuple(packed.shape)}")
+    return packed.unbind(2)
+
+
 @keyword_hints(_FLASH_ATTN_NAMES)
 def flash_attn_qkvpacked_func(
     qkv: Tensor,
@@ -213,13 +220,10 @@ def flash_attn_qkvpacked_func(
 ) -> Result:
     """flash-attn's ``flash_attn_qkvpacked_func``: :func:`flash_attn_func` on
     ``qkv`` of shape (batch, seqlen, 3, nheads, headdim), read in place as three views."""
-    if qkv.dim() != 5 or qkv.shape[2] != 3:
-        raise ValueError(
-            f"qkv must have shape (batch, seqlen, 3, nheads, headdim), got {tuple(qkv.shape)}"
-        )
+    q, k, v = _unpack("qkv", qkv, 3, "(batch, seqlen, 3, nheads, headdim)")
     return _flash_attn(
-        qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], return_attn_probs, dropout_p, softmax_scale,
-        causal, window_size, softcap, alibi_slopes, deterministic,
+        q, k, v, return_attn_probs, dropout_p, softmax_scale, causal, window_size, softcap,
+        alibi_slopes, deterministic,
     )  # fmt: skip
 
 
@@ -238,13 +242,10 @@ def flash_attn_kvpacked_func(
 ) -> Result:
     """flash-attn's ``flash_attn_kvpacked_func``: :func:`flash_attn_func` on q and
     ``kv`` of shape (batch, seqlen_k, 2, nheads_k, headdim), read in place as two views."""
-    if kv.dim() != 5 or kv.shape[2] != 2:
-        raise ValueError(
-            f"kv must have shape (batch, seqlen_k, 2, nheads_k, headdim), got {tuple(kv.shape)}"
-        )
+    k, v = _unpack("kv", kv, 2, "(batch, seqlen_k, 2, nheads_k, headdim)")
     return _flash_attn(
-        q, kv[:, :, 0], kv[:, :, 1], return_attn_probs, dropout_p, softmax_scale, causal,
-        window_size, softcap, alibi_slopes, deterministic,
+        q, k, v, return_attn_probs, dropout_p, softmax_scale, causal, window_size, softcap,
+        alibi_slopes, deterministic,
     )  # fmt: skip
 
 
