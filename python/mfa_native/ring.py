@@ -356,8 +356,9 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, causal: bool, layout: Layout)
             raise ValueError(f"{name} must have rank 4, got shape {tuple(tensor.shape)}")
         if tensor.device.type != "cpu":
             raise NotImplementedError(
-                f"{name} is on {tensor.device}: ring_attention runs on CPU tensors (mfa's CPU "
-                "backend); the device-buffer path for other devices has not landed"
+                f"{name} is on {tensor.device}: ring_attention runs on CPU tensors (gloo, "
+                "torch.distributed's backend on macOS, carries CPU tensors); on one device, "
+                "mfa_native.torch.attention takes MPS tensors"
             )
     if not q.dtype == k.dtype == v.dtype:
         raise TypeError(
