@@ -24,33 +24,11 @@ alibi_slopes, sinks. The backward adds out (the forward output the gradient is t
 and return_dsinks.
 """
 
-import types
-
 import numpy as np
 
 ALIGNMENTS = ("bottom_right", "top_left")
-# The options of every function (above) and their defaults, which are mfa_native.attention's.
-OPTIONS = {
-    "causal": False,
-    "causal_alignment": "bottom_right",
-    "window": None,
-    "scale": None,
-    "mask": None,
-    "softcap": None,
-    "alibi_slopes": None,
-    "sinks": None,
-}
 # Queries and keys per side of one block of a mask summary (MFA_MASK_BLOCK).
 MASK_BLOCK = 64
-
-
-def resolve_options(options):
-    """The options with the defaults of those not given, as attributes; a TypeError names any
-    that is not one of OPTIONS."""
-    unknown = sorted(set(options) - set(OPTIONS))
-    if unknown:
-        raise TypeError(f"unknown options: {', '.join(unknown)}")
-    return types.SimpleNamespace(**{**OPTIONS, **options})
 
 
 def window_bounds(window):
@@ -125,6 +103,29 @@ def _sum_over_groups(tensor, num_kv_heads):
     return tensor.reshape(batch, num_kv_heads, group, length, dim).sum(axis=2)
 
 
+# The options of a dense problem, with mfa_native.attention's defaults, in the order
+# options_of returns them: the reference implementations take them as keyword arguments.
+OPTIONS = {
+    "causal": False,
+    "causal_alignment": "bottom_right",
+    "window": None,
+    "scale": None,
+    "mask": None,
+    "softcap": None,
+    "alibi_slopes": None,
+    "sinks": None,
+}
+
+
+def options_of(options):
+    """The values of OPTIONS' keywords (the given ones, else the defaults), in OPTIONS' order;
+    a TypeError for a keyword that is not among them."""
+    unknown = sorted(set(options) - OPTIONS.keys())
+    if unknown:
+        raise TypeError(f"unexpected options {unknown}")
+    return tuple(options.get(name, default) for name, default in OPTIONS.items())
+
+
 class _Softmax:
     """Scores, probabilities and log-sum-exp of one dense problem with every modifier.
 
@@ -135,8 +136,9 @@ class _Softmax:
     mask, where visible) and the scale actually used."""
 
     def __init__(self, q, k, **options):
-        given = resolve_options(options)
-        scale, mask, softcap, sinks = given.scale, given.mask, given.softcap, given.sinks
+        causal, causal_alignment, window, scale, mask, softcap, alibi_slopes, sinks = options_of(
+            options
+        )
         q = np.asarray(q, dtype=np.float64)
         k = _repeat_kv_heads(np.asarray(k, dtype=np.float64), q.shape[1])
         batch, heads, num_queries, head_dim = q.shape
@@ -155,17 +157,15 @@ class _Softmax:
             visible_keys(
                 num_queries,
                 num_keys,
-                causal=given.causal,
-                causal_alignment=given.causal_alignment,
-                window=given.window,
+                causal=causal,
+                causal_alignment=causal_alignment,
+                window=window,
             ),
             shape,
         )
         bias = np.zeros(shape)
-        if given.alibi_slopes is not None:
-            bias = bias + alibi_bias(
-                given.alibi_slopes, batch, num_queries, num_keys, given.causal_alignment
-            )
+        if alibi_slopes is not None:
+            bias = bias + alibi_bias(alibi_slopes, batch, num_queries, num_keys, causal_alignment)
         if mask is not None:
             mask = broadcast_mask(mask, shape)
             if mask.dtype == bool:

@@ -12,11 +12,10 @@ import reference
 def brute_force_attention(q, k, v, **options):
     """Attention one output element at a time, with the visible keys of each row taken as the
     range [first, last] rather than as a boolean mask, and each modifier applied to each score
-    in mfa.h's order. The options are the reference's (reference.OPTIONS)."""
-    given = reference.resolve_options(options)
-    causal, causal_alignment, window = given.causal, given.causal_alignment, given.window
-    scale, mask, softcap, alibi_slopes = given.scale, given.mask, given.softcap, given.alibi_slopes
-    sinks = given.sinks
+    in mfa.h's order (the options: reference.OPTIONS)."""
+    causal, causal_alignment, window, scale, mask, softcap, alibi_slopes, sinks = (
+        reference.options_of(options)
+    )
     batch, num_query_heads, num_queries, head_dim = q.shape
     num_kv_heads, num_keys, value_dim = v.shape[1], v.shape[2], v.shape[3]
     group = num_query_heads // num_kv_heads
