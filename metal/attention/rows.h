@@ -18,7 +18,7 @@ inline void cache_slab(thread simd_fragment* cache, threadgroup float* parallel_
 #pragma clang loop unroll(full)
     for (uint c = 0; c < MFA_CACHED_FRAGMENTS; c += fc_head_fragments) {
         const uint d0 = c * 8;
-        if (d0 >= operand.width) break; // uniform across the threadgroup
+        if (d0 >= operand.width) continue; // uniform across the threadgroup
         stage_tile(parallel_tile, operand, fc_block_parallel, d0, operand.width, thread_index);
         threadgroup_barrier(mem_flags::mem_threadgroup);
         load_slab(cache + c, parallel_tile, simd_index, fragments_in(operand.width - d0));
@@ -52,7 +52,7 @@ inline void compute_scores(thread simd_fragment* scores, const thread simd_fragm
 // As in cache_slab: a constant bound keeps the unrolled cache indices constant.
 #pragma clang loop unroll(full)
         for (uint c = 0; c < MFA_CACHED_FRAGMENTS; c += fc_head_fragments) {
-            if (c * 8 >= slab.width) break;
+            if (c * 8 >= slab.width) continue;
             accumulate_score_chunk(scores, cache, true, parallel_tile, slab, traversal_tile,
                                    traversed, c * 8, thread_index, simd_index);
         }
@@ -72,7 +72,7 @@ inline void accumulate_product(thread simd_fragment* out, const thread simd_frag
 #pragma clang loop unroll(full)
     for (uint offset = 0; offset < fc_block_out; offset += fc_block_head) {
         const uint d0 = out_begin + offset;
-        if (d0 >= out_end) break; // uniform across the threadgroup
+        if (d0 >= out_end) continue; // uniform across the threadgroup
         stage_tile(traversal_tile, traversed, fc_block_traversal, d0, out_end, thread_index);
         threadgroup_barrier(mem_flags::mem_threadgroup);
         accumulate_output(out + offset / 8, weights, traversal_tile, fragments_in(out_end - d0));

@@ -40,7 +40,11 @@ inline void accumulate_scores(thread simd_fragment* scores, const thread simd_fr
                               const threadgroup float* traversed, uint fragments) {
 #pragma clang loop unroll(full)
     for (uint k = 0; k < fc_head_fragments; ++k) {
-        if (k >= fragments) break; // constant bound, so the unrolled indices are constants
+        // Skipped, not left with break: a second exit can stop the full unroll (clang 16 at -O2
+        // kept such a loop, indexing its fragment array dynamically, so in stack memory); with
+        // the constant bound as the only exit every unrolled index is a constant. The same
+        // holds for every loop over fragments or feature chunks below and in rows.h.
+        if (k >= fragments) continue;
 #pragma clang loop unroll(full)
         for (uint t = 0; t < fc_traversal_fragments; ++t) {
             const simd_fragment rhs = load_fragment(traversed, fc_block_head, t * 8, k * 8, true);
@@ -55,7 +59,7 @@ inline void accumulate_output(thread simd_fragment* out, const thread simd_fragm
                               const threadgroup float* traversed, uint fragments) {
 #pragma clang loop unroll(full)
     for (uint j = 0; j < fc_head_fragments; ++j) {
-        if (j >= fragments) break;
+        if (j >= fragments) continue;
 #pragma clang loop unroll(full)
         for (uint t = 0; t < fc_traversal_fragments; ++t) {
             const simd_fragment rhs = load_fragment(traversed, fc_block_head, t * 8, j * 8, false);
@@ -69,7 +73,7 @@ inline void load_slab(thread simd_fragment* slab, const threadgroup float* tile,
                       uint fragments) {
 #pragma clang loop unroll(full)
     for (uint k = 0; k < fc_head_fragments; ++k) {
-        if (k >= fragments) break;
+        if (k >= fragments) continue;
         slab[k] = load_fragment(tile, fc_block_head, uint(simd_index) * 8, k * 8, false);
     }
 }
