@@ -347,19 +347,16 @@ static mfa_status check_problem(const mfa_problem* problem, mfa_gpu_family famil
         return mfa_set_error(MFA_ERROR_UNSUPPORTED,
                              "metal planner: batch %lld or heads %lld exceed 2^31-1",
                              (long long)problem->batch, (long long)problem->heads_q);
-    /* Packed rows and cache blocks are int32 in the kernels. */
-    if (problem->layout == MFA_LAYOUT_VARLEN &&
-        (problem->varlen.total_q > INT32_MAX || problem->varlen.total_k > INT32_MAX))
+    /* Packed rows, cache blocks and appended keys are int32 in the kernels. */
+    const int varlen = problem->layout == MFA_LAYOUT_VARLEN;
+    const int paged = problem->layout == MFA_LAYOUT_PAGED;
+    const int64_t first = varlen ? problem->varlen.total_q : paged ? problem->paged.num_blocks : 0;
+    const int64_t second = varlen ? problem->varlen.total_k : paged ? problem->paged.new_len : 0;
+    if (first > INT32_MAX || second > INT32_MAX)
         return mfa_set_error(MFA_ERROR_UNSUPPORTED,
-                             "metal planner: packed rows (%lld queries, %lld keys) exceed 2^31-1",
-                             (long long)problem->varlen.total_q,
-                             (long long)problem->varlen.total_k);
-    if (problem->layout == MFA_LAYOUT_PAGED &&
-        (problem->paged.num_blocks > INT32_MAX || problem->paged.new_len > INT32_MAX))
-        return mfa_set_error(MFA_ERROR_UNSUPPORTED,
-                             "metal planner: %lld cache blocks or %lld new keys exceed 2^31-1",
-                             (long long)problem->paged.num_blocks,
-                             (long long)problem->paged.new_len);
+                             "metal planner: %lld %s or %lld %s exceed 2^31-1", (long long)first,
+                             varlen ? "packed queries" : "cache blocks", (long long)second,
+                             varlen ? "packed keys" : "new keys");
     return MFA_OK;
 }
 
