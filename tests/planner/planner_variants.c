@@ -1,11 +1,13 @@
 /* Prints the pipeline variants the planner can ask for: one JSON line per distinct (kernel,
- * function constants), for metal_sim_check_residency.py. Over every family and precision class:
- * each table row's dense forward and backward at the row's largest head dimension (f32, f16),
- * and, at D = 128 (f32, bf16), the plans of the other layouts and features, which between them
- * reach every pass kind and every function constant the planner sets: packed sequences with
- * every score modifier and the sinks' gradient; an additive mask with GQA and an initial state;
- * decoding from a paged cache with appended keys (append, a GQA-packed split-key forward,
- * combine); and a dense split-key decode. Built with the planner's sources. */
+ * function constants), for metal_sim_check_residency.py. Over every family: each table row's
+ * dense forward and backward at the row's largest head dimension (f32 and f16), and, at D = 128
+ * with bf16, the plans of the other layouts and features, which between them reach every pass
+ * kind and every function constant the planner sets: packed sequences with every score
+ * modifier and the sinks' gradient; an additive mask with GQA and an initial state; decoding
+ * from a paged cache with appended keys (append, a GQA-packed split-key forward, combine); and a
+ * dense split-key decode. f16 and bf16 share every table and differ only in how an element is
+ * converted, and the features' code is the same in every precision, so each path is compiled
+ * somewhere at a fraction of the cost of every combination. Built with the planner's sources. */
 #include <stdio.h>
 #include <string.h>
 
@@ -123,10 +125,7 @@ static mfa_problem paged_decode(mfa_dtype dtype) {
 int main(void) {
     static const mfa_gpu_family families[] = {MFA_GPU_FAMILY_APPLE7, MFA_GPU_FAMILY_APPLE8,
                                               MFA_GPU_FAMILY_APPLE9};
-    /* The 16-bit class's rows with f16, its other plans with bf16: the two share every table and
-     * differ only in how an element is converted, so each 16-bit path is compiled somewhere. */
     static const mfa_dtype dense_dtypes[] = {MFA_DTYPE_F32, MFA_DTYPE_F16};
-    static const mfa_dtype feature_dtypes[] = {MFA_DTYPE_F32, MFA_DTYPE_BF16};
     for (int f = 0; f < 3; ++f) {
         for (int t = 0; t < 2; ++t) {
             const mfa_precision_class precision = t ? MFA_PRECISION_16BIT : MFA_PRECISION_F32;
@@ -140,18 +139,16 @@ int main(void) {
                     if (print_plan(&p, families[f], kind != MFA_PASS_FORWARD, kind)) return 1;
                 }
             }
-            const mfa_dtype dtype = feature_dtypes[t];
-            const mfa_problem packed = packed_with_modifiers(dtype);
-            const mfa_problem additive = additive_mask_initial_state(dtype);
-            const mfa_problem paged = paged_decode(dtype);
-            const mfa_problem decode = make_problem(dtype, 1, 1, 1, 1, 8192, 128, 128, 0);
-            if (print_plan(&packed, families[f], 0, -1) ||
-                print_plan(&packed, families[f], 1, -1) ||
-                print_plan(&additive, families[f], 0, -1) ||
-                print_plan(&additive, families[f], 1, -1) ||
-                print_plan(&paged, families[f], 0, -1) || print_plan(&decode, families[f], 0, -1))
-                return 1;
         }
+        const mfa_problem packed = packed_with_modifiers(MFA_DTYPE_BF16);
+        const mfa_problem additive = additive_mask_initial_state(MFA_DTYPE_BF16);
+        const mfa_problem paged = paged_decode(MFA_DTYPE_BF16);
+        const mfa_problem decode = make_problem(MFA_DTYPE_BF16, 1, 1, 1, 1, 8192, 128, 128, 0);
+        if (print_plan(&packed, families[f], 0, -1) || print_plan(&packed, families[f], 1, -1) ||
+            print_plan(&additive, families[f], 0, -1) ||
+            print_plan(&additive, families[f], 1, -1) || print_plan(&paged, families[f], 0, -1) ||
+            print_plan(&decode, families[f], 0, -1))
+            return 1;
     }
     return 0;
 }

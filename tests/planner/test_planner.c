@@ -36,9 +36,16 @@ static void check_pass(const mfa_problem* p, const mfa_pass_plan* pass, uint32_t
     CHECK(pass->threadgroup_memory_length <= MFA_PLAN_THREADGROUP_MEMORY_LIMIT, "tg %u",
           pass->threadgroup_memory_length);
     CHECK(pass->threadgroup_memory_length % 16 == 0, "tg %u", pass->threadgroup_memory_length);
+    int found;
+    /* Without a staged traversal tile the kernels carve less; a paged cache is always staged. */
+    const uint32_t direct = constant_value(pass, MFA_FC_DIRECT_TRAVERSAL, &found);
+    CHECK(found == 1, "direct_traversal present %d times", found);
+    CHECK(!direct || p->layout != MFA_LAYOUT_PAGED, "a paged cache read from device memory");
     CHECK(pass->threadgroup_memory_length >=
-              4 * mfa_staging_floats(pass->block_parallel, pass->block_traversal, pass->block_head,
-                                     pass->kind == MFA_PASS_BACKWARD_KEY_VALUE ? 2 : 0),
+              mfa_staging_bytes(pass->block_parallel, direct ? 0 : pass->block_traversal,
+                                pass->block_traversal, pass->block_head,
+                                p->dtype == MFA_DTYPE_F32 ? 4 : 2,
+                                pass->kind == MFA_PASS_BACKWARD_KEY_VALUE ? 2 : 0),
           "tg memory below the kernel's carve-up");
     CHECK(pass->threads_per_threadgroup == pass->block_parallel / 8 * 32, "threads %u",
           pass->threads_per_threadgroup);
@@ -61,7 +68,6 @@ static void check_pass(const mfa_problem* p, const mfa_pass_plan* pass, uint32_t
         for (uint32_t j = i + 1; j < pass->num_constants; ++j)
             CHECK(pass->constants[i].index != pass->constants[j].index, "duplicate constant %u",
                   pass->constants[i].index);
-    int found;
     const struct {
         uint32_t index, expected;
     } expect[] = {
@@ -213,8 +219,9 @@ static void test_table_rows(void) {
                               r->block_traversal <= MFA_MAX_BLOCK_TRAVERSAL,
                           "T");
                     CHECK(r->block_head % 8 == 0 && r->block_head <= MFA_MAX_BLOCK_HEAD, "head");
-                    uint32_t bytes = 4 * mfa_staging_floats(r->block_parallel, r->block_traversal,
-                                                            r->block_head, 2);
+                    /* The most a row can need: f32, staged, with per-row vectors. */
+                    uint32_t bytes = mfa_staging_bytes(r->block_parallel, r->block_traversal,
+                                                       r->block_traversal, r->block_head, 4, 2);
                     CHECK(bytes <= MFA_PLAN_THREADGROUP_MEMORY_LIMIT,
                           "row %u of table (%zu,%d,%d) needs %u bytes", i, f, precision, kind,
                           bytes);

@@ -5,10 +5,12 @@ For every pipeline variant the planner can ask for (planner_variants' JSON lines
 its function constants), the file is compiled as the simulator compiles it, but with the
 function constants folded in as constexpr values (metal_sim_codegen.py --fold-constants) and
 the simdgroup matrix operations as opaque calls on values (-DMFA_SIM_RESIDENCY_CHECK=1), at
--O2 to LLVM IR. The variant fails if its kernel keeps an array on the stack (an `alloca` of an
-array type: a fragment array with a dynamic index, which on a GPU lives in memory instead of
-registers) or carries a loop marked llvm.loop.unroll.disable (what a runtime-unrolled
-`#pragma unroll` loop leaves: its remainder, with dynamic indices).
+-O2 to LLVM IR, the variant's kernel alone (--only-kernel). The variant fails if its kernel, or
+any function it calls that the optimiser did not inline, keeps an array on the stack (an
+`alloca` of an array type: a fragment array with a dynamic index, which on a GPU lives in
+memory instead of registers) or, in code with matrix operations, carries a loop marked
+llvm.loop.unroll.disable (what a runtime-unrolled `#pragma unroll` loop leaves: its remainder,
+with dynamic indices).
 
 Exits 1 naming each variant, kernel and finding.
 """
@@ -22,12 +24,27 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 
-def kernel_function(ir, kernel):
-    """The body of the kernel's own function definition (the one the glue calls)."""
-    name = r"@_Z\d+" + re.escape(kernel) + r"[^(\s]*"
-    pattern = re.compile(r"^define [^\n]*" + name + r"\(.*?^}", re.M | re.S)
-    match = pattern.search(ir)
-    return match.group(0) if match else None
+def defined_functions(ir):
+    """Each function definition of the IR, by its mangled name."""
+    pattern = re.compile(r"^define [^\n]*?@([^(\s]+)\(.*?^}", re.M | re.S)
+    return {m.group(1): m.group(0) for m in pattern.finditer(ir)}
+
+
+def kernel_functions(ir, kernel):
+    """The bodies of the kernel's own function (the one the glue calls) and of every function it
+    calls, directly or not, that the IR defines: a body the optimiser did not inline keeps its
+    fragments where the kernel's does, so each must be checked."""
+    functions = defined_functions(ir)
+    # Itanium mangling: _Z, the name's length, the name, then its parameters.
+    prefix = f"_Z{len(kernel)}{kernel}"
+    pending = [f for f in functions if f.startswith(prefix)]
+    seen = set(pending)
+    while pending:
+        for callee in re.findall(r"@([^(\s]+)\(", functions[pending.pop()]):
+            if callee in functions and callee not in seen:
+                seen.add(callee)
+                pending.append(callee)
+    return [functions[f] for f in sorted(seen)]
 
 
 def unroll_disabled_nodes(ir):
@@ -77,17 +94,22 @@ def check_variant(args, preprocessed, number, variant):
     )
     with open(stem + ".ll", encoding="utf-8") as f:
         ir = f.read()
-    body = kernel_function(ir, variant["kernel"])
+    bodies = kernel_functions(ir, variant["kernel"])
     where = f"{variant['kernel']} with function constants {json.dumps(variant['constants'])}"
-    if body is None:
+    if not bodies:
         return [f"{where}: no definition of the kernel in the IR"]
     problems = []
-    for line in body.splitlines():
-        array = re.search(r"= alloca (\[[^\]]*\])", line)
-        if array:
-            problems.append(f"{where}: an array stays in stack memory: {array.group(1)}")
     disabled = unroll_disabled_nodes(ir)
-    loops = set(re.findall(r"!llvm\.loop !(\d+)", body)) & disabled
+    loops = set()
+    for body in bodies:
+        for line in body.splitlines():
+            array = re.search(r"= alloca (\[[^\]]*\])", line)
+            if array:
+                problems.append(f"{where}: an array stays in stack memory: {array.group(1)}")
+        # A loop without matrix operations (a row pass's loop over rows, which LLVM may
+        # runtime-unroll on its own) holds no fragments.
+        if "residency_" in body:
+            loops |= set(re.findall(r"!llvm\.loop !(\d+)", body)) & disabled
     if loops:
         problems.append(
             f"{where}: {len(loops)} loop(s) marked llvm.loop.unroll.disable "
