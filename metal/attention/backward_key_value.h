@@ -16,31 +16,26 @@ inline void attention_backward_key_value(device const uchar* q, device const uch
                                          constant mfa_kernel_params& p, threadgroup float* staging,
                                          uint3 group, ushort thread_index, ushort simd_index,
                                          ushort lane) {
-    threadgroup float* parallel_tile = staging;
-    threadgroup float* traversal_tile = staging + fc_block_parallel * fc_block_head;
-    threadgroup float* query_lse = traversal_tile + fc_block_traversal * fc_block_head;
+    const staging_areas areas = staging_areas_of(staging);
+    threadgroup float* query_lse = (threadgroup float*)areas.row_vectors;
     threadgroup float* query_delta = query_lse + fc_block_traversal;
 
-    const uint out_block = group.x % uint(p.out_blocks);
-    const int key0 = int(group.x / uint(p.out_blocks) * fc_block_parallel);
     const uint kv_head = group.y, batch = group.z;
     const attention_sequence s = sequence_of(p, batch, x.cu_seqlens_q, x.cu_seqlens_k, nullptr);
+    const parallel_rows rows = parallel_rows_of(p, group.x, s.seq_k, simd_index, lane);
     // The grid covers the longest sequence: the whole threadgroup leaves past this one's end.
-    if (key0 >= s.seq_k) return;
-    const int key_last = min(key0 + int(fc_block_parallel), s.seq_k) - 1;
-    const int key = key0 + int(simd_index) * 8 + int(fragment_row(lane));
+    if (rows.first >= s.seq_k) return;
+    const int key0 = rows.first, key_last = rows.last, key = rows.row;
+    const column_range dk_cols = output_columns(rows.out_block, fc_head_dim);
+    const column_range dv_cols = output_columns(rows.out_block, fc_head_dim_v);
 
-    const staged_operand keys = single_head_rows(k, slice_from_row(p.k, s.batch, kv_head, s.k_row0),
-                                                 key0, s.seq_k, fc_head_dim);
-    const staged_operand values = single_head_rows(
-        v, slice_from_row(p.v, s.batch, kv_head, s.k_row0), key0, s.seq_k, fc_head_dim_v);
-    const column_range dk_cols = output_columns(out_block, fc_head_dim);
-    const column_range dv_cols = output_columns(out_block, fc_head_dim_v);
+    const staged_operand keys = key_side_rows(k, p.k, s, kv_head, key0, fc_head_dim);
+    const staged_operand values = key_side_rows(v, p.v, s, kv_head, key0, fc_head_dim_v);
 
     simd_fragment k_cache[MFA_CACHED_FRAGMENTS];
-    if (fc_cache_parallel) cache_slab(k_cache, parallel_tile, keys, thread_index, simd_index);
     simd_fragment v_cache[MFA_CACHED_FRAGMENTS];
-    if (fc_cache_parallel2) cache_slab(v_cache, parallel_tile, values, thread_index, simd_index);
+    cache_parallel_operands(k_cache, v_cache, areas.parallel_tile, keys, values, thread_index,
+                            simd_index, lane);
 
     simd_fragment dk_acc[MFA_OUT_FRAGMENTS];
     simd_fragment dv_acc[MFA_OUT_FRAGMENTS];
@@ -49,10 +44,8 @@ inline void attention_backward_key_value(device const uchar* q, device const uch
 
     const block_range blocks = query_blocks_for_keys(s, key0, key_last, int(fc_block_traversal));
     for (uint head = kv_head * uint(p.group); head < (kv_head + 1) * uint(p.group); ++head) {
-        staged_operand queries = single_head_rows(q, slice_from_row(p.q, s.batch, head, s.q_row0),
-                                                  0, s.seq_q, fc_head_dim);
-        staged_operand grads = single_head_rows(
-            dout, slice_from_row(p.dout, s.batch, head, s.q_row0), 0, s.seq_q, fc_head_dim_v);
+        staged_operand queries = query_side_rows(q, p.q, s, head, 0, fc_head_dim);
+        staged_operand grads = query_side_rows(dout, p.dout, s, head, 0, fc_head_dim_v);
         const operand_slice l_slice = slice_from_row(p.l, s.batch, head, s.q_row0);
         const operand_slice delta_slice = slice_from_row(p.delta, s.batch, head, s.q_row0);
         const score_modifiers modifiers = modifiers_for(p, x.alibi, batch, head);
@@ -60,15 +53,13 @@ inline void attention_backward_key_value(device const uchar* q, device const uch
         for (int block = blocks.begin; block < blocks.end; ++block) {
             const int query0 = block * int(fc_block_traversal);
             const int query_end = query0 + int(fc_block_traversal) - 1;
-            bool read_mask = fc_has_mask;
-            if (fc_has_block_mask) {
-                const uint verdict = tile_summary(p, x.block_mask, batch, head, head, query0,
-                                                  min(query_end, s.seq_q - 1), key0, key_last);
-                if (verdict == 0) continue;
-                read_mask = verdict != 2;
-            }
+            const uint verdict = tile_summary(p, x.block_mask, batch, head, head, query0,
+                                              min(query_end, s.seq_q - 1), key0, key_last);
+            if (verdict == 0) continue;
+            const bool read_mask = fc_has_mask && verdict != 2;
             queries.row0 = query0;
             grads.row0 = query0;
+            const bool edge = !block_fully_visible(s, query0, query_end, key0, key_last);
 
             // The block's L and delta, read by every simdgroup; the barrier keeps the previous
             // block's readers ahead of these writes. Queries past the end read as rows that saw
@@ -81,41 +72,32 @@ inline void attention_backward_key_value(device const uchar* q, device const uch
                     real ? l[l_slice.at(query, 0)] : as_type<float>(kEmptyRowLogSumExpBits);
                 query_delta[i] = real ? delta[delta_slice.at(query, 0)] : 0.0f;
             }
+            // compute_scores's barriers order these writes before the reads below, unless it
+            // stages nothing (K in registers, Q read from device memory).
+            if (fc_cache_parallel && fc_direct_traversal)
+                threadgroup_barrier(mem_flags::mem_threadgroup);
 
             // P^T = exp(S^T - L): rows are keys, columns queries.
             simd_fragment probs[MFA_TRAVERSAL_FRAGMENTS];
             simd_fragment softcap_derivative[MFA_TRAVERSAL_FRAGMENTS];
-            compute_scores(probs, k_cache, fc_cache_parallel, parallel_tile, keys, traversal_tile,
-                           queries, thread_index, simd_index);
-            const bool edge = !block_fully_visible(s, query0, query_end, key0, key_last);
+            compute_scores(probs, k_cache, fc_cache_parallel, areas.parallel_tile, keys,
+                           areas.traversal_tile, queries, thread_index, simd_index, lane);
             to_scores(probs, softcap_derivative, p, s, edge, read_mask, modifiers, x.mask,
                       score_orientation::key_rows, min(key, key_last), query0, lane);
-            const uint col = fragment_col(lane);
-#pragma clang loop unroll(full)
-            for (uint t = 0; t < fc_traversal_fragments; ++t)
-                for (ushort e = 0; e < 2; ++e)
-                    probs[t].thread_elements()[e] = probability_from_stored_lse(
-                        probs[t].thread_elements()[e], query_lse[t * 8 + col + e]);
+            to_probabilities(probs, 0.0f, query_lse, lane);
 
             // dP^T = V dO^T
             simd_fragment dprobs[MFA_TRAVERSAL_FRAGMENTS];
-            compute_scores(dprobs, v_cache, fc_cache_parallel2, parallel_tile, values,
-                           traversal_tile, grads, thread_index, simd_index);
+            compute_scores(dprobs, v_cache, fc_cache_parallel2, areas.parallel_tile, values,
+                           areas.traversal_tile, grads, thread_index, simd_index, lane);
 
-            accumulate_product(dv_acc, probs, traversal_tile, grads, dv_cols.begin, dv_cols.end,
-                               thread_index);
+            accumulate_product(dv_acc, probs, areas.traversal_tile, grads, dv_cols.begin,
+                               dv_cols.end, thread_index, lane);
 
-// dS^T = P^T * (dP^T - delta) (* softcap's derivative), in place of dP^T.
-#pragma clang loop unroll(full)
-            for (uint t = 0; t < fc_traversal_fragments; ++t)
-                for (ushort e = 0; e < 2; ++e) {
-                    float ds = probs[t].thread_elements()[e] *
-                               (dprobs[t].thread_elements()[e] - query_delta[t * 8 + col + e]);
-                    if (fc_has_softcap) ds *= softcap_derivative[t].thread_elements()[e];
-                    dprobs[t].thread_elements()[e] = ds;
-                }
-            accumulate_product(dk_acc, dprobs, traversal_tile, queries, dk_cols.begin, dk_cols.end,
-                               thread_index);
+            // dS^T = P^T * (dP^T - delta) (* softcap's derivative), in place of dP^T.
+            to_score_gradients(dprobs, probs, softcap_derivative, 0.0f, query_delta, lane);
+            accumulate_product(dk_acc, dprobs, areas.traversal_tile, queries, dk_cols.begin,
+                               dk_cols.end, thread_index, lane);
         }
     }
 

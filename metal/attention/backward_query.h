@@ -29,6 +29,60 @@ inline float output_gradient_dot(device const uchar* o, operand_slice o_slice,
     return row_sum(partial);
 }
 
+// The backward's per-element terms of a tile, in place. Each takes a per-query value (the stored
+// lse, delta): one per lane row where queries are the rows (backward-query: row_value), one per
+// column, from threadgroup memory, where they are the columns (backward-key-value:
+// column_values, null otherwise).
+inline float query_value(float row_value, const threadgroup float* column_values, uint t, ushort e,
+                         ushort lane) {
+    return column_values ? column_values[t * 8 + fragment_col(lane) + e] : row_value;
+}
+
+// P = exp(S - L) with the forward's log-sum-exp, in place of S: no running statistics needed.
+inline void to_probabilities(thread simd_fragment* scores, float row_lse,
+                             const threadgroup float* column_lse, ushort lane) {
+#pragma clang loop unroll(full)
+    for (uint t = 0; t < fc_traversal_fragments; ++t)
+        for (ushort e = 0; e < 2; ++e)
+            scores[t].thread_elements()[e] = probability_from_stored_lse(
+                scores[t].thread_elements()[e], query_value(row_lse, column_lse, t, e, lane));
+}
+
+// dS = P * (dP - delta) (* softcap's derivative), in place of dP.
+inline void to_score_gradients(thread simd_fragment* dprobs, const thread simd_fragment* probs,
+                               const thread simd_fragment* softcap_derivative, float row_delta,
+                               const threadgroup float* column_delta, ushort lane) {
+#pragma clang loop unroll(full)
+    for (uint t = 0; t < fc_traversal_fragments; ++t)
+        for (ushort e = 0; e < 2; ++e) {
+            float ds =
+                probs[t].thread_elements()[e] *
+                (dprobs[t].thread_elements()[e] - query_value(row_delta, column_delta, t, e, lane));
+            if (fc_has_softcap) ds *= softcap_derivative[t].thread_elements()[e];
+            dprobs[t].thread_elements()[e] = ds;
+        }
+}
+
+// The parallel rows of a backward threadgroup: group.x counts (row block, output block), the
+// output block fastest; `rows` rows in all (queries or keys of the sequence). first..last are
+// the block's rows, `row` this lane's (possibly past the end).
+struct parallel_rows {
+    uint out_block;
+    int first;
+    int last;
+    int row;
+};
+
+inline parallel_rows parallel_rows_of(constant mfa_kernel_params& p, uint group_x, int rows,
+                                      ushort simd_index, ushort lane) {
+    parallel_rows r;
+    r.out_block = group_x % uint(p.out_blocks);
+    r.first = int(group_x / uint(p.out_blocks) * fc_block_parallel);
+    r.last = min(r.first + int(fc_block_parallel), rows) - 1;
+    r.row = r.first + int(simd_index) * 8 + int(fragment_row(lane));
+    return r;
+}
+
 inline void attention_backward_query(device const uchar* q, device const uchar* k,
                                      device const uchar* v, device const uchar* o,
                                      device const float* l, device float* delta_out,
@@ -36,41 +90,34 @@ inline void attention_backward_query(device const uchar* q, device const uchar* 
                                      constant mfa_kernel_params& p, threadgroup float* staging,
                                      uint3 group, ushort thread_index, ushort simd_index,
                                      ushort lane) {
-    threadgroup float* parallel_tile = staging;
-    threadgroup float* traversal_tile = staging + fc_block_parallel * fc_block_head;
+    const staging_areas areas = staging_areas_of(staging);
 
-    const uint out_block = group.x % uint(p.out_blocks);
-    const int row0 = int(group.x / uint(p.out_blocks) * fc_block_parallel);
     const uint head = group.y, batch = group.z, kv_head = head / uint(p.group);
     const attention_sequence s = sequence_of(p, batch, x.cu_seqlens_q, x.cu_seqlens_k, nullptr);
+    const parallel_rows rows = parallel_rows_of(p, group.x, s.seq_q, simd_index, lane);
     // The grid covers the longest sequence: the whole threadgroup leaves past this one's end.
-    if (row0 >= s.seq_q) return;
-    const int row_last = min(row0 + int(fc_block_parallel), s.seq_q) - 1;
-    const int row = row0 + int(simd_index) * 8 + int(fragment_row(lane));
+    if (rows.first >= s.seq_q) return;
+    const int row0 = rows.first, row_last = rows.last, row = rows.row;
 
-    const staged_operand queries = single_head_rows(q, slice_from_row(p.q, s.batch, head, s.q_row0),
-                                                    row0, s.seq_q, fc_head_dim);
-    const staged_operand grads = single_head_rows(
-        dout, slice_from_row(p.dout, s.batch, head, s.q_row0), row0, s.seq_q, fc_head_dim_v);
-    staged_operand keys = single_head_rows(k, slice_from_row(p.k, s.batch, kv_head, s.k_row0), 0,
-                                           s.seq_k, fc_head_dim);
-    staged_operand values = single_head_rows(v, slice_from_row(p.v, s.batch, kv_head, s.k_row0), 0,
-                                             s.seq_k, fc_head_dim_v);
-    const column_range out_cols = output_columns(out_block, fc_head_dim);
+    const staged_operand queries = query_side_rows(q, p.q, s, head, row0, fc_head_dim);
+    const staged_operand grads = query_side_rows(dout, p.dout, s, head, row0, fc_head_dim_v);
+    staged_operand keys = key_side_rows(k, p.k, s, kv_head, 0, fc_head_dim);
+    staged_operand values = key_side_rows(v, p.v, s, kv_head, 0, fc_head_dim_v);
+    const column_range out_cols = output_columns(rows.out_block, fc_head_dim);
     const score_modifiers modifiers = modifiers_for(p, x.alibi, batch, head);
 
     const float delta = output_gradient_dot(o, slice_from_row(p.o, s.batch, head, s.q_row0), dout,
                                             grads.slice, row, s.seq_q, lane);
-    if (out_block == 0 && fragment_row_quarter(lane) == 0 && row < s.seq_q)
+    if (rows.out_block == 0 && fragment_row_quarter(lane) == 0 && row < s.seq_q)
         delta_out[slice_from_row(p.delta, s.batch, head, s.q_row0).at(row, 0)] = delta;
     // Rows past the end read as rows that saw no key: every probability 0.
     const float lse = row < s.seq_q ? l[slice_from_row(p.l, s.batch, head, s.q_row0).at(row, 0)]
                                     : as_type<float>(kEmptyRowLogSumExpBits);
 
     simd_fragment q_cache[MFA_CACHED_FRAGMENTS];
-    if (fc_cache_parallel) cache_slab(q_cache, parallel_tile, queries, thread_index, simd_index);
     simd_fragment dout_cache[MFA_CACHED_FRAGMENTS];
-    if (fc_cache_parallel2) cache_slab(dout_cache, parallel_tile, grads, thread_index, simd_index);
+    cache_parallel_operands(q_cache, dout_cache, areas.parallel_tile, queries, grads, thread_index,
+                            simd_index, lane);
 
     simd_fragment dq_acc[MFA_OUT_FRAGMENTS];
     clear_fragments(dq_acc, fc_out_fragments);
@@ -79,40 +126,29 @@ inline void attention_backward_query(device const uchar* q, device const uchar* 
     for (int block = blocks.begin; block < blocks.end; ++block) {
         const int key0 = block * int(fc_block_traversal);
         const int key_last = key0 + int(fc_block_traversal) - 1;
-        bool read_mask = fc_has_mask;
-        if (fc_has_block_mask) {
-            const uint verdict = tile_summary(p, x.block_mask, batch, head, head, row0, row_last,
-                                              key0, min(key_last, s.seq_k - 1));
-            if (verdict == 0) continue;
-            read_mask = verdict != 2;
-        }
+        const uint verdict = tile_summary(p, x.block_mask, batch, head, head, row0, row_last, key0,
+                                          min(key_last, s.seq_k - 1));
+        if (verdict == 0) continue;
+        const bool read_mask = fc_has_mask && verdict != 2;
         keys.row0 = key0;
         values.row0 = key0;
 
-        // P = exp(S - L) with the forward's log-sum-exp: no running statistics needed.
+        // P = exp(S - L), then dP = dO V^T and dS.
         simd_fragment probs[MFA_TRAVERSAL_FRAGMENTS];
         simd_fragment softcap_derivative[MFA_TRAVERSAL_FRAGMENTS];
-        compute_scores(probs, q_cache, fc_cache_parallel, parallel_tile, queries, traversal_tile,
-                       keys, thread_index, simd_index);
+        compute_scores(probs, q_cache, fc_cache_parallel, areas.parallel_tile, queries,
+                       areas.traversal_tile, keys, thread_index, simd_index, lane);
         const bool edge = !block_fully_visible(s, row0, row_last, key0, key_last);
         to_scores(probs, softcap_derivative, p, s, edge, read_mask, modifiers, x.mask,
                   score_orientation::query_rows, min(row, row_last), key0, lane);
+        to_probabilities(probs, lse, nullptr, lane);
 
         simd_fragment dprobs[MFA_TRAVERSAL_FRAGMENTS];
-        compute_scores(dprobs, dout_cache, fc_cache_parallel2, parallel_tile, grads, traversal_tile,
-                       values, thread_index, simd_index);
-
-// dS = P * (dP - delta) (* softcap's derivative), in place of dP.
-#pragma clang loop unroll(full)
-        for (uint t = 0; t < fc_traversal_fragments; ++t)
-            for (ushort e = 0; e < 2; ++e) {
-                const float prob = probability_from_stored_lse(probs[t].thread_elements()[e], lse);
-                float ds = prob * (dprobs[t].thread_elements()[e] - delta);
-                if (fc_has_softcap) ds *= softcap_derivative[t].thread_elements()[e];
-                dprobs[t].thread_elements()[e] = ds;
-            }
-        accumulate_product(dq_acc, dprobs, traversal_tile, keys, out_cols.begin, out_cols.end,
-                           thread_index);
+        compute_scores(dprobs, dout_cache, fc_cache_parallel2, areas.parallel_tile, grads,
+                       areas.traversal_tile, values, thread_index, simd_index, lane);
+        to_score_gradients(dprobs, probs, softcap_derivative, delta, nullptr, lane);
+        accumulate_product(dq_acc, dprobs, areas.traversal_tile, keys, out_cols.begin, out_cols.end,
+                           thread_index, lane);
     }
 
     if (row >= s.seq_q) return;

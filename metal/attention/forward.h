@@ -32,44 +32,12 @@ struct forward_extras {
     device float* partial_l;
 };
 
-// out = out * correction + weight * entry, over this lane's columns of the row: the entry's
-// normalised output, read from o (fc_initial_state).
-inline void fold_entry_output(thread simd_fragment* out, fold_factors f, device const uchar* o,
-                              operand_slice slice, column_range cols, int row, ushort lane) {
-    const uint col0 = cols.begin + fragment_col(lane);
-#pragma clang loop unroll(full)
-    for (uint j = 0; j < fc_out_fragments; ++j)
-        for (ushort e = 0; e < 2; ++e) {
-            const uint col = col0 + j * 8 + e;
-            float entry = 0.0f;
-            if (col < cols.end) entry = load_element(o, slice.at(row, col));
-            out[j].thread_elements()[e] =
-                out[j].thread_elements()[e] * f.correction + f.weight * entry;
-        }
-}
-
-// This lane's elements of a split's normalised partial output, in f32.
-inline void store_partial_rows(device float* dst, long base, long col_stride,
-                               thread simd_fragment* acc, column_range cols, float factor,
-                               ushort lane) {
-    const uint col0 = cols.begin + fragment_col(lane);
-#pragma clang loop unroll(full)
-    for (uint j = 0; j < fc_out_fragments; ++j)
-        for (ushort e = 0; e < 2; ++e) {
-            const uint col = col0 + j * 8 + e;
-            if (col < cols.end)
-                dst[base + long(col) * col_stride] = acc[j].thread_elements()[e] * factor;
-        }
-}
-
 inline void attention_forward(device const uchar* q, device const uchar* k, device const uchar* v,
                               device uchar* o, device float* l, forward_extras x,
                               constant mfa_kernel_params& p, threadgroup float* staging,
                               uint3 group, ushort thread_index, ushort simd_index, ushort lane) {
-    threadgroup float* parallel_tile = staging;
-    threadgroup float* traversal_tile = staging + fc_block_parallel * fc_block_head;
-    threadgroup int* page_blocks =
-        (threadgroup int*)(traversal_tile + fc_block_traversal * fc_block_head);
+    const staging_areas areas = staging_areas_of(staging);
+    threadgroup int* page_blocks = (threadgroup int*)areas.row_vectors;
     threadgroup int* page_rows = page_blocks + fc_block_traversal;
 
     // group.x counts (row block, split, output block), the output block fastest.
@@ -117,16 +85,15 @@ inline void attention_forward(device const uchar* q, device const uchar* k, devi
         values = paged_rows(v, slice_of(p.v, 0, kv_head), p.v.stride[0], s.seq_k, fc_head_dim_v,
                             page_blocks, page_rows);
     } else {
-        keys = single_head_rows(k, slice_from_row(p.k, s.batch, kv_head, s.k_row0), 0, s.seq_k,
-                                fc_head_dim);
-        values = single_head_rows(v, slice_from_row(p.v, s.batch, kv_head, s.k_row0), 0, s.seq_k,
-                                  fc_head_dim_v);
+        keys = key_side_rows(k, p.k, s, kv_head, 0, fc_head_dim);
+        values = key_side_rows(v, p.v, s, kv_head, 0, fc_head_dim_v);
     }
     const column_range out_cols = output_columns(out_block, fc_head_dim_v);
     const score_modifiers modifiers = modifiers_for(p, x.alibi, batch, head);
 
     simd_fragment q_cache[MFA_CACHED_FRAGMENTS];
-    if (fc_cache_parallel) cache_slab(q_cache, parallel_tile, queries, thread_index, simd_index);
+    cache_slab(fc_cache_parallel, q_cache, areas.parallel_tile, queries, thread_index, simd_index,
+               lane);
 
     simd_fragment out[MFA_OUT_FRAGMENTS];
     clear_fragments(out, fc_out_fragments);
@@ -147,14 +114,11 @@ inline void attention_forward(device const uchar* q, device const uchar* k, devi
     for (int block = blocks.begin; block < blocks.end; ++block) {
         const int key0 = block * int(fc_block_traversal);
         const int key_last = key0 + int(fc_block_traversal) - 1;
-        bool read_mask = fc_has_mask;
-        if (fc_has_block_mask) {
-            const uint verdict =
-                tile_summary(p, x.block_mask, batch, head_first, head_last, query_first, query_last,
-                             key0, min(key_last, s.seq_k - 1));
-            if (verdict == 0) continue;
-            read_mask = verdict != 2;
-        }
+        const uint verdict =
+            tile_summary(p, x.block_mask, batch, head_first, head_last, query_first, query_last,
+                         key0, min(key_last, s.seq_k - 1));
+        if (verdict == 0) continue;
+        const bool read_mask = fc_has_mask && verdict != 2;
         if (fc_paged)
             locate_keys(page_blocks, page_rows, x.block_table, p, batch, key0, s.seq_k,
                         thread_index);
@@ -163,8 +127,8 @@ inline void attention_forward(device const uchar* q, device const uchar* k, devi
 
         // S = the scores of the tile, then P = exp(S - m) with the running max m.
         simd_fragment scores[MFA_TRAVERSAL_FRAGMENTS];
-        compute_scores(scores, q_cache, fc_cache_parallel, parallel_tile, queries, traversal_tile,
-                       keys, thread_index, simd_index);
+        compute_scores(scores, q_cache, fc_cache_parallel, areas.parallel_tile, queries,
+                       areas.traversal_tile, keys, thread_index, simd_index, lane);
         const bool edge = !block_fully_visible(s, query_first, query_last, key0, key_last);
         to_scores(scores, nullptr, p, s, edge, read_mask, modifiers, x.mask,
                   score_orientation::query_rows, query, key0, lane);
@@ -172,17 +136,18 @@ inline void attention_forward(device const uchar* q, device const uchar* k, devi
 
         // O = O * exp(m_old - m_new) + P V
         scale_fragments(out, fc_out_fragments, correction);
-        accumulate_product(out, scores, traversal_tile, values, out_cols.begin, out_cols.end,
-                           thread_index);
+        accumulate_product(out, scores, areas.traversal_tile, values, out_cols.begin, out_cols.end,
+                           thread_index, lane);
     }
 
     if (fc_initial_state) threadgroup_barrier(mem_flags::mem_device);
     if (row >= row_count) return;
     const bool writes_lse = out_block == 0 && fragment_row_quarter(lane) == 0;
     if (fc_split_keys) {
-        const operand_slice part = slice_from_row(p.partial_o, s.batch, head, s.q_row0);
-        store_partial_rows(x.partial_o, long(split) * p.split_stride_o + part.at(query, 0),
-                           part.col_stride, out, out_cols, softmax_row_normalizer(stats), lane);
+        operand_slice part = slice_from_row(p.partial_o, s.batch, head, s.q_row0);
+        part.base += long(split) * p.split_stride_o;
+        store_rows_as(MFA_KERNEL_DTYPE_F32, (device uchar*)x.partial_o, part, out, out_cols, query,
+                      softmax_row_normalizer(stats), false, 0.0f, lane);
         if (writes_lse)
             x.partial_l[long(split) * p.split_stride_l +
                         slice_from_row(p.partial_l, s.batch, head, s.q_row0).at(query, 0)] =
@@ -193,12 +158,14 @@ inline void attention_forward(device const uchar* q, device const uchar* k, devi
         const float sink = x.sinks[p.sinks.origin + long(head) * p.sinks.stride[1]];
         scale_fragments(out, fc_out_fragments, softmax_row_fold(stats, sink).correction);
     }
-    if (fc_initial_state) {
-        if (!lse_is_empty(entry_lse))
-            fold_entry_output(out, softmax_row_fold(stats, entry_lse), o, o_slice, out_cols, query,
-                              lane);
-    }
-    store_rows(o, o_slice, out, out_cols, query, softmax_row_normalizer(stats), lane);
+    // O = (O * correction + weight * entry O) / sum with an initial state, whose output is read
+    // only where its lse says it saw a key.
+    const bool with_entry = fc_initial_state && !lse_is_empty(entry_lse);
+    fold_factors entry = {1.0f, 0.0f};
+    if (with_entry) entry = softmax_row_fold(stats, entry_lse);
+    const float normalizer = softmax_row_normalizer(stats);
+    store_rows_as(fc_dtype, o, o_slice, out, out_cols, query, entry.correction * normalizer,
+                  with_entry, entry.weight * normalizer, lane);
     if (fc_has_lse && writes_lse) l[l_slice.at(query, 0)] = softmax_row_log_sum_exp(stats);
 }
 

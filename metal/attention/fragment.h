@@ -37,13 +37,4 @@ inline float row_sum(float value) {
 
 inline simd_fragment zero_fragment() { return make_filled_simdgroup_matrix<float, 8, 8>(0.0f); }
 
-// The 8x8 block at (row, col) of a row-major threadgroup tile with leading dimension ld, or
-// its transpose.
-inline simd_fragment load_fragment(const threadgroup float* tile, uint ld, uint row, uint col,
-                                   bool transpose) {
-    simd_fragment f;
-    simdgroup_load(f, tile + row * ld + col, ld, ulong2(0, 0), transpose);
-    return f;
-}
-
 #endif

@@ -47,9 +47,11 @@ inline score_modifiers modifiers_for(constant mfa_kernel_params& p, device const
 // visible with nothing added (the mask is not read), 1 otherwise. The tile covers queries
 // [query_first, query_last] of heads [head_first, head_last] and keys [key_first, key_last],
 // all inside the sequence. Every thread reads the same few bytes, so the verdict is uniform.
+// Without a summary (fc_has_block_mask unset) every tile is 1: a mask, if any, is read.
 inline uint tile_summary(constant mfa_kernel_params& p, device const uchar* block_mask, uint batch,
                          uint head_first, uint head_last, int query_first, int query_last,
                          int key_first, int key_last) {
+    if (!fc_has_block_mask) return 1;
     bool all_hidden = true, all_plain = true;
     // A summary shared by every head (stride 0) is read once.
     if (p.block_mask.stride[1] == 0) head_last = head_first;

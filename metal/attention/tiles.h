@@ -1,12 +1,12 @@
-// Matrix products of a simdgroup's 8-row slab against tiles staged in threadgroup memory.
-// Register arrays are sized for the largest variant; loop bounds are function constants, so
-// once a pipeline is specialised the unrolled loops index registers with constants and Metal
-// keeps only the fragments that variant uses.
+// Matrix products of a simdgroup's 8-row slab against a traversed tile, staged in threadgroup
+// memory or read from device memory (fc_direct_traversal). Register arrays are sized for the
+// largest variant; loop bounds are function constants, so once a pipeline is specialised the
+// unrolled loops index registers with constants and Metal keeps only the fragments that variant
+// uses.
 #ifndef MFA_ATTENTION_TILES_H
 #define MFA_ATTENTION_TILES_H
 
-#include "constants.h"
-#include "fragment.h"
+#include "staging.h"
 
 #define MFA_TRAVERSAL_FRAGMENTS (MFA_MAX_BLOCK_TRAVERSAL / 8)
 #define MFA_OUT_FRAGMENTS       (MFA_MAX_BLOCK_OUT / 8)
@@ -33,44 +33,69 @@ inline void scale_fragments(thread simd_fragment* f, uint count, float factor) {
     }
 }
 
-// scores[t] += slab[:, k] * traversed[t rows, k]^T for the staged feature chunk: the
-// "row slab x traversed rows transposed" product (S = Q K^T, dP = dO V^T, and their
-// key-value-side twins). slab(k) is the slab's k-th 8-column simd_fragment of this chunk.
-inline void accumulate_scores(thread simd_fragment* scores, const thread simd_fragment* slab,
-                              const threadgroup float* traversed, uint fragments) {
-#pragma clang loop unroll(full)
-    for (uint k = 0; k < fc_head_fragments; ++k) {
-        if (k >= fragments) break; // constant bound, so the unrolled indices are constants
-#pragma clang loop unroll(full)
-        for (uint t = 0; t < fc_traversal_fragments; ++t) {
-            const simd_fragment rhs = load_fragment(traversed, fc_block_head, t * 8, k * 8, true);
-            simdgroup_multiply_accumulate(scores[t], slab[k], rhs, scores[t]);
-        }
-    }
+// One feature chunk of the traversed operand: the block_traversal rows from operand.row0,
+// columns [col0, col0 + block_head), the columns at or past col_end reading as zero. Staged in
+// `tile`, or with fc_direct_traversal read from the operand itself.
+struct traversed_chunk {
+    const threadgroup uchar* tile;
+    staged_operand operand;
+    uint col0;
+    uint col_end;
+    bool edge; // the chunk reaches past the operand's rows or col_end (direct reads only)
+};
+
+inline traversed_chunk chunk_of(const threadgroup uchar* tile, staged_operand operand, uint col0,
+                                uint col_end) {
+    traversed_chunk c;
+    c.tile = tile;
+    c.operand = operand;
+    c.col0 = col0;
+    c.col_end = col_end;
+    c.edge = edge_tile(operand, operand.row0, fc_block_traversal, col0, fc_block_head, col_end);
+    return c;
 }
 
-// out[j] += weights[t] * traversed[t rows, j]: the "probabilities x traversed rows" product
-// (O += P V, dQ += dS K, dV += P^T dO, dK += dS^T Q) for one staged feature chunk.
-inline void accumulate_output(thread simd_fragment* out, const thread simd_fragment* weights,
-                              const threadgroup float* traversed, uint fragments) {
+inline simd_fragment traversed_fragment(traversed_chunk chunk, uint row, uint col, bool transpose,
+                                        ushort lane) {
+    if (fc_direct_traversal)
+        return device_fragment(chunk.operand, chunk.operand.row0 + int(row), chunk.col0 + col,
+                               chunk.col_end, transpose, chunk.edge, lane);
+    return staged_fragment(chunk.tile, row, col, transpose, lane);
+}
+
+// The two products of a slab with one chunk of traversed rows, over the chunk's `fragments`
+// real 8-column fragments k and the traversed rows' fragments t:
+//   scores:  acc[t] += lhs[k] * chunk[t rows, k]^T   (S = Q K^T, dP = dO V^T, and their
+//                                                      key-value-side twins; lhs: the slab)
+//   output:  acc[k] += lhs[t] * chunk[t rows, k]     (O += P V, dQ += dS K, dV += P^T dO,
+//                                                      dK += dS^T Q; lhs: the weights)
+inline void multiply_chunk(thread simd_fragment* acc, const thread simd_fragment* lhs,
+                           traversed_chunk chunk, bool scores, uint fragments, ushort lane) {
 #pragma clang loop unroll(full)
-    for (uint j = 0; j < fc_head_fragments; ++j) {
-        if (j >= fragments) break;
+    for (uint k = 0; k < fc_head_fragments; ++k) {
+        // Skipped, not left with break: a second exit can stop the full unroll (clang 16 at -O2
+        // kept such a loop, indexing its fragment array dynamically, so in stack memory); with
+        // the constant bound as the only exit every unrolled index is a constant. The same
+        // holds for every loop over fragments or feature chunks below and in rows.h.
+        if (k >= fragments) continue;
 #pragma clang loop unroll(full)
         for (uint t = 0; t < fc_traversal_fragments; ++t) {
-            const simd_fragment rhs = load_fragment(traversed, fc_block_head, t * 8, j * 8, false);
-            simdgroup_multiply_accumulate(out[j], weights[t], rhs, out[j]);
+            const simd_fragment rhs = traversed_fragment(chunk, t * 8, k * 8, scores, lane);
+            if (scores)
+                simdgroup_multiply_accumulate(acc[t], lhs[k], rhs, acc[t]);
+            else
+                simdgroup_multiply_accumulate(acc[k], lhs[t], rhs, acc[k]);
         }
     }
 }
 
 // The fragments of this simdgroup's 8 rows in a staged [block_parallel x block_head] tile.
-inline void load_slab(thread simd_fragment* slab, const threadgroup float* tile, ushort simd_index,
-                      uint fragments) {
+inline void load_slab(thread simd_fragment* slab, const threadgroup uchar* tile, ushort simd_index,
+                      uint fragments, ushort lane) {
 #pragma clang loop unroll(full)
     for (uint k = 0; k < fc_head_fragments; ++k) {
-        if (k >= fragments) break;
-        slab[k] = load_fragment(tile, fc_block_head, uint(simd_index) * 8, k * 8, false);
+        if (k >= fragments) continue;
+        slab[k] = staged_fragment(tile, uint(simd_index) * 8, k * 8, false, lane);
     }
 }
 

@@ -15,53 +15,11 @@
 #include "core/validate.h"
 #include "planner/planner.h"
 #include "planner/tables.h"
+#include "planner_problems.h"
 
 static const mfa_gpu_family families[] = {MFA_GPU_FAMILY_APPLE7, MFA_GPU_FAMILY_APPLE8,
                                           MFA_GPU_FAMILY_APPLE9};
 static const mfa_dtype dtypes[] = {MFA_DTYPE_F32, MFA_DTYPE_F16, MFA_DTYPE_BF16};
-
-/* A bhsd problem over dummy (never dereferenced) addresses; strides as given or contiguous. */
-typedef struct test_problem {
-    mfa_problem p;
-    char storage[1]; /* the views only need distinct non-null addresses */
-} test_problem;
-
-static void contiguous(mfa_view* view, char* base, int64_t h, int64_t n, int64_t d) {
-    view->data = base;
-    view->stride[3] = 1;
-    view->stride[2] = d;
-    view->stride[1] = n * d;
-    view->stride[0] = h * n * d;
-}
-
-static mfa_problem make_problem(mfa_dtype dtype, int64_t b, int64_t hq, int64_t hkv, int64_t nq,
-                                int64_t nk, int64_t d, int64_t dv, int with_lse) {
-    static char base[16];
-    mfa_problem p;
-    memset(&p, 0, sizeof p);
-    p.dtype = dtype;
-    p.batch = b;
-    p.heads_q = hq;
-    p.heads_kv = hkv;
-    p.group = hq / hkv;
-    p.seq_q = nq;
-    p.seq_k = nk;
-    p.head_dim = d;
-    p.head_dim_v = dv;
-    p.scale = 0.125f;
-    mfa_visibility_band(nq, nk, nk - nq, -1, -1, &p.band_lo, &p.band_hi);
-    contiguous(&p.q, base + 1, hq, nq, d);
-    contiguous(&p.k, base + 2, hkv, nk, d);
-    contiguous(&p.v, base + 3, hkv, nk, dv);
-    contiguous(&p.out, base + 4, hq, nq, dv);
-    contiguous(&p.lse, with_lse ? base + 5 : NULL, hq, nq, 1);
-    if (!with_lse) p.lse.data = NULL;
-    contiguous(&p.dout, base + 6, hq, nq, dv);
-    contiguous(&p.dq, base + 7, hq, nq, d);
-    contiguous(&p.dk, base + 8, hkv, nk, d);
-    contiguous(&p.dv, base + 9, hkv, nk, dv);
-    return p;
-}
 
 static uint32_t constant_value(const mfa_pass_plan* pass, uint32_t index, int* found) {
     *found = 0;
@@ -78,9 +36,16 @@ static void check_pass(const mfa_problem* p, const mfa_pass_plan* pass, uint32_t
     CHECK(pass->threadgroup_memory_length <= MFA_PLAN_THREADGROUP_MEMORY_LIMIT, "tg %u",
           pass->threadgroup_memory_length);
     CHECK(pass->threadgroup_memory_length % 16 == 0, "tg %u", pass->threadgroup_memory_length);
+    int found;
+    /* Without a staged traversal tile the kernels carve less; a paged cache is always staged. */
+    const uint32_t direct = constant_value(pass, MFA_FC_DIRECT_TRAVERSAL, &found);
+    CHECK(found == 1, "direct_traversal present %d times", found);
+    CHECK(!direct || p->layout != MFA_LAYOUT_PAGED, "a paged cache read from device memory");
     CHECK(pass->threadgroup_memory_length >=
-              4 * mfa_staging_floats(pass->block_parallel, pass->block_traversal, pass->block_head,
-                                     pass->kind == MFA_PASS_BACKWARD_KEY_VALUE ? 2 : 0),
+              mfa_staging_bytes(pass->block_parallel, direct ? 0 : pass->block_traversal,
+                                pass->block_traversal, pass->block_head,
+                                p->dtype == MFA_DTYPE_F32 ? 4 : 2,
+                                pass->kind == MFA_PASS_BACKWARD_KEY_VALUE ? 2 : 0),
           "tg memory below the kernel's carve-up");
     CHECK(pass->threads_per_threadgroup == pass->block_parallel / 8 * 32, "threads %u",
           pass->threads_per_threadgroup);
@@ -103,7 +68,6 @@ static void check_pass(const mfa_problem* p, const mfa_pass_plan* pass, uint32_t
         for (uint32_t j = i + 1; j < pass->num_constants; ++j)
             CHECK(pass->constants[i].index != pass->constants[j].index, "duplicate constant %u",
                   pass->constants[i].index);
-    int found;
     const struct {
         uint32_t index, expected;
     } expect[] = {
@@ -255,8 +219,9 @@ static void test_table_rows(void) {
                               r->block_traversal <= MFA_MAX_BLOCK_TRAVERSAL,
                           "T");
                     CHECK(r->block_head % 8 == 0 && r->block_head <= MFA_MAX_BLOCK_HEAD, "head");
-                    uint32_t bytes = 4 * mfa_staging_floats(r->block_parallel, r->block_traversal,
-                                                            r->block_head, 2);
+                    /* The most a row can need: f32, staged, with per-row vectors. */
+                    uint32_t bytes = mfa_staging_bytes(r->block_parallel, r->block_traversal,
+                                                       r->block_traversal, r->block_head, 4, 2);
                     CHECK(bytes <= MFA_PLAN_THREADGROUP_MEMORY_LIMIT,
                           "row %u of table (%zu,%d,%d) needs %u bytes", i, f, precision, kind,
                           bytes);
@@ -439,7 +404,7 @@ static const mfa_buffer_binding* binding_of(const mfa_pass_plan* pass, mfa_opera
 }
 
 static void test_split_keys_and_row_passes(void) {
-    static char base[16];
+    char* base = planner_problem_base;
     mfa_plan plan;
     for (size_t f = 0; f < sizeof families / sizeof families[0]; ++f) {
         mfa_problem p = make_problem(MFA_DTYPE_F32, 1, 8, 2, 1, 4096, 64, 64, 1);

@@ -135,12 +135,9 @@ static mfa_status metal_command_buffer_commit(void* state, void* command_buffer)
     (void)state;
     @autoreleasepool {
         id<MTLCommandBuffer> buffer = (__bridge id<MTLCommandBuffer>)command_buffer;
-        if (buffer.status != MTLCommandBufferStatusNotEnqueued) {
-            return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
-                                 "metal: mfa_command_buffer_commit: the command buffer was "
-                                 "already committed (status %lu)",
-                                 (unsigned long)buffer.status);
-        }
+        const mfa_status status =
+            mfa_metal_require_not_enqueued(buffer, "mfa_command_buffer_commit", "");
+        if (status != MFA_OK) return status;
         [buffer commit];
         return MFA_OK;
     }

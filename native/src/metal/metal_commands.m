@@ -108,12 +108,9 @@ static mfa_status metal_begin_encode(void* device, void* command_buffer, const c
                                      void** commands) {
     LibMFAMetalContext* context = (__bridge LibMFAMetalContext*)device;
     id<MTLCommandBuffer> buffer = (__bridge id<MTLCommandBuffer>)command_buffer;
-    if (buffer.status != MTLCommandBufferStatusNotEnqueued) {
-        return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
-                             "metal: mfa_attention_encode: the command buffer was already "
-                             "committed (status %lu); encode into a new one",
-                             (unsigned long)buffer.status);
-    }
+    const mfa_status status =
+        mfa_metal_require_not_enqueued(buffer, "mfa_attention_encode", "; encode into a new one");
+    if (status != MFA_OK) return status;
     id<MTLComputeCommandEncoder> encoder = [buffer computeCommandEncoder];
     if (encoder == nil) {
         return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,

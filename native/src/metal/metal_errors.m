@@ -18,3 +18,11 @@ mfa_status mfa_metal_error(mfa_status status, NSError* error, const char* format
     return mfa_set_error(status, "%s: %s (%s %ld)", what, description ? description : "?",
                          domain ? domain : "?", (long)error.code);
 }
+
+mfa_status mfa_metal_require_not_enqueued(id<MTLCommandBuffer> buffer, const char* call,
+                                          const char* advice) {
+    if (buffer.status == MTLCommandBufferStatusNotEnqueued) return MFA_OK;
+    return mfa_set_error(MFA_ERROR_INVALID_ARGUMENT,
+                         "metal: %s: the command buffer was already committed (status %lu)%s", call,
+                         (unsigned long)buffer.status, advice);
+}

@@ -44,6 +44,11 @@
 mfa_status mfa_metal_error(mfa_status status, NSError* _Nullable error, const char* format, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* MFA_OK while buffer has not been enqueued; otherwise INVALID_ARGUMENT: "<call>: the command
+ * buffer was already committed (status ...)<advice>". */
+mfa_status mfa_metal_require_not_enqueued(id<MTLCommandBuffer> buffer, const char* call,
+                                          const char* advice);
+
 /* ---- Kernel library ----------------------------------------------------------------------- */
 
 /* Where kernel functions come from. mfa.metallib is loaded from $MFA_METALLIB when set (and

@@ -70,7 +70,7 @@ class ScratchPool {
                 free_[best] = free_.back();
                 free_.pop_back();
                 pooled_ -= block->bytes;
-                unpoison(block);
+                set_poisoned(block, false);
                 return block->payload();
             }
         }
@@ -88,7 +88,7 @@ class ScratchPool {
         Block* block = reinterpret_cast<Block*>(static_cast<char*>(memory) - sizeof(Block));
         std::lock_guard<std::mutex> lock(mutex_);
         if (pooled_ + block->bytes <= kPooledBytes && free_.size() < free_.capacity()) {
-            poison(block);
+            set_poisoned(block, true);
             free_.push_back(block);
             pooled_ += block->bytes;
         } else {
@@ -102,22 +102,20 @@ class ScratchPool {
         size_t bytes;
         void* payload() { return reinterpret_cast<char*>(this) + sizeof(Block); }
     };
-    static void poison(Block* block) {
+    // A pooled block's payload is poisoned for AddressSanitizer until it is handed out again.
+    static void set_poisoned(Block* block, bool poisoned) {
 #ifdef MFA_SIM_ASAN
-        ASAN_POISON_MEMORY_REGION(block->payload(), block->bytes);
+        if (poisoned)
+            ASAN_POISON_MEMORY_REGION(block->payload(), block->bytes);
+        else
+            ASAN_UNPOISON_MEMORY_REGION(block->payload(), block->bytes);
 #else
         (void)block;
-#endif
-    }
-    static void unpoison(Block* block) {
-#ifdef MFA_SIM_ASAN
-        ASAN_UNPOISON_MEMORY_REGION(block->payload(), block->bytes);
-#else
-        (void)block;
+        (void)poisoned;
 #endif
     }
     static void release(Block* block) {
-        unpoison(block);
+        set_poisoned(block, false);
         std::free(block);
     }
     std::mutex mutex_;

@@ -420,13 +420,23 @@ __attribute__((always_inline)) static inline void thread_sanitizer_switch(FiberC
 }
 #endif
 
-void fiber_switch(FiberContext* from, FiberContext* to) {
+// What every switch does before control leaves `from`: tell the sanitizers where it goes. The
+// ASan fake stack of `from` is kept for the next fiber on this stack (a null slot would destroy
+// it).
+__attribute__((always_inline)) static inline void announce_switch(FiberContext* from,
+                                                                  FiberContext* to) {
 #if MFA_SIM_TSAN
     thread_sanitizer_switch(from, to);
 #endif
 #if MFA_SIM_ASAN
     __sanitizer_start_switch_fiber(from->fake_stack, to->stack_bottom, to->stack_size);
 #endif
+    (void)from;
+    (void)to;
+}
+
+void fiber_switch(FiberContext* from, FiberContext* to) {
+    announce_switch(from, to);
     mfa_sim_switch_raw(&from->stack_pointer, to->stack_pointer);
 #if MFA_SIM_ASAN
     __sanitizer_finish_switch_fiber(*from->fake_stack, nullptr, nullptr);
@@ -434,13 +444,7 @@ void fiber_switch(FiberContext* from, FiberContext* to) {
 }
 
 MFA_SIM_FIBER_ENTRY void fiber_exit_to(FiberContext* from, FiberContext* to) {
-#if MFA_SIM_TSAN
-    thread_sanitizer_switch(from, to);
-#endif
-#if MFA_SIM_ASAN
-    // Keep the fake stack for the next fiber on this stack (a null slot would destroy it).
-    __sanitizer_start_switch_fiber(from->fake_stack, to->stack_bottom, to->stack_size);
-#endif
+    announce_switch(from, to);
     mfa_sim_switch_raw(&from->stack_pointer, to->stack_pointer);
     __builtin_unreachable();
 }

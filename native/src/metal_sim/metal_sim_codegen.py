@@ -169,7 +169,7 @@ class Parameter:
 
 
 class Codegen:
-    def __init__(self, text, source, address_spaces, folded_constants=None):
+    def __init__(self, text, source, address_spaces, folded_constants=None, only_kernel=None):
         self.text = text
         self.source = source
         self.address_spaces = address_spaces
@@ -177,6 +177,7 @@ class Codegen:
         # pipeline creation specialises them (for metal_sim_check_residency.py); None: bound
         # per dispatch.
         self.folded_constants = folded_constants
+        self.only_kernel = only_kernel
         self.tokens = tokenize(text)
         self.edits = []  # (start, end, replacement)
         self.attribute_lists = {}  # first token index -> AttributeList
@@ -318,9 +319,10 @@ class Codegen:
                         "metal-sim: pass the memory as a `threadgroup T* name [[threadgroup(i)]]` "
                         "kernel parameter",
                     )
-                self.rewrite_marker(i)
                 if tok.text == "__mfa_sim_kernel__":
                     self.on_kernel(i, statement_start, scopes)
+                else:
+                    self.rewrite_marker(i)
                 i += 1
                 continue
             if tok.text == "{":
@@ -535,6 +537,11 @@ class Codegen:
                 f"kernel '{name}' is defined twice (Metal does not overload kernels)",
             )
         self.kernels[name] = self.parse_parameters(j, close, name)
+        if self.only_kernel is None or name == self.only_kernel:
+            self.blank(marker, marker)
+        else:
+            # Compiled only if the kernel is: an unused static function is not.
+            self.replace(marker, marker, "[[maybe_unused]] static")
 
     def parse_parameters(self, open_paren, close_paren, kernel):
         parameters = []
@@ -651,6 +658,8 @@ class Codegen:
         the kernel table (kernel_table) refers to."""
         out = [f'\n# 1 "<metal-sim glue for {self.source}>"\n']
         for name, parameters in self.kernels.items():
+            if self.only_kernel is not None and name != self.only_kernel:
+                continue
             arguments = ",\n        ".join(self.argument(name, p) for p in parameters)
             out.append(
                 f"void {entry_name(name)}(const ::mfa_sim_abi::ThreadInfo& thread, "
@@ -760,6 +769,11 @@ def main():
         metavar="JSON",
         help='compile function constants in as constexpr values, {"index": value, ...}',
     )
+    parser.add_argument(
+        "--only-kernel",
+        metavar="NAME",
+        help="compile only this kernel (the others become unused static functions, with no glue)",
+    )
     args = parser.parse_args()
     if not args.kernel_table and (len(args.inputs) != 1 or not args.source):
         parser.error("compiling a kernel file takes one preprocessed file and --source")
@@ -773,7 +787,11 @@ def main():
         else:
             with open(args.inputs[0], encoding="utf-8") as f:
                 folded = json.loads(args.fold_constants) if args.fold_constants else None
-                codegen = Codegen(f.read(), args.source, args.address_spaces, folded)
+                codegen = Codegen(
+                    f.read(), args.source, args.address_spaces, folded, args.only_kernel
+                )
+            if args.only_kernel and args.only_kernel not in codegen.kernels:
+                raise CodegenError(f"{args.source}: error: no kernel '{args.only_kernel}'")
             result = codegen.output()
             if args.manifest:
                 with open(args.manifest, "w", encoding="utf-8") as f:

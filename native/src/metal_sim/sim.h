@@ -119,38 +119,36 @@ struct FunctionConstant {
     } value = {};
 
     static FunctionConstant of_bool(uint16_t index, bool v) {
-        FunctionConstant c;
-        c.index = index;
-        c.type = ConstantType::Bool;
+        FunctionConstant c = typed(index, ConstantType::Bool);
         c.value.b = v;
         return c;
     }
     static FunctionConstant of_int(uint16_t index, int32_t v) {
-        FunctionConstant c;
-        c.index = index;
-        c.type = ConstantType::Int;
+        FunctionConstant c = typed(index, ConstantType::Int);
         c.value.i = v;
         return c;
     }
     static FunctionConstant of_uint(uint16_t index, uint32_t v) {
-        FunctionConstant c;
-        c.index = index;
-        c.type = ConstantType::UInt;
+        FunctionConstant c = typed(index, ConstantType::UInt);
         c.value.u = v;
         return c;
     }
     static FunctionConstant of_float(uint16_t index, float v) {
-        FunctionConstant c;
-        c.index = index;
-        c.type = ConstantType::Float;
+        FunctionConstant c = typed(index, ConstantType::Float);
         c.value.f = v;
         return c;
     }
     static FunctionConstant of_half(uint16_t index, float v) {
+        FunctionConstant c = typed(index, ConstantType::Half);
+        c.value.f = v;
+        return c;
+    }
+
+  private:
+    static FunctionConstant typed(uint16_t index, ConstantType type) {
         FunctionConstant c;
         c.index = index;
-        c.type = ConstantType::Half;
-        c.value.f = v;
+        c.type = type;
         return c;
     }
 };

@@ -303,8 +303,13 @@ static mfa_status choose_blocks(const mfa_problem* problem, mfa_gpu_family famil
                 (kind == MFA_PASS_FORWARD && problem->layout == MFA_LAYOUT_PAGED)
             ? 2
             : 0;
+    /* Apple9 rows read the traversed operand from device memory; a paged cache's rows are
+     * staged anyway, since each lookup through its block table would cost a threadgroup read. */
+    const int direct = row->direct_traversal && problem->layout != MFA_LAYOUT_PAGED;
+    const uint32_t element_size = problem->dtype == MFA_DTYPE_F32 ? 4 : 2;
     const uint32_t bytes =
-        4 * mfa_staging_floats(parallel, row->block_traversal, head, per_row_vectors);
+        mfa_staging_bytes(parallel, direct ? 0 : row->block_traversal, row->block_traversal, head,
+                          element_size, per_row_vectors);
     pass->threadgroup_memory_length = round_up(bytes, 16);
     if (pass->threadgroup_memory_length > MFA_PLAN_THREADGROUP_MEMORY_LIMIT)
         return mfa_set_error(MFA_ERROR_INTERNAL,
@@ -319,6 +324,7 @@ static mfa_status choose_blocks(const mfa_problem* problem, mfa_gpu_family famil
     add_constant(pass, MFA_FC_BLOCK_OUT, MFA_CONSTANT_TYPE_UINT, out);
     add_constant(pass, MFA_FC_CACHE_PARALLEL, MFA_CONSTANT_TYPE_BOOL, (uint32_t)cache_first);
     add_constant(pass, MFA_FC_CACHE_PARALLEL2, MFA_CONSTANT_TYPE_BOOL, (uint32_t)cache_second);
+    add_constant(pass, MFA_FC_DIRECT_TRAVERSAL, MFA_CONSTANT_TYPE_BOOL, (uint32_t)direct);
     return MFA_OK;
 }
 
@@ -347,19 +353,16 @@ static mfa_status check_problem(const mfa_problem* problem, mfa_gpu_family famil
         return mfa_set_error(MFA_ERROR_UNSUPPORTED,
                              "metal planner: batch %lld or heads %lld exceed 2^31-1",
                              (long long)problem->batch, (long long)problem->heads_q);
-    /* Packed rows and cache blocks are int32 in the kernels. */
-    if (problem->layout == MFA_LAYOUT_VARLEN &&
-        (problem->varlen.total_q > INT32_MAX || problem->varlen.total_k > INT32_MAX))
+    /* Packed rows, cache blocks and appended keys are int32 in the kernels. */
+    const int varlen = problem->layout == MFA_LAYOUT_VARLEN;
+    const int paged = problem->layout == MFA_LAYOUT_PAGED;
+    const int64_t first = varlen ? problem->varlen.total_q : paged ? problem->paged.num_blocks : 0;
+    const int64_t second = varlen ? problem->varlen.total_k : paged ? problem->paged.new_len : 0;
+    if (first > INT32_MAX || second > INT32_MAX)
         return mfa_set_error(MFA_ERROR_UNSUPPORTED,
-                             "metal planner: packed rows (%lld queries, %lld keys) exceed 2^31-1",
-                             (long long)problem->varlen.total_q,
-                             (long long)problem->varlen.total_k);
-    if (problem->layout == MFA_LAYOUT_PAGED &&
-        (problem->paged.num_blocks > INT32_MAX || problem->paged.new_len > INT32_MAX))
-        return mfa_set_error(MFA_ERROR_UNSUPPORTED,
-                             "metal planner: %lld cache blocks or %lld new keys exceed 2^31-1",
-                             (long long)problem->paged.num_blocks,
-                             (long long)problem->paged.new_len);
+                             "metal planner: %lld %s or %lld %s exceed 2^31-1", (long long)first,
+                             varlen ? "packed queries" : "cache blocks", (long long)second,
+                             varlen ? "packed keys" : "new keys");
     return MFA_OK;
 }
 
@@ -655,11 +658,18 @@ static mfa_status total_scratch(mfa_plan* plan) {
     return MFA_OK;
 }
 
+/* Every plan starts from a checked problem and an empty plan. */
+static mfa_status start_plan(const mfa_problem* problem, mfa_gpu_family family,
+                             uint32_t max_threads, mfa_plan* plan) {
+    const mfa_status status = check_problem(problem, family, max_threads);
+    if (status == MFA_OK) memset(plan, 0, sizeof *plan);
+    return status;
+}
+
 mfa_status mfa_plan_forward(const mfa_problem* problem, mfa_gpu_family family,
                             uint32_t max_threads_per_threadgroup, mfa_plan* plan) {
-    mfa_status status = check_problem(problem, family, max_threads_per_threadgroup);
+    mfa_status status = start_plan(problem, family, max_threads_per_threadgroup, plan);
     if (status != MFA_OK) return status;
-    memset(plan, 0, sizeof *plan);
     uint32_t n = 0;
     /* New keys go into the caches first, so that the forward reads every key from them. */
     if (problem->layout == MFA_LAYOUT_PAGED && problem->paged.new_len > 0 &&
@@ -678,9 +688,8 @@ mfa_status mfa_plan_forward(const mfa_problem* problem, mfa_gpu_family family,
 
 mfa_status mfa_plan_backward(const mfa_problem* problem, mfa_gpu_family family,
                              uint32_t max_threads_per_threadgroup, mfa_plan* plan) {
-    mfa_status status = check_problem(problem, family, max_threads_per_threadgroup);
+    mfa_status status = start_plan(problem, family, max_threads_per_threadgroup, plan);
     if (status != MFA_OK) return status;
-    memset(plan, 0, sizeof *plan);
     uint32_t unused = 0;
     if ((status = plan_tiled_pass(problem, family, max_threads_per_threadgroup,
                                   MFA_PASS_BACKWARD_QUERY, &plan->passes[0], &unused)) != MFA_OK ||

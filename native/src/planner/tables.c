@@ -5,83 +5,57 @@
  *     output accumulators (O, dQ, dK, dV) are always in registers here; wide outputs are split
  *     across threadgroups (block_out) instead of being paged through device memory, because our
  *     outputs may be f16/bf16 in memory and paging through them would lose precision.
- *   - block_head is the width of the threadgroup staging tile; MFA's head block of 8 is kept
- *     where MFA found it best.
- *   - Every register operand here is f32 (16-bit inputs are widened when staged), while MFA's
- *     mixed-precision rows hold 16-bit Q/K/V in registers. A cached operand therefore costs
- *     twice MFA's registers, so the 16-bit tables cache only up to D = 96 (MFA: up to 224).
- * The tables have not been measured on hardware for these kernels yet. To retune on a Mac: edit
- * rows here, run planner_unit (every row must fit 32 KB of threadgroup memory and the kernels'
- * register arrays; the planner also refuses a row outside them at run time), then compare
- * `python -m mfa_native bench --backend metal` before and after.
+ *   - block_head is the width of a staged chunk; MFA's head block of 8 is kept where MFA found
+ *     it best.
+ *   - Staged tiles hold f16/bf16 operands as 16-bit (half the threadgroup memory and bytes of
+ *     f32 staging), but fragments are widened to f32 at load, so a register operand costs twice
+ *     MFA's registers: the 16-bit tables cache only up to D = 96 (MFA: up to 224).
+ *   - Apple9 rows read the traversed operand (K and V, or Q and dO) straight from device memory
+ *     (direct = 1), as MFA does on Apple9, whose device loads share a cache with threadgroup
+ *     memory: only the parallel operand is staged, and its 16 rows per threadgroup (MFA's) cost
+ *     nothing in traversed-tile traffic, which no longer depends on how many simdgroups share a
+ *     tile. Apple7/8 stage both (their device loads bypass that cache).
+ * Rows are {max D, block_parallel, block_traversal, block_head, cache first, cache second,
+ * direct}. The tables have not been measured on hardware for these kernels yet. To retune on a
+ * Mac: edit rows here, run planner_unit (every row must fit 32 KB of threadgroup memory and the
+ * kernels' register arrays; the planner also refuses a row outside them at run time), then
+ * compare `python -m mfa_native bench --backend metal` before and after, and the census
+ * (`python -m mfa_native census`) for the bytes each row moves.
  */
 #include "planner/tables.h"
 
 #define ROWS(array)                                                                                \
     { array, (uint32_t)(sizeof(array) / sizeof(array[0])) }
 
-/* ---- Apple9 (M3, M4, A17 Pro and later) ---- */
-static const mfa_block_row apple9_forward_f32[] = {
-    {8, 16, 128, 16, 1, 0},  {16, 16, 64, 16, 1, 0},   {48, 16, 32, 8, 1, 0},
-    {192, 16, 64, 16, 0, 0}, {384, 16, 128, 16, 0, 0},
-};
-static const mfa_block_row apple9_forward_16bit[] = {
-    {32, 16, 128, 16, 1, 0},
-    {96, 16, 128, 32, 1, 0},
-    {384, 16, 128, 32, 0, 0},
-};
-static const mfa_block_row apple9_backward_query_f32[] = {
-    {16, 16, 64, 8, 1, 1},
-    {32, 16, 64, 16, 1, 0},
-    {192, 16, 64, 32, 1, 0},
-    {384, 16, 128, 16, 0, 0},
-};
-static const mfa_block_row apple9_backward_query_16bit[] = {
-    {80, 16, 64, 8, 1, 1},
-    {192, 16, 64, 32, 0, 0},
-    {384, 16, 128, 32, 0, 0},
-};
-static const mfa_block_row apple9_backward_key_value_f32[] = {
-    {16, 16, 64, 8, 1, 1},    {32, 16, 32, 16, 1, 1},   {64, 16, 32, 16, 0, 1},
-    {128, 16, 128, 16, 0, 0}, {384, 16, 128, 16, 0, 0},
-};
-static const mfa_block_row apple9_backward_key_value_16bit[] = {
-    {56, 16, 64, 8, 1, 1},
-    {80, 16, 32, 16, 0, 1},
-    {144, 16, 128, 16, 0, 0},
-    {384, 16, 128, 32, 0, 0},
-};
+/* One table a line, its rows in order of D, so that each reads as one unit beside its reasons. */
+/* clang-format off */
+/* ---- Apple9 (M3, M4, A17 Pro and later): direct traversal throughout ---- */
+/* f32 forward: Q cached while 8 rows x D of f32 fit beside S and O (D <= 48); the block_head of
+ * each row is MFA's head block. */
+static const mfa_block_row apple9_forward_f32[] = {{8, 16, 128, 16, 1, 0, 1}, {16, 16, 64, 16, 1, 0, 1}, {48, 16, 32, 8, 1, 0, 1}, {192, 16, 64, 16, 0, 0, 1}, {384, 16, 128, 16, 0, 0, 1}};
+/* 16-bit forward: Q cached up to D = 96 (see above), then staged in chunks of 32 columns. */
+static const mfa_block_row apple9_forward_16bit[] = {{32, 16, 128, 16, 1, 0, 1}, {96, 16, 128, 32, 1, 0, 1}, {384, 16, 128, 32, 0, 0, 1}};
+/* Backward-query: Q (and dO for the smallest D) cached while they fit beside dQ, P and dP. */
+static const mfa_block_row apple9_backward_query_f32[] = {{16, 16, 64, 8, 1, 1, 1}, {32, 16, 64, 16, 1, 0, 1}, {192, 16, 64, 32, 1, 0, 1}, {384, 16, 128, 16, 0, 0, 1}};
+static const mfa_block_row apple9_backward_query_16bit[] = {{80, 16, 64, 8, 1, 1, 1}, {192, 16, 64, 32, 0, 0, 1}, {384, 16, 128, 32, 0, 0, 1}};
+/* Backward-key-value: K and V cached for small D, V alone up to 64 (80 for 16-bit), then both
+ * staged; 16 rows per threadgroup as MFA. */
+static const mfa_block_row apple9_backward_key_value_f32[] = {{16, 16, 64, 8, 1, 1, 1}, {32, 16, 32, 16, 1, 1, 1}, {64, 16, 32, 16, 0, 1, 1}, {128, 16, 128, 16, 0, 0, 1}, {384, 16, 128, 16, 0, 0, 1}};
+static const mfa_block_row apple9_backward_key_value_16bit[] = {{56, 16, 64, 8, 1, 1, 1}, {80, 16, 32, 16, 0, 1, 1}, {144, 16, 128, 16, 0, 0, 1}, {384, 16, 128, 32, 0, 0, 1}};
 
-/* ---- Apple7 / Apple8 (M1, M2, A14 - A16) ---- */
-static const mfa_block_row apple7_forward_f32[] = {
-    {24, 32, 64, 24, 1, 0},
-    {32, 32, 64, 32, 0, 0},
-    {56, 32, 32, 56, 0, 0},
-    {384, 32, 80, 16, 0, 0},
-};
-static const mfa_block_row apple7_forward_16bit[] = {
-    {96, 32, 128, 32, 1, 0},
-    {384, 32, 128, 32, 0, 0},
-};
-static const mfa_block_row apple7_backward_query_f32[] = {
-    {16, 32, 64, 16, 1, 0},
-    {56, 32, 64, 24, 0, 0},
-    {384, 32, 80, 16, 0, 0},
-};
-static const mfa_block_row apple7_backward_query_16bit[] = {
-    {32, 32, 64, 32, 1, 0},
-    {384, 32, 64, 32, 0, 0},
-};
-static const mfa_block_row apple7_backward_key_value_f32[] = {
-    {16, 32, 32, 16, 0, 1},
-    {24, 32, 64, 24, 0, 0},
-    {384, 32, 80, 16, 0, 0},
-};
-static const mfa_block_row apple7_backward_key_value_16bit[] = {
-    {16, 32, 64, 16, 0, 1},
-    {56, 32, 80, 32, 0, 0},
-    {384, 32, 64, 32, 0, 0},
-};
+/* ---- Apple7 / Apple8 (M1, M2, A14 - A16): both operands staged ---- */
+/* f32 forward: 32 rows per threadgroup share each staged K/V tile (MFA's M1 shape); Q cached up
+ * to D = 24; block_head = D up to 56 (one chunk, fewest barriers), 16 beyond. */
+static const mfa_block_row apple7_forward_f32[] = {{24, 32, 64, 24, 1, 0, 0}, {32, 32, 64, 32, 0, 0, 0}, {56, 32, 32, 56, 0, 0, 0}, {384, 32, 80, 16, 0, 0, 0}};
+/* 16-bit forward: 32 rows share each 128-key tile, so a staged byte serves 32 rows; Q cached up
+ * to D = 96. */
+static const mfa_block_row apple7_forward_16bit[] = {{96, 32, 128, 32, 1, 0, 0}, {384, 32, 128, 32, 0, 0, 0}};
+static const mfa_block_row apple7_backward_query_f32[] = {{16, 32, 64, 16, 1, 0, 0}, {56, 32, 64, 24, 0, 0, 0}, {384, 32, 80, 16, 0, 0, 0}};
+static const mfa_block_row apple7_backward_query_16bit[] = {{32, 32, 64, 32, 1, 0, 0}, {384, 32, 64, 32, 0, 0, 0}};
+/* Backward-key-value: V cached for the smallest D (beside dK, dV, P^T, dP^T), then staged. */
+static const mfa_block_row apple7_backward_key_value_f32[] = {{16, 32, 32, 16, 0, 1, 0}, {24, 32, 64, 24, 0, 0, 0}, {384, 32, 80, 16, 0, 0, 0}};
+static const mfa_block_row apple7_backward_key_value_16bit[] = {{16, 32, 64, 16, 0, 1, 0}, {56, 32, 80, 32, 0, 0, 0}, {384, 32, 64, 32, 0, 0, 0}};
+/* clang-format on */
 
 mfa_block_table mfa_block_table_for(mfa_gpu_family family, mfa_precision_class precision,
                                     mfa_pass_kind pass) {
