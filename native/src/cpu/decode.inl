@@ -59,15 +59,32 @@ static const int kDecodeAccumulators = 16;
 static const int kDecodeAccumulators = 8;
 #endif
 
+/* The rows the task reads after the ones in hand (this block's V during its K products, the next
+ * block's K during its V products), brought into L2 a few rows per step of the products, so that
+ * the loads of the products find their lines there: the hardware prefetchers alone follow the
+ * rows of one block too late to keep the memory system busy. */
+struct row_prefetch {
+    const char* const* rows;
+    int64_t count, bytes, next;
+
+    void step(int64_t n) {
+        const int64_t end = min64(next + n, count);
+        for (; next < end; ++next)
+            for (int64_t line = 0; line < bytes; line += 64)
+                __builtin_prefetch(rows[next] + line, 0, 2);
+    }
+};
+
 /* s[r * lds + j] = q_r . key_j for ROWS query rows (ldq apart) and `keys` key rows at
  * key[0 .. keys), depth a multiple of W. KEYS keys at a time share each load of the queries,
  * and ROWS x KEYS independent sums hide the FMA latency. */
 template <int ROWS, int KEYS, class Rows>
 static inline void dot_rows(const float* q, int64_t ldq, const char* const* key, int64_t keys,
-                            int64_t depth, float* s, int64_t lds) {
+                            int64_t depth, float* s, int64_t lds, row_prefetch* ahead) {
     const int64_t size = Rows::size;
     int64_t j = 0;
     for (; j + KEYS <= keys; j += KEYS) {
+        ahead->step(KEYS);
         vf acc[ROWS][KEYS];
         for (int r = 0; r < ROWS; ++r)
             for (int c = 0; c < KEYS; ++c) acc[r][c] = vsplat(0.0f);
@@ -79,8 +96,7 @@ static inline void dot_rows(const float* q, int64_t ldq, const char* const* key,
                 for (int c = 0; c < KEYS; ++c) acc[r][c] += query * k[c];
             }
         }
-        for (int r = 0; r < ROWS; ++r)
-            for (int c = 0; c < KEYS; ++c) s[r * lds + j + c] = hsum(acc[r][c]);
+        for (int r = 0; r < ROWS; ++r) hsums<KEYS>(acc[r], s + r * lds + j);
     }
     for (; j < keys; ++j) {
         vf acc[ROWS];
@@ -97,12 +113,14 @@ static inline void dot_rows(const float* q, int64_t ldq, const char* const* key,
  * each key's slice of V is read once, contiguously, into ROWS x VECS independent sums. */
 template <int ROWS, int VECS, class Rows>
 static inline void accumulate_columns(const float* p, int64_t ldp, const char* const* value,
-                                      int64_t keys, int64_t x0, float* o, int64_t ldo) {
+                                      int64_t keys, int64_t x0, float* o, int64_t ldo,
+                                      row_prefetch* ahead) {
     const int64_t size = Rows::size;
     vf acc[ROWS][VECS];
     for (int r = 0; r < ROWS; ++r)
         for (int c = 0; c < VECS; ++c) acc[r][c] = vload(o + r * ldo + x0 + c * W);
     for (int64_t j = 0; j < keys; ++j) {
+        ahead->step(1);
         const char* row = value[j] + x0 * size;
         vf v[VECS];
         for (int c = 0; c < VECS; ++c) v[c] = vector_rows<Rows>::load(row + c * W * size);
@@ -118,34 +136,44 @@ static inline void accumulate_columns(const float* p, int64_t ldp, const char* c
 /* ... over all columns [0, width), width a multiple of W. */
 template <int ROWS, class Rows>
 static inline void accumulate_rows(const float* p, int64_t ldp, const char* const* value,
-                                   int64_t keys, int64_t width, float* o, int64_t ldo) {
+                                   int64_t keys, int64_t width, float* o, int64_t ldo,
+                                   row_prefetch* ahead) {
     enum { kVecs = kDecodeAccumulators / ROWS > 8 ? 8 : kDecodeAccumulators / ROWS };
     int64_t x = 0;
     for (; x + kVecs * W <= width; x += kVecs * W)
-        accumulate_columns<ROWS, kVecs, Rows>(p, ldp, value, keys, x, o, ldo);
-    for (; x < width; x += W) accumulate_columns<ROWS, 1, Rows>(p, ldp, value, keys, x, o, ldo);
+        accumulate_columns<ROWS, kVecs, Rows>(p, ldp, value, keys, x, o, ldo, ahead);
+    for (; x < width; x += W)
+        accumulate_columns<ROWS, 1, Rows>(p, ldp, value, keys, x, o, ldo, ahead);
 }
 
 /* One block of keys for every row of the task: scores, then O += P V. */
 template <class Rows>
 static void decode_products(const float* q, int64_t rows, int64_t ldq, const char* const* key,
-                            int64_t depth, int64_t keys, float* s, int64_t lds) {
+                            int64_t depth, int64_t keys, float* s, int64_t lds,
+                            row_prefetch* ahead) {
+    /* Keys per pass: all the accumulators, in sums of at most W keys (hsums). */
+    enum {
+        kPairKeys = kDecodeAccumulators / 2 < W ? kDecodeAccumulators / 2 : W,
+        kSingleKeys = kDecodeAccumulators < W ? kDecodeAccumulators : W
+    };
     int64_t r = 0;
     for (; r + 2 <= rows; r += 2)
-        dot_rows<2, 4, Rows>(q + r * ldq, ldq, key, keys, depth, s + r * lds, lds);
-    if (r < rows) dot_rows<1, 8, Rows>(q + r * ldq, ldq, key, keys, depth, s + r * lds, lds);
+        dot_rows<2, kPairKeys, Rows>(q + r * ldq, ldq, key, keys, depth, s + r * lds, lds, ahead);
+    if (r < rows)
+        dot_rows<1, kSingleKeys, Rows>(q + r * ldq, ldq, key, keys, depth, s + r * lds, lds, ahead);
 }
 
 template <class Rows>
 static void decode_accumulate(const float* p, int64_t rows, int64_t ldp, const char* const* value,
-                              int64_t width, int64_t keys, float* o, int64_t ldo) {
+                              int64_t width, int64_t keys, float* o, int64_t ldo,
+                              row_prefetch* ahead) {
     int64_t r = 0;
     for (; r + 4 <= rows; r += 4)
-        accumulate_rows<4, Rows>(p + r * ldp, ldp, value, keys, width, o + r * ldo, ldo);
+        accumulate_rows<4, Rows>(p + r * ldp, ldp, value, keys, width, o + r * ldo, ldo, ahead);
     for (; r + 2 <= rows; r += 2)
-        accumulate_rows<2, Rows>(p + r * ldp, ldp, value, keys, width, o + r * ldo, ldo);
+        accumulate_rows<2, Rows>(p + r * ldp, ldp, value, keys, width, o + r * ldo, ldo, ahead);
     for (; r < rows; ++r)
-        accumulate_rows<1, Rows>(p + r * ldp, ldp, value, keys, width, o + r * ldo, ldo);
+        accumulate_rows<1, Rows>(p + r * ldp, ldp, value, keys, width, o + r * ldo, ldo, ahead);
 }
 
 /* `count` rows at the given addresses converted to f32 rows of ld floats (zero past width) at
@@ -221,11 +249,19 @@ static void decode_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
     const bool in_place = vector_rows<Storage>::in_place && keys.elem_step == es &&
                           values.elem_step == es && d % W == 0 && dv % W == 0;
     mask_tile_kind mask[mfa_cpu_decode_max_rows];
+    const int64_t key_bytes = (d - 1) * keys.elem_step + es;
+    const int64_t value_bytes = (dv - 1) * values.elem_step + es;
+    const char** key_rows = t.key_rows;
+    const char** next_key_rows = t.next_key_rows;
     /* Blocks start at multiples of bk, so that each lies in one column of a mask summary. */
-    for (int64_t block = first / bk * bk; block < last; block += bk) {
+    const int64_t first_block = first / bk * bk;
+    keys.addresses(first, min64(first_block + bk, last) - first, key_rows);
+    for (int64_t block = first_block; block < last; block += bk) {
         const int64_t j0 = block > first ? block : first;
         const int64_t n = min64(block + bk, last) - j0;
         const int64_t n_pad = mfa_cpu_round_up(n, W);
+        const int64_t next_n = block + bk < last ? min64(block + 2 * bk, last) - (block + bk) : 0;
+        if (next_n > 0) keys.addresses(block + bk, next_n, next_key_rows);
         bool any_visible = false;
         for (int64_t r = 0; r < rows; ++r) {
             const decode_row row = decode_row_of(plan, seq, u.kv.head, r);
@@ -233,34 +269,42 @@ static void decode_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
                                 t.bias ? t.bias + r * bk : t.bias, bk, n_pad);
             any_visible |= mask[r] != kTileHidden;
         }
-        if (!any_visible) continue;
-        keys.addresses(j0, n, t.key_rows);
-        if (in_place) {
-            decode_products<Direct>(t.q, rows, ld, t.key_rows, d, n, t.s, bk);
-        } else {
-            convert_rows<Storage>(t.key_rows, n, keys.elem_step, d, t.k, ld);
-            decode_products<f32_storage>(t.q, rows, ld, t.key_rows, ld, n, t.s, bk);
-        }
-        for (int64_t r = 0; r < rows; ++r) {
-            float* s = t.s + r * bk;
-            if (mask[r] == kTileHidden) {
-                for (int64_t c = 0; c < n_pad; ++c) s[c] = 0.0f;
-                continue;
+        if (any_visible) {
+            values.addresses(j0, n, t.value_rows);
+            row_prefetch values_ahead = {t.value_rows, n, value_bytes, 0};
+            if (in_place) {
+                decode_products<Direct>(t.q, rows, ld, key_rows, d, n, t.s, bk, &values_ahead);
+            } else {
+                convert_rows<Storage>(key_rows, n, keys.elem_step, d, t.k, ld);
+                decode_products<f32_storage>(t.q, rows, ld, key_rows, ld, n, t.s, bk,
+                                             &values_ahead);
             }
-            const int64_t i = decode_row_of(plan, seq, u.kv.head, r).query;
-            const visible_range range = keys_of_query(seq, i, j0, n);
-            const float block_max = scores_row_for(mods[r], mask[r] == kTileBias)(
-                s, n_pad, mods[r], i + seq.diag - j0, t.bias ? t.bias + r * bk : t.bias, range);
-            online_softmax_row(s, n_pad, block_max, t.row_max + r, t.row_sum + r, t.o + r * ldv,
-                               ldv);
+            for (int64_t r = 0; r < rows; ++r) {
+                float* s = t.s + r * bk;
+                if (mask[r] == kTileHidden) {
+                    for (int64_t c = 0; c < n_pad; ++c) s[c] = 0.0f;
+                    continue;
+                }
+                const int64_t i = decode_row_of(plan, seq, u.kv.head, r).query;
+                const visible_range range = keys_of_query(seq, i, j0, n);
+                const float block_max = scores_row_for(mods[r], mask[r] == kTileBias)(
+                    s, n_pad, mods[r], i + seq.diag - j0, t.bias ? t.bias + r * bk : t.bias, range);
+                online_softmax_row(s, n_pad, block_max, t.row_max + r, t.row_sum + r, t.o + r * ldv,
+                                   ldv);
+            }
+            row_prefetch keys_ahead = {next_key_rows, next_n, key_bytes, 0};
+            if (in_place) {
+                decode_accumulate<Direct>(t.s, rows, bk, t.value_rows, dv, n, t.o, ldv,
+                                          &keys_ahead);
+            } else {
+                convert_rows<Storage>(t.value_rows, n, values.elem_step, dv, t.v, ldv);
+                decode_accumulate<f32_storage>(t.s, rows, bk, t.value_rows, ldv, n, t.o, ldv,
+                                               &keys_ahead);
+            }
         }
-        values.addresses(j0, n, t.value_rows);
-        if (in_place) {
-            decode_accumulate<Direct>(t.s, rows, bk, t.value_rows, dv, n, t.o, ldv);
-        } else {
-            convert_rows<Storage>(t.value_rows, n, values.elem_step, dv, t.v, ldv);
-            decode_accumulate<f32_storage>(t.s, rows, bk, t.value_rows, ldv, n, t.o, ldv);
-        }
+        const char** done = key_rows;
+        key_rows = next_key_rows;
+        next_key_rows = done;
     }
 
     for (int64_t r = 0; r < rows; ++r) {

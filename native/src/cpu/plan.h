@@ -355,7 +355,7 @@ static const int64_t mfa_cpu_decode_block = 64;
 
 typedef struct mfa_cpu_decode_tiles {
     float *q, *qt, *s, *o, *row_max, *row_sum, *k, *v, *bias;
-    const char **key_rows, **value_rows;
+    const char **key_rows, **next_key_rows, **value_rows;
 } mfa_cpu_decode_tiles;
 
 /* Query rows of one unit's decode task: group x seq_q of the longest sequence. */
@@ -380,6 +380,7 @@ static inline int64_t mfa_cpu_decode_tiles_carve(const mfa_cpu_plan* plan, float
     tiles->v = mfa_cpu_carve(&c, bk * dv);
     tiles->bias = mfa_view_present(&p->mask) ? mfa_cpu_carve(&c, rows * bk) : (float*)0;
     tiles->key_rows = (const char**)mfa_cpu_carve(&c, pointer_floats);
+    tiles->next_key_rows = (const char**)mfa_cpu_carve(&c, pointer_floats);
     tiles->value_rows = (const char**)mfa_cpu_carve(&c, pointer_floats);
     return c.used;
 }
