@@ -10,7 +10,8 @@
  *                      that no compiler can fold fma(x, 1, a) into an addition.
  *   dot_bf16(n, a, b): `lanes` f32 lanes, all 0, each updated n times by
  *                      lane += a0*b0 + a1*b1 for the bf16 pairs a = (a0, a1), b = (b0, b1)
- *                      (bit patterns, the low half first); returns the sum of the lanes.
+ *                      (bit patterns, the low half first); returns the sum of the lanes. (AMX
+ *                      tiles add 16 such pairs into each f32 element: 16 lanes each.)
  *   read_u64(p, n):    the wrapping sum of the 64-bit words of p[0, n), n a multiple of
  *                      MFA_PROBE_READ_BLOCK, p 64-byte aligned.
  */
@@ -50,6 +51,9 @@ const probe_compute* probe_fma_avx2(void);
 const probe_read* probe_read_avx2(void);
 #if MFA_PROBES_HAVE_BF16
 const probe_compute* probe_dot_avx512bf16(void);
+#endif
+#if MFA_PROBES_HAVE_AMX
+const probe_compute* probe_dot_amx_bf16(void);
 #endif
 #elif defined(__aarch64__)
 #if MFA_PROBES_HAVE_BF16

@@ -40,15 +40,22 @@ import numpy as np
 
 import mfa_native
 from mfa_native.bench.cases import Case
-from mfa_native.bench.peers import inputs, numpy_dtype
+from mfa_native.bench.peers import TorchPeer, inputs, numpy_dtype
 
 __all__ = ["STUDIES", "Study", "interleave", "run", "table"]
+
+
+def _settle_seconds(name):
+    """How long torch's threads (the "torch ..." and "flex ..." variants) may keep spinning after
+    a call: the next call waits that long (TorchPeer.settle_seconds says why)."""
+    return TorchPeer.settle_seconds if name.startswith(("torch", "flex")) else 0.0
 
 
 def interleave(functions, repeats, warmups=1, keep=()):
     """({name: [seconds per round]}, {name: result of its first call} for the names in keep)
     of every function, timed once per round in an order that rotates by one each round, after
-    ``warmups`` (at least 1) untimed calls of each."""
+    ``warmups`` (at least 1) untimed calls of each; after a torch call the next one waits for
+    torch's threads to sleep."""
     names = list(functions)
     results = {}
     for name in names:
@@ -57,6 +64,7 @@ def interleave(functions, repeats, warmups=1, keep=()):
             if index == 0 and name in keep:
                 results[name] = result
             del result
+        time.sleep(_settle_seconds(name))
     seconds = {name: [] for name in names}
     for round_index in range(repeats):
         shift = round_index % len(names)
@@ -64,6 +72,7 @@ def interleave(functions, repeats, warmups=1, keep=()):
             start = time.perf_counter()
             functions[name]()
             seconds[name].append(time.perf_counter() - start)
+            time.sleep(_settle_seconds(name))
     return seconds, results
 
 

@@ -198,6 +198,11 @@ class TorchPeer(Peer):
     """``torch.nn.functional.scaled_dot_product_attention`` on device "cpu" or "mps"."""
 
     name = "torch"
+    # Its CPU ops run on GNU OpenMP, whose threads spin 300,000 times (OMP_WAIT_POLICY unset)
+    # before they sleep: on Intel cores, where a pause lasts about 140 cycles, some 20 ms in which
+    # they hold every core. Measured on a 16-core Xeon: mfa's call right after torch's took 1.7x
+    # its time after its own.
+    settle_seconds = 0.05
 
     def __init__(self, torch, device, threads):
         self.torch = torch
