@@ -18,7 +18,8 @@ block-mask
     all-true time / documents time, target >= 4. Beside it torch SDPA with the boolean
     ``attn_mask`` and, with ``--flex``, FlexAttention with ``create_block_mask``.
 decode-roof
-    decoding Hq 32, Hkv 8, D 128, Nq 1 against Nk 4k and 32k, B 1 and 8: mfa against torch SDPA
+    decoding Hq 32, D 128 against Nk 4k and 32k: at B 1 with Hkv 8 and 32, Nq 1 and 4, and at
+    B 8 with Hkv 8, Nq 1: mfa against torch SDPA
     (``enable_gqa=True``), target >= 2x; the GB/s of k and v read against the streaming-read
     roof measured in the same run, target >= 60 %; and mfa on one thread against two at B 1
     (both threads busy: near 2x).
@@ -327,20 +328,26 @@ def _block_mask_case(setup, seq, dtype):
     return row
 
 
-def _decode_cases(quick, shrink):
+def _decode_cases(quick, shrink, shapes=((1, 8, 1), (8, 8, 1))):
+    """Decode cases Hq 32, D 128 for each (B, Hkv, Nq) of shapes (quick: the first)."""
     seqs = tuple(seq // shrink for seq in ((4096,) if quick else (4096, 32768)))
-    batches = (1,) if quick else (1, 8)
     dtypes = ("f32",) if quick else ("f32", "bf16")
     return [
-        Case(batch, 32, 1, 128, dtype, kv_heads=8, seq_k=seq_k)
+        Case(batch, 32, seq_q, 128, dtype, kv_heads=kv_heads, seq_k=seq_k)
         for dtype in dtypes
         for seq_k in seqs
-        for batch in batches
+        for batch, kv_heads, seq_q in (shapes[:1] if quick else shapes)
     ]
 
 
+# The decode-roof study's (B, Hkv, Nq): at B 1 GQA and plain multi-head, one and four new
+# tokens; at B 8 the GQA single token (torch alone would take minutes at B 8, Hkv 32, Nk 32k).
+_DECODE_ROOF_SHAPES = ((1, 8, 1), (1, 32, 1), (1, 8, 4), (1, 32, 4), (8, 8, 1))
+
+
 def _decode_roof(setup):
-    return [_decode_case(setup, case) for case in _decode_cases(setup.quick, setup.shrink)]
+    cases = _decode_cases(setup.quick, setup.shrink, _DECODE_ROOF_SHAPES)
+    return [_decode_case(setup, case) for case in cases]
 
 
 def _decode_case(setup, case):
