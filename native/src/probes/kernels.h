@@ -2,7 +2,8 @@
  * The probe kernels, one set per instruction set. Each kernels_<isa>.c is compiled with that
  * instruction set's flags (the way the CPU backend builds its kernels) and only called after
  * probes.c has checked, at run time, that the CPU and the OS support it. The loops are written
- * once, in chains.inl (compute) and read.inl (bandwidth); each file names its instructions.
+ * once, in chains.inl (compute) and read.inl (bandwidth), and so are the probes made of them
+ * (fma_read.inl, dot.inl); each file names its instructions.
  *
  * Kernel contracts (the self-checks in mfa_probes.h rely on them):
  *   fma_f32(n, m, a):  `lanes` f32 lanes, all 0, each updated n times by lane = fma(lane, m, a);
