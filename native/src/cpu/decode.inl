@@ -26,6 +26,9 @@
 #include "cpu/plan.h"
 #include "cpu/scores.inl"
 #include "cpu/simd.inl"
+#if MFA_CPU_BF16_DOT
+#include "cpu/gemm_bf16.inl"
+#endif
 
 #include <math.h>
 #include <stdint.h>
@@ -204,6 +207,55 @@ static void decode_products(const float* q, int64_t rows, int64_t ldq, const cha
         dot_rows<1, kSingleKeys, Rows>(q + r * ldq, ldq, key, keys, depth, s + r * lds, lds, ahead);
 }
 
+/* The scores with the rows in the lanes (S^T = K Q^T), for a unit of more than W / 2 and at
+ * most W rows: no horizontal sums at all. qt holds the queries transposed, one vector per
+ * reduction step: qt[x * W + r] = q_r[x] (f32 keys), or unit u * W + r = the bf16 pair
+ * (q_r[2u], q_r[2u + 1]) (bf16 keys on a dot-product build); every key element (or pair) is
+ * broadcast from memory into one FMA (or dot product) for all rows. */
+struct f32_lanes {
+    enum { size = 4, step = 1 };
+    static vf mac(vf acc, vf query, const char* key) {
+        float x;
+        memcpy(&x, key, sizeof x);
+        return acc + query * vsplat(x);
+    }
+};
+
+#if MFA_CPU_BF16_DOT
+struct bf16_pair_lanes {
+    enum { size = 2, step = 2 };
+    static vf mac(vf acc, vf query, const char* key) {
+        return dot_pairs(acc, query, (const uint32_t*)key);
+    }
+};
+#endif
+
+template <int KEYS, class Lanes>
+static inline void dot_lanes(const float* qt, const char* const* key, int64_t keys, int64_t depth,
+                             int64_t rows, float* s, int64_t lds, row_prefetch* ahead) {
+    int64_t j = 0;
+    for (; j < keys; j += KEYS) {
+        const int count = (int)min64(KEYS, keys - j);
+        ahead->step(count);
+        vf acc[KEYS];
+        for (int c = 0; c < KEYS; ++c) acc[c] = vsplat(0.0f);
+        if (count == KEYS) {
+            for (int64_t x = 0; x < depth; x += Lanes::step) {
+                const vf query = vload(qt + x / Lanes::step * W);
+                for (int c = 0; c < KEYS; ++c)
+                    acc[c] = Lanes::mac(acc[c], query, key[j + c] + x * Lanes::size);
+            }
+        } else {
+            for (int c = 0; c < count; ++c)
+                for (int64_t x = 0; x < depth; x += Lanes::step)
+                    acc[c] = Lanes::mac(acc[c], vload(qt + x / Lanes::step * W),
+                                        key[j + c] + x * Lanes::size);
+        }
+        for (int c = 0; c < count; ++c)
+            for (int64_t r = 0; r < rows; ++r) s[r * lds + j + c] = acc[c][r];
+    }
+}
+
 template <class Rows>
 static void decode_accumulate(const float* p, int64_t rows, int64_t ldp, const char* const* value,
                               int64_t width, int64_t keys, float* o, int64_t ldo,
@@ -290,14 +342,23 @@ static void decode_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
     const bool in_place = vector_rows<Storage>::in_place && keys.elem_step == es &&
                           values.elem_step == es && d % W == 0 && dv % W == 0;
     /* bf16 keys on a dot-product build: the queries as pairs, in qt (ld / 2 floats a row). */
-    const bool key_pairs = MFA_CPU_BF16_DOT && in_place && Storage::size == 2 &&
-                           vector_rows<Storage>::in_place && d % (2 * W) == 0;
-    if (key_pairs)
-        for (int64_t r = 0; r < rows; ++r)
+    /* More than W / 2 rows: the rows in the lanes (f32 keys, or bf16 keys as pairs), qt the
+     * queries transposed (dot_lanes). */
+    const bool pairs = MFA_CPU_BF16_DOT && in_place && Storage::size == 2 &&
+                       vector_rows<Storage>::in_place && d % (2 * W) == 0;
+    const bool lanes = (pairs || (in_place && Storage::size == 4)) && 2 * rows > W && rows <= W;
+    const bool key_pairs = pairs && !lanes;
+    if (pairs || lanes)
+        for (int64_t r = 0; r < (lanes ? W : rows); ++r)
             for (int64_t x = 0; x < ld; ++x) {
-                uint32_t bits;
-                memcpy(&bits, t.q + r * ld + x, sizeof bits);
-                ((uint16_t*)(t.qt + r * ld / 2))[x] = (uint16_t)(bits >> 16);
+                uint32_t bits = 0;
+                if (r < rows) memcpy(&bits, t.q + r * ld + x, sizeof bits);
+                if (!pairs)
+                    memcpy(t.qt + x * W + r, &bits, sizeof bits);
+                else if (lanes)
+                    ((uint16_t*)(t.qt + x / 2 * W + r))[x % 2] = (uint16_t)(bits >> 16);
+                else
+                    ((uint16_t*)(t.qt + r * ld / 2))[x] = (uint16_t)(bits >> 16);
             }
     mask_tile_kind mask[mfa_cpu_decode_max_rows];
     const int64_t key_bytes = (d - 1) * keys.elem_step + es;
@@ -323,7 +384,17 @@ static void decode_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
         if (any_visible) {
             values.addresses(j0, n, t.value_rows);
             row_prefetch values_ahead = {t.value_rows, n, value_bytes, 0};
-            if (key_pairs) {
+            if (lanes) {
+                enum { kLaneKeys = kDecodeAccumulators };
+#if MFA_CPU_BF16_DOT
+                if (pairs)
+                    dot_lanes<kLaneKeys, bf16_pair_lanes>(t.qt, key_rows, n, d, rows, t.s, bk,
+                                                          &values_ahead);
+                else
+#endif
+                    dot_lanes<kLaneKeys, f32_lanes>(t.qt, key_rows, n, d, rows, t.s, bk,
+                                                    &values_ahead);
+            } else if (key_pairs) {
 #if MFA_CPU_BF16_DOT
                 decode_products<bf16_pair_rows>(t.qt, rows, ld / 2, key_rows, d, n, t.s, bk,
                                                 &values_ahead);
