@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import struct
 import sys
 
 import cffi
@@ -41,6 +42,7 @@ __all__ = [
     "ArrayView",
     "read_array",
     "allocate",
+    "synchronize",
     "device_name",
 ]
 
@@ -98,9 +100,18 @@ _dlpack.cdef(
     } DLManagedTensorVersioned;
     """
 )
-_MANAGED = _dlpack.typeof("DLManagedTensor*")
 _UINTPTR = _dlpack.typeof("uintptr_t")
-_MANAGED_VERSIONED = _dlpack.typeof("DLManagedTensorVersioned*")
+# The fields read, each header copied out at once (ctypes.string_at) and unpacked with struct:
+# a tenth of the time of reading them one by one through cffi. Layouts checked against the
+# declarations above.
+_TENSOR_FIELDS = struct.Struct("@PiiiBBHPPQ")  # DLTensor: data, device, ndim, dtype, shape,
+# strides, byte_offset
+_VERSIONED_FIELDS = struct.Struct("@IIPPQ")  # version, manager_ctx, deleter, flags
+_VERSIONED_TENSOR = _dlpack.offsetof("DLManagedTensorVersioned", "dl_tensor")
+assert _TENSOR_FIELDS.size == _dlpack.sizeof("DLTensor")
+assert _VERSIONED_FIELDS.size == _VERSIONED_TENSOR
+assert _dlpack.offsetof("DLManagedTensor", "dl_tensor") == 0
+_string_at = ctypes.string_at
 _FLAG_READ_ONLY = 1  # DLPACK_FLAG_BITMASK_READ_ONLY
 _VERSIONED_NAME = b"dltensor_versioned"
 _LEGACY_NAME = b"dltensor"
@@ -278,6 +289,7 @@ class _TorchKind:
     export, and it sees MPS storage as the Metal buffer plus offset that it is."""
 
     name = "torch"
+    device_results = True
 
     def __init__(self, torch):
         self.torch = torch
@@ -299,6 +311,9 @@ class _TorchKind:
             )
         numpy_dtype = self.to_numpy.get(tensor.dtype) or str(tensor.dtype)
         _check_dtype(name, numpy_dtype, dtype)
+        return self._view(name, tensor, numpy_dtype)
+
+    def _view(self, name, tensor, numpy_dtype):
         itemsize = numpy_dtype.itemsize
         if tensor.is_cpu:
             device, address, byte_offset = CPU, tensor.data_ptr(), 0
@@ -327,42 +342,99 @@ class _TorchKind:
             tensor,
         )
 
-    def empty(self, specs):
+    def empty(self, specs, like=None):
+        """New tensors in CPU memory, or on the device of the tensor that `like` views (MPS:
+        Metal buffers of torch's allocator, read as buffer plus offset)."""
         results = []
+        if like is None:
+            for shape, dtype in specs:
+                tensor = self.torch.empty(shape, dtype=self.from_numpy[dtype])
+                view = ArrayView(
+                    self, CPU, tensor.data_ptr(), 0, dtype, shape, tensor.stride(), True, tensor
+                )
+                results.append((tensor, view))
+            return results
+        device = like.keepalive.device
         for shape, dtype in specs:
-            tensor = self.torch.empty(shape, dtype=self.from_numpy[dtype])
-            view = ArrayView(
-                self, CPU, tensor.data_ptr(), 0, dtype, shape, tensor.stride(), True, tensor
-            )
-            results.append((tensor, view))
+            tensor = self.torch.empty(shape, dtype=self.from_numpy[dtype], device=device)
+            results.append((tensor, self._view("result", tensor, dtype)))
         return results
+
+    def synchronize(self):
+        """Before a call in Metal memory: torch's MPS stream has finished the work it queued,
+        which may still be writing the inputs (or the memory the results were given). Public
+        Python has no handle on the MPS stream's command buffer to encode into (torch's C++
+        torch::mps::get_command_buffer() is not reachable without a compiled extension), so
+        the call waits for the stream. No synchronisation is needed after: the call returns
+        once mfa's own command buffer has completed, and shared memory is coherent at
+        command-buffer boundaries."""
+        self.torch.mps.synchronize()
 
 
 # ---- MLX and other DLPack producers ---------------------------------------------------------
 
 
 class _MlxKind:
-    """MLX arrays, read through DLPack. Results are fresh arrays made from host memory (so that
-    their buffer exists), filled in place before anything else can see them: MLX marks its DLPack
-    exports read-only because arrays are values, which a result still being computed is not
-    yet."""
+    """MLX arrays: read through DLPack where MLX has Metal (kDLMetal: its buffers), through
+    the buffer protocol (the same address, strides and offset as its CPU DLPack export, in a
+    quarter of the time) where it has not. Either way they are values, never written in place
+    (MLX marks its DLPack exports read-only). Results are fresh arrays made from host memory
+    (so that their buffer exists), filled in place before anything else can see them."""
 
     name = "mlx"
+    device_results = True
 
     def __init__(self, mx):
         self.mx = mx
+        self.metal = mx.metal.is_available()
+        self.to_numpy = {
+            mx.float32: _F32,
+            mx.float16: _F16,
+            mx.bfloat16: _BF16,
+            mx.bool_: BOOL,
+            mx.int32: INT32,
+            mx.uint8: UINT8,
+            mx.float64: np.dtype(np.float64),
+            mx.int64: np.dtype(np.int64),
+        }
 
     def read(self, name, array, dtype):
-        return _read_dlpack(self, name, array, dtype)
+        if self.metal:
+            return _read_dlpack(self, name, array, dtype)
+        numpy_dtype = self.to_numpy.get(array.dtype) or str(array.dtype).rsplit(".", 1)[-1]
+        _check_dtype(name, numpy_dtype, dtype)
+        memory = memoryview(array)  # evaluates the array first, as its DLPack export does
+        itemsize = numpy_dtype.itemsize
+        # MLX hands out its buffer whatever the flags: from_buffer takes a strided one too.
+        address = int(_dlpack.cast(_UINTPTR, _dlpack.from_buffer(array)))
+        _check_alignment(name, address, itemsize)
+        strides = tuple(stride // itemsize for stride in memory.strides)
+        return ArrayView(self, CPU, address, 0, numpy_dtype, memory.shape, strides, False, array)
 
-    def empty(self, specs):
+    def empty(self, specs, like=None):
+        """New arrays in the memory MLX keeps every array in: CPU memory, or (where Metal is
+        available) Metal buffers, exported as kDLMetal like the inputs (like: the call's
+        first input, whose memory the results must share)."""
         # An array made from host memory exists at once, where mx.zeros would need an
         # evaluation: a round trip to MLX's stream thread that costs more than the copy of
         # a small result, and a pass over memory as long as the copy's for a large one.
         arrays = [self.mx.array(np.empty(shape, dtype)) for shape, dtype in specs]
         results = []
-        for array, (_, dtype) in zip(arrays, specs):
+        for array, (shape, dtype) in zip(arrays, specs):
+            if like is None:
+                # In CPU memory: the buffer protocol gives the address, in a tenth of the
+                # time of a DLPack export (a fresh array is C-contiguous).
+                address = int(_dlpack.cast(_UINTPTR, _dlpack.from_buffer(array)))
+                strides = _contiguous_strides(shape)
+                view = ArrayView(self, CPU, address, 0, dtype, shape, strides, True, array)
+                results.append((array, view))
+                continue
             view = _read_dlpack(self, "result", array, dtype)
+            if view.device != like.device:
+                raise ValueError(
+                    f"MLX made a result in {device_name(view.device)} memory for arrays in "
+                    f"{device_name(like.device)} memory: pass out= (and lse=) explicitly"
+                )
             view.writable = True
             results.append((array, view))
         return results
@@ -396,6 +468,11 @@ def _export(array):
     return array.__dlpack__()
 
 
+@functools.lru_cache(maxsize=16)
+def _int64s(count):
+    return struct.Struct(f"@{count}q")
+
+
 def _read_dlpack(kind, name, array, dtype):
     try:
         device, _ = array.__dlpack_device__()
@@ -409,36 +486,34 @@ def _read_dlpack(kind, name, array, dtype):
     capsule = _export(array)
     capsule_name = _capsule_name(capsule)
     if capsule_name == _VERSIONED_NAME:
-        managed = _dlpack.cast(_MANAGED_VERSIONED, _capsule_pointer(capsule, capsule_name))
-        if managed.version.major != 1:
-            raise ValueError(
-                f"{name} was exported as DLPack {managed.version.major}."
-                f"{managed.version.minor}; mfa reads DLPack 1.x"
-            )
-        writable = not managed.flags & _FLAG_READ_ONLY
+        managed = _capsule_pointer(capsule, capsule_name)
+        major, minor, _, _, flags = _VERSIONED_FIELDS.unpack(
+            _string_at(managed, _VERSIONED_FIELDS.size)
+        )
+        if major != 1:
+            raise ValueError(f"{name} was exported as DLPack {major}.{minor}; mfa reads DLPack 1.x")
+        writable = not flags & _FLAG_READ_ONLY
+        tensor = managed + _VERSIONED_TENSOR
     elif capsule_name == _LEGACY_NAME:
-        managed = _dlpack.cast(_MANAGED, _capsule_pointer(capsule, capsule_name))
+        tensor = _capsule_pointer(capsule, capsule_name)
         # A pre-1.0 export cannot say whether the memory may be written (MLX's, whose arrays
         # are values, may not): taken as read-only, as numpy's from_dlpack takes it.
         writable = False
     else:
         raise ValueError(f"{name}.__dlpack__() returned a capsule named {capsule_name!r}")
-    tensor = managed.dl_tensor
-    code, bits, lanes = tensor.dtype.code, tensor.dtype.bits, tensor.dtype.lanes
+    fields = _TENSOR_FIELDS.unpack(_string_at(tensor, _TENSOR_FIELDS.size))
+    address, _, _, ndim, code, bits, lanes, shape_at, strides_at, byte_offset = fields
     numpy_dtype = _DLPACK_DTYPES.get(
         (code, bits, lanes), f"DLPack dtype (code {code}, {bits} bits, {lanes} lanes)"
     )
     _check_dtype(name, numpy_dtype, dtype)
-    ndim = tensor.ndim
-    shape = tuple(tensor.shape[0:ndim]) if ndim else ()
+    shape = _int64s(ndim).unpack(_string_at(shape_at, 8 * ndim)) if ndim else ()
     # A NULL strides pointer means compact row-major.
     strides = (
-        tuple(tensor.strides[0:ndim])
-        if tensor.strides != _dlpack.NULL
+        _int64s(ndim).unpack(_string_at(strides_at, 8 * ndim))
+        if strides_at and ndim
         else _contiguous_strides(shape)
     )
-    address = int(_dlpack.cast(_UINTPTR, tensor.data))
-    byte_offset = tensor.byte_offset
     itemsize = numpy_dtype.itemsize
     # Metal: the handle is an object, not memory; the offset into the buffer is aligned.
     _check_alignment(name, address + byte_offset if device == CPU else byte_offset, itemsize)
@@ -523,17 +598,31 @@ def read_array(name, array, dtype=None):
     return kind.read(name, array, dtype)
 
 
-def allocate(kind, specs, device=CPU):
+def allocate(kind, specs, like):
     """[(result, view)] of new C-contiguous arrays of the given kind, one for each (shape,
-    numpy dtype) in specs, for a call in `device`'s memory. Results are allocated in CPU memory
-    only: a call in device memory (a DeviceBuffer, kDLMetal) takes every output explicitly,
-    and a ValueError says so before anything is written."""
+    numpy dtype) in specs, in the memory of the view `like` (the call's first array). Results
+    are allocated in CPU memory, and in device memory by the kinds that know how (torch on
+    MPS, MLX in Metal buffers: device_results, empty(specs, like)); a call in other device memory (a
+    DeviceBuffer, another kDLMetal producer) takes every output explicitly, and a ValueError
+    says so before anything is written."""
     if not specs:
         return []
-    if device != CPU:
+    if like.device == CPU:
+        return kind.empty(specs)
+    if not getattr(kind, "device_results", False):
         raise ValueError(
-            f"the arrays are in {device_name(device)} memory: pass every output (out=, lse=, "
-            "dq=, ...) as an array in the same memory; mfa_native allocates results in CPU "
-            "memory only"
+            f"the arrays are in {device_name(like.device)} memory: pass every output (out=, "
+            "lse=, dq=, ...) as an array in the same memory; mfa_native allocates results in "
+            "device memory only for torch tensors and MLX arrays"
         )
-    return kind.empty(specs)
+    return kind.empty(specs, like)
+
+
+def synchronize(views):
+    """Before a call in device memory: let each producer of the call's arrays finish the work
+    it queued on them (torch's MPS stream); MLX arrays were evaluated by their DLPack export,
+    DeviceBuffers are the caller's to order."""
+    for kind in {view.kind for view in views}:
+        wait = getattr(kind, "synchronize", None)
+        if wait is not None:
+            wait()

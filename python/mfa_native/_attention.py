@@ -16,25 +16,36 @@ import numbers
 import operator
 import struct
 from collections.abc import Sequence
-from typing import Any, Literal, Optional, Protocol, TypeVar, Union, overload
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Generic,
+    Literal,
+    Optional,
+    Protocol,
+    TypedDict,
+    TypeVar,
+    Union,
+    overload,
+)
 
 import numpy as np
 
-from ._arrays import BOOL, CPU, INT32, METAL, UINT8, allocate, device_name, read_array
-from ._context import DTYPES, Context, resolve_context
+from ._arrays import (
+    BOOL,
+    CPU,
+    INT32,
+    METAL,
+    UINT8,
+    allocate,
+    device_name,
+    read_array,
+    synchronize,
+)
+from ._context import DTYPES, Context, available_backends, resolve_context
 from ._device import encoding_target
 from ._keywords import MFA_NAMES, keyword_hints
 from ._library import ffi, lib
-
-__all__ = [
-    "attention",
-    "attention_backward",
-    "attention_varlen",
-    "attention_varlen_backward",
-    "attention_with_kvcache",
-    "mask_summary",
-    "merge_attention_states",
-]
 
 # For each layout, the array axis holding (batch, heads, sequence, head dim) of a rank-4 array.
 _LAYOUT_AXES = {"bhsd": (0, 1, 2, 3), "bshd": (0, 2, 1, 3)}
@@ -74,6 +85,44 @@ Window = Optional[tuple[Optional[int], Optional[int]]]
 Backend = Union[None, str, Context]
 Layout = Literal["bhsd", "bshd"]
 Alignment = Literal["bottom_right", "top_left"]
+
+if TYPE_CHECKING:
+    # The keyword arguments the typed signatures of the overloaded functions share: each
+    # group once, so that mypy checks every keyword of every function (the functions
+    # themselves spell theirs out, with their defaults).
+    from typing_extensions import Unpack
+
+    Operand = TypeVar("Operand")
+
+    class Scores(TypedDict, Generic[Operand], total=False):
+        """The masking, scaling and score modifiers of every attention call, with their
+        arrays of type Operand (the adapters' signatures use them too)."""
+
+        causal: bool
+        causal_alignment: Alignment
+        window: Window
+        scale: float | None
+        mask: Operand | None
+        block_mask: Operand | None
+        softcap: float | None
+        alibi_slopes: Operand | None
+        sinks: Operand | None
+
+    class _Outputs(TypedDict, total=False):
+        """Where a forward call or a merge writes, and the backend that computes it."""
+
+        backend: Backend
+        out: SupportsDLPack | None
+        lse: SupportsDLPack | None
+
+    class _PackedForward(Scores[SupportsDLPack], _Outputs, total=False):
+        accumulate: bool
+
+    class _Forward(_PackedForward, total=False):
+        layout: Layout
+
+    class _Merge(_Outputs, total=False):
+        layout: Layout
 
 
 class _Layout:
@@ -204,12 +253,13 @@ class _Call:
     """The arrays of one library call: each one's C view (shape and strides in the C API's
     axis order) under its role, and the (name, view) pairs that must share one memory kind."""
 
-    __slots__ = ("roles", "named", "device")
+    __slots__ = ("roles", "named", "device", "memory")
 
     def __init__(self):
         self.roles = []
         self.named = []
         self.device = CPU  # of every array, once check_memory has run
+        self.memory = None  # the first array's view, whose memory results share
 
     def add(self, role, name, view, c_view):
         self.roles.append((role, view, c_view))
@@ -237,8 +287,16 @@ class _Call:
                     f"{device_name(first.device)} memory: the arrays of a call must share one"
                 )
         if first.device == METAL and context.backend != "metal":
-            _refuse_metal_memory(context.backend)
+            _refuse_metal_memory(first_name, context.backend)
         self.device = first.device
+        self.memory = first
+
+    def synchronize(self):
+        """Right before the library call, once every result is allocated: in device memory,
+        the producers of the arrays finish what they queued on them (torch.mps.synchronize);
+        in CPU memory there is nothing to wait for."""
+        if self.device != CPU:
+            synchronize([view for _, view in self.named])
 
 
 def _memory_fields(view):
@@ -249,14 +307,20 @@ def _memory_fields(view):
     return (ffi.NULL, ffi.cast(_VOID_P, view.address), view.byte_offset)
 
 
-def _refuse_metal_memory(backend):
+def _refuse_metal_memory(name, backend):
     """Metal memory (MPS tensors, MLX arrays on a Mac: DLPack kDLMetal) goes to the metal
     backend's device buffers only. Elsewhere it is refused before anything is allocated or
     written, and never copied behind the caller's back."""
+    here = available_backends()
+    where = (
+        "Use backend='metal'"
+        if "metal" in here
+        else f"This machine has no metal backend (available: {', '.join(here)})"
+    )
     raise NotImplementedError(
-        "the arrays are in Metal memory (DLPack kDLMetal: MPS tensors, MLX arrays on an Apple "
-        f"GPU), which only the metal backend reads, not {backend!r}. Use backend='metal', or "
-        "copy them to CPU memory explicitly (tensor.cpu(), numpy.array(x))"
+        f"{name} is in Metal memory (DLPack kDLMetal: MPS tensors, MLX arrays on an Apple "
+        f"GPU), which only the metal backend reads, not {backend!r}. {where}; or copy the "
+        "arrays to CPU memory explicitly (tensor.cpu(), numpy.array(x))"
     )
 
 
@@ -294,8 +358,31 @@ def _window_bound(side, value):
     return int(value)
 
 
+# (causal, causal_alignment, window, scale and their types) -> the parameter struct made for
+# them, shared by the calls that repeat them (read-only once made, so across threads too).
+_params_made: dict[tuple[Any, ...], Any] = {}
+_PARAMS_KEPT = 256
+
+
 def _params(causal, causal_alignment, window, scale):
     """Validate the masking and scaling options and return the C parameter struct."""
+    # The types too: 1 == True == 1.0, but only some of them are valid.
+    bound_types = tuple(map(type, window)) if type(window) is tuple else type(window)
+    key = (causal, causal_alignment, window, scale, type(causal), bound_types, type(scale))
+    try:
+        return _params_made[key]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable window: checked (and refused, or made) every time
+        return _make_params(causal, causal_alignment, window, scale)
+    params = _make_params(causal, causal_alignment, window, scale)
+    if len(_params_made) >= _PARAMS_KEPT:
+        _params_made.clear()
+    _params_made[key] = params
+    return params
+
+
+def _make_params(causal, causal_alignment, window, scale):
     causal = _flag("causal", causal)
     if not isinstance(causal_alignment, str) or causal_alignment not in _ALIGNMENTS:
         raise ValueError(
@@ -506,6 +593,7 @@ def _compute(context, direction, params, call, softcap, extra=()):
     # mfa_attention_args_init's defaults are all bytes zero, as ffi.new leaves them.
     fields.update(extra, struct_size=_ARGS_SIZE, softcap=softcap)
     args = ffi.new(_ARGS, fields)
+    call.synchronize()
     target = encoding_target()
     if target is None:
         context._call(lib.mfa_attention_compute, direction, params, args)
@@ -552,7 +640,7 @@ def _forward(q, call, arrays, sizes, options, extra=()):
             q.kind,
             ([(out_shape, q.dtype)] if out is None else [])
             + ([(lse_shape, _F32)] if lse is None and return_lse else []),
-            call.device,
+            call.memory,
         )
     )
     if out is None:
@@ -604,7 +692,7 @@ def _backward(arrays, sizes, call, operands, options, extra=()):
 
     wanted = ("dq", "dk", "dv", "dsinks") if return_dsinks else ("dq", "dk", "dv")
     missing = [name for name in wanted if results[name] is None]
-    allocated = allocate(q.kind, [specs[n][:2] for n in missing], call.device)
+    allocated = allocate(q.kind, [specs[n][:2] for n in missing], call.memory)
     for name, (array, view) in zip(missing, allocated):
         results[name], views[name] = array, view
     for name in ("dq", "dk", "dv"):
@@ -624,21 +712,8 @@ def attention(
     k: SupportsDLPack,
     v: SupportsDLPack,
     *,
-    causal: bool = ...,
-    causal_alignment: Alignment = ...,
-    window: Window = ...,
-    scale: float | None = ...,
-    mask: SupportsDLPack | None = ...,
-    block_mask: SupportsDLPack | None = ...,
-    softcap: float | None = ...,
-    alibi_slopes: SupportsDLPack | None = ...,
-    sinks: SupportsDLPack | None = ...,
-    layout: Layout = ...,
     return_lse: Literal[False] = ...,
-    accumulate: bool = ...,
-    backend: Backend = ...,
-    out: SupportsDLPack | None = ...,
-    lse: SupportsDLPack | None = ...,
+    **options: Unpack[_Forward],
 ) -> Array: ...
 
 
@@ -648,21 +723,8 @@ def attention(
     k: SupportsDLPack,
     v: SupportsDLPack,
     *,
-    causal: bool = ...,
-    causal_alignment: Alignment = ...,
-    window: Window = ...,
-    scale: float | None = ...,
-    mask: SupportsDLPack | None = ...,
-    block_mask: SupportsDLPack | None = ...,
-    softcap: float | None = ...,
-    alibi_slopes: SupportsDLPack | None = ...,
-    sinks: SupportsDLPack | None = ...,
-    layout: Layout = ...,
     return_lse: Literal[True],
-    accumulate: bool = ...,
-    backend: Backend = ...,
-    out: SupportsDLPack | None = ...,
-    lse: SupportsDLPack | None = ...,
+    **options: Unpack[_Forward],
 ) -> tuple[Array, Array]: ...
 
 
@@ -910,20 +972,8 @@ def attention_varlen(
     max_seqlen_q: int,
     max_seqlen_k: int,
     *,
-    causal: bool = ...,
-    causal_alignment: Alignment = ...,
-    window: Window = ...,
-    scale: float | None = ...,
-    mask: SupportsDLPack | None = ...,
-    block_mask: SupportsDLPack | None = ...,
-    softcap: float | None = ...,
-    alibi_slopes: SupportsDLPack | None = ...,
-    sinks: SupportsDLPack | None = ...,
     return_lse: Literal[False] = ...,
-    accumulate: bool = ...,
-    backend: Backend = ...,
-    out: SupportsDLPack | None = ...,
-    lse: SupportsDLPack | None = ...,
+    **options: Unpack[_PackedForward],
 ) -> Array: ...
 
 
@@ -937,20 +987,8 @@ def attention_varlen(
     max_seqlen_q: int,
     max_seqlen_k: int,
     *,
-    causal: bool = ...,
-    causal_alignment: Alignment = ...,
-    window: Window = ...,
-    scale: float | None = ...,
-    mask: SupportsDLPack | None = ...,
-    block_mask: SupportsDLPack | None = ...,
-    softcap: float | None = ...,
-    alibi_slopes: SupportsDLPack | None = ...,
-    sinks: SupportsDLPack | None = ...,
     return_lse: Literal[True],
-    accumulate: bool = ...,
-    backend: Backend = ...,
-    out: SupportsDLPack | None = ...,
-    lse: SupportsDLPack | None = ...,
+    **options: Unpack[_PackedForward],
 ) -> tuple[Array, Array]: ...
 
 
@@ -1141,21 +1179,8 @@ def attention_with_kvcache(
     k: SupportsDLPack | None = ...,
     v: SupportsDLPack | None = ...,
     *,
-    causal: bool = ...,
-    causal_alignment: Alignment = ...,
-    window: Window = ...,
-    scale: float | None = ...,
-    mask: SupportsDLPack | None = ...,
-    block_mask: SupportsDLPack | None = ...,
-    softcap: float | None = ...,
-    alibi_slopes: SupportsDLPack | None = ...,
-    sinks: SupportsDLPack | None = ...,
-    layout: Layout = ...,
     return_lse: Literal[False] = ...,
-    accumulate: bool = ...,
-    backend: Backend = ...,
-    out: SupportsDLPack | None = ...,
-    lse: SupportsDLPack | None = ...,
+    **options: Unpack[_Forward],
 ) -> Array: ...
 
 
@@ -1169,21 +1194,8 @@ def attention_with_kvcache(
     k: SupportsDLPack | None = ...,
     v: SupportsDLPack | None = ...,
     *,
-    causal: bool = ...,
-    causal_alignment: Alignment = ...,
-    window: Window = ...,
-    scale: float | None = ...,
-    mask: SupportsDLPack | None = ...,
-    block_mask: SupportsDLPack | None = ...,
-    softcap: float | None = ...,
-    alibi_slopes: SupportsDLPack | None = ...,
-    sinks: SupportsDLPack | None = ...,
-    layout: Layout = ...,
     return_lse: Literal[True],
-    accumulate: bool = ...,
-    backend: Backend = ...,
-    out: SupportsDLPack | None = ...,
-    lse: SupportsDLPack | None = ...,
+    **options: Unpack[_Forward],
 ) -> tuple[Array, Array]: ...
 
 
@@ -1392,9 +1404,10 @@ def mask_summary(mask: Array, seq_q: int, seq_k: int, *, backend: Backend = None
     summary_shape = _summary_shape(shape, strides, seq_q, seq_k)
     context = resolve_context(backend)
     call.check_memory(context)
-    ((summary, summary_view),) = allocate(view.kind, [(summary_shape, UINT8)], call.device)
+    ((summary, summary_view),) = allocate(view.kind, [(summary_shape, UINT8)], call.memory)
     call.add("summary", "summary", summary_view, (summary_shape, summary_view.strides))
     arrays, pointers = call.arrays()
+    call.synchronize()
     context._call(lib.mfa_mask_summarize, pointers["mask"], seq_q, seq_k, pointers["summary"])
     return summary
 
@@ -1412,11 +1425,8 @@ def merge_attention_states(
     outs: Sequence[Array],
     lses: Sequence[SupportsDLPack],
     *,
-    layout: Layout = ...,
     return_lse: Literal[False] = ...,
-    backend: Backend = ...,
-    out: SupportsDLPack | None = ...,
-    lse: SupportsDLPack | None = ...,
+    **options: Unpack[_Merge],
 ) -> Array: ...
 
 
@@ -1425,11 +1435,8 @@ def merge_attention_states(
     outs: Sequence[Array],
     lses: Sequence[SupportsDLPack],
     *,
-    layout: Layout = ...,
     return_lse: Literal[True],
-    backend: Backend = ...,
-    out: SupportsDLPack | None = ...,
-    lse: SupportsDLPack | None = ...,
+    **options: Unpack[_Merge],
 ) -> tuple[Array, Array]: ...
 
 
@@ -1519,7 +1526,7 @@ def merge_attention_states(
             first.kind,
             ([(first.shape, first.dtype)] if out is None else [])
             + ([(lse_shape, _F32)] if lse is None and return_lse else []),
-            call.device,
+            call.memory,
         )
     )
     if out is None:
@@ -1532,6 +1539,7 @@ def merge_attention_states(
     arrays_memory, pointers = call.arrays()
     part_outs = ffi.new(_ARRAY_POINTERS, [pointers[f"out{i}"] for i in parts])
     part_lses = ffi.new(_ARRAY_POINTERS, [pointers[f"lse{i}"] for i in parts])
+    call.synchronize()
     context._call(
         lib.mfa_attention_merge,
         len(parts),

@@ -16,9 +16,8 @@ giving zeros, and ``return_attn_probs=True`` returning ``(out, softmax_lse, S_dm
 softmax_lse float32 ``[batch, nheads, seqlen_q]`` (``[nheads, total_q]`` packed). All but the
 KV-cache function are differentiable through :mod:`mfa_native.torch`'s operators (mfa's fused
 backward, options carried from the forward) and trace under ``torch.compile``, so code written
-for flash-attn on CUDA runs unchanged on CPU tensors, and on a Mac once the metal backend takes
-MPS tensors. As in flash-attn, ``alibi_slopes`` get no gradient and
-:func:`flash_attn_with_kvcache` has no backward.
+for flash-attn on CUDA runs unchanged on CPU tensors and on MPS tensors. As in flash-attn,
+``alibi_slopes`` get no gradient and :func:`flash_attn_with_kvcache` has no backward.
 
 Beyond flash-attn: float32 as well as float16 and bfloat16, any head dimension, a value head
 dimension different from the query's, any strides (inputs are never copied or padded), and
@@ -30,8 +29,9 @@ backward is always deterministic, and it splits the keys of a decoding step itse
 backends compute softcap, ALiBi, packed sequences and paged caches is in
 ``mfa_native.Context(...).capabilities``; elsewhere they raise MFAError UNSUPPORTED.
 
-What ran where: CPU tensors are tested on every CI run (Linux); MPS tensors raise
-NotImplementedError until libmfa has its device-buffer path (never a silent copy).
+What ran where: CPU tensors are tested on every CI run (Linux); MPS tensors go to the metal
+backend's device buffers as in :mod:`mfa_native.torch` (awaiting a Mac; without the metal
+backend they raise NotImplementedError, never a silent copy).
 """
 
 from __future__ import annotations
@@ -199,6 +199,13 @@ def flash_attn_func(
     )  # fmt: skip
 
 
+def _unpack(name: str, packed: Tensor, count: int, shape: str) -> tuple[Tensor, ...]:
+    """The `count` views of a packed tensor along its axis 2 (its shape in words), in place."""
+    if packed.dim() != 5 or packed.shape[2] != count:
+        raise ValueError(f"{name} must have shape {shape}, got {tuple(packed.shape)}")
+    return packed.unbind(2)
+
+
 @keyword_hints(_FLASH_ATTN_NAMES)
 def flash_attn_qkvpacked_func(
     qkv: Tensor,
@@ -213,13 +220,10 @@ def flash_attn_qkvpacked_func(
 ) -> Result:
     """flash-attn's ``flash_attn_qkvpacked_func``: :func:`flash_attn_func` on
     ``qkv`` of shape (batch, seqlen, 3, nheads, headdim), read in place as three views."""
-    if qkv.dim() != 5 or qkv.shape[2] != 3:
-        raise ValueError(
-            f"qkv must have shape (batch, seqlen, 3, nheads, headdim), got {tuple(qkv.shape)}"
-        )
+    q, k, v = _unpack("qkv", qkv, 3, "(batch, seqlen, 3, nheads, headdim)")
     return _flash_attn(
-        qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], return_attn_probs, dropout_p, softmax_scale,
-        causal, window_size, softcap, alibi_slopes, deterministic,
+        q, k, v, return_attn_probs, dropout_p, softmax_scale, causal, window_size, softcap,
+        alibi_slopes, deterministic,
     )  # fmt: skip
 
 
@@ -238,13 +242,10 @@ def flash_attn_kvpacked_func(
 ) -> Result:
     """flash-attn's ``flash_attn_kvpacked_func``: :func:`flash_attn_func` on q and
     ``kv`` of shape (batch, seqlen_k, 2, nheads_k, headdim), read in place as two views."""
-    if kv.dim() != 5 or kv.shape[2] != 2:
-        raise ValueError(
-            f"kv must have shape (batch, seqlen_k, 2, nheads_k, headdim), got {tuple(kv.shape)}"
-        )
+    k, v = _unpack("kv", kv, 2, "(batch, seqlen_k, 2, nheads_k, headdim)")
     return _flash_attn(
-        q, kv[:, :, 0], kv[:, :, 1], return_attn_probs, dropout_p, softmax_scale, causal,
-        window_size, softcap, alibi_slopes, deterministic,
+        q, k, v, return_attn_probs, dropout_p, softmax_scale, causal, window_size, softcap,
+        alibi_slopes, deterministic,
     )  # fmt: skip
 
 

@@ -20,19 +20,24 @@ result is an evaluated array, so these functions cannot run inside ``mx.compile`
 strides; the dtypes of q, k and v must match (MLX would promote them).
 
 What ran where: MLX's CPU device (``pip install "mlx[cpu]"``, Linux), forward and mx.grad, on
-every CI run. Arrays on an Apple GPU (MLX's Metal buffers, DLPack kDLMetal) need the metal
-backend's device-buffer path, which libmfa does not have yet: they raise NotImplementedError,
-and are never copied to the CPU implicitly. Importing this module imports MLX;
-``import mfa_native`` alone never does.
+every CI run. On an Apple GPU the arrays (MLX's Metal buffers, DLPack kDLMetal: the
+``id<MTLBuffer>`` plus a byte offset) go to the metal backend's device-buffer entry points,
+results are allocated by MLX and written in place; that path awaits a Mac (its routing runs in
+CI through metal-sim's device buffers). Where MLX has Metal, it keeps every array in Metal
+buffers, so ``stream=mx.cpu`` there is refused (mfa's cpu backend reads CPU memory) rather than
+copied. Without the metal backend a GPU stream raises NotImplementedError, and arrays are never
+copied to the CPU implicitly. Importing this module imports MLX; ``import mfa_native`` alone
+never does.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, cast, overload
+from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 import mlx.core as mx
 
 from . import _attention
+from ._context import available_backends
 from ._keywords import keyword_hints
 
 __all__ = ["attention", "scaled_dot_product_attention"]
@@ -83,16 +88,34 @@ def _attention_with_sinks_vjp(primals: Any, cotangents: Any, outputs: Any, **opt
     return _backward(primals, cotangents, outputs, primals[3], options)
 
 
-def _require_cpu_stream(stream: Any) -> None:
-    """The arrays of a call are computed by mfa's cpu backend: an MLX GPU stream or device
-    (the default on a Mac) needs the device-buffer path, refused rather than bypassed."""
+def _backend_of(stream: Any) -> str:
+    """The mfa backend for an MLX stream or device (None: MLX's default device). MLX's CPU
+    device runs on mfa's cpu backend; its GPU on the metal backend, which reads the arrays'
+    Metal buffers in place (DLPack kDLMetal: the id<MTLBuffer> and a byte offset). MLX's
+    DLPack export evaluates an array first (and waits for it), so the inputs are complete when
+    mfa reads them, and the call returns once mfa's command buffer has completed: no other
+    synchronisation is needed. Without the metal backend a GPU stream is refused, never run
+    on the CPU behind the caller's back."""
     device = mx.default_device() if stream is None else getattr(stream, "device", stream)
-    if device != mx.cpu:
+    if device == mx.cpu:
+        return "cpu"
+    if "metal" not in available_backends():
         raise NotImplementedError(
-            f"MLX device {device}: arrays on an Apple GPU need the metal backend's device-"
-            "buffer path, which libmfa does not have yet; use the CPU device (stream=mx.cpu, "
-            "or mx.set_default_device(mx.cpu))"
+            f"stream: MLX device {device}: arrays on an Apple GPU need the metal backend's "
+            "device-buffer path, and this machine has no metal backend (available: "
+            f"{', '.join(available_backends())}); use the CPU device (stream=mx.cpu, or "
+            "mx.set_default_device(mx.cpu))"
         )
+    return "metal"
+
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    class _AttentionOptions(_attention.Scores[mx.array], total=False):
+        """attention's keyword arguments but return_lse, for its typed signatures."""
+
+        stream: None | mx.Stream | mx.Device
 
 
 _MLX_NAMES = {
@@ -109,17 +132,8 @@ def attention(
     k: mx.array,
     v: mx.array,
     *,
-    causal: bool = ...,
-    causal_alignment: Literal["bottom_right", "top_left"] = ...,
-    window: tuple[int | None, int | None] | None = ...,
-    scale: float | None = ...,
-    mask: mx.array | None = ...,
-    block_mask: mx.array | None = ...,
-    softcap: float | None = ...,
-    alibi_slopes: mx.array | None = ...,
-    sinks: mx.array | None = ...,
     return_lse: Literal[False] = ...,
-    stream: None | mx.Stream | mx.Device = ...,
+    **options: Unpack[_AttentionOptions],
 ) -> mx.array: ...
 
 
@@ -129,17 +143,8 @@ def attention(
     k: mx.array,
     v: mx.array,
     *,
-    causal: bool = ...,
-    causal_alignment: Literal["bottom_right", "top_left"] = ...,
-    window: tuple[int | None, int | None] | None = ...,
-    scale: float | None = ...,
-    mask: mx.array | None = ...,
-    block_mask: mx.array | None = ...,
-    softcap: float | None = ...,
-    alibi_slopes: mx.array | None = ...,
-    sinks: mx.array | None = ...,
     return_lse: Literal[True],
-    stream: None | mx.Stream | mx.Device = ...,
+    **options: Unpack[_AttentionOptions],
 ) -> tuple[mx.array, mx.array]: ...
 
 
@@ -165,19 +170,19 @@ def attention(
     with ``mx.grad`` / ``mx.vjp`` through mfa's fused backward.
 
     The options are those of :func:`mfa_native.attention` (``mask``, ``block_mask``,
-    ``softcap``, ``alibi_slopes`` and ``sinks`` included); ``stream`` must be None or MLX's
-    CPU device or stream. ``sinks`` (``[Hq]``, float32 or cast to it) get their gradient;
-    masks and slopes are constants (their gradient is zero). With ``return_lse=True`` the
-    float32 log-sum-exp ``[B, Hq, Nq]`` is returned too, through ``mx.stop_gradient``: it
-    carries no gradient.
+    ``softcap``, ``alibi_slopes`` and ``sinks`` included); ``stream`` (None: MLX's default
+    device) picks mfa's backend: cpu for MLX's CPU device or stream, metal for its GPU.
+    ``sinks`` (``[Hq]``, float32 or cast to it) get their gradient; masks and slopes are
+    constants (their gradient is zero). With ``return_lse=True`` the float32 log-sum-exp
+    ``[B, Hq, Nq]`` is returned too, through ``mx.stop_gradient``: it carries no gradient.
     """
-    _require_cpu_stream(stream)
+    backend = _backend_of(stream)
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
     options = {
         "causal": causal, "causal_alignment": causal_alignment, "window": window,
         "scale": scale, "mask": mask, "block_mask": block_mask, "softcap": softcap,
-        "alibi_slopes": alibi_slopes,
+        "alibi_slopes": alibi_slopes, "backend": backend,
     }  # fmt: skip
     if sinks is None:
         result = _attention_with_lse(q, k, v, **options)
@@ -231,7 +236,9 @@ def scaled_dot_product_attention(
         MLX; differentiable.
     force_fused : bool
         Accepted: mfa always runs fused kernels, for every head dimension.
-    stream : None, or MLX's CPU device or stream
+    stream : None, or an MLX device or stream
+        MLX's CPU runs on mfa's cpu backend, its GPU on the metal backend (None: MLX's
+        default device).
 
     Returns
     -------

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, cast, overload
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast, overload
 
 import torch
 import torch.distributed as dist
@@ -39,6 +39,17 @@ from torch import Tensor
 
 if TYPE_CHECKING:  # torch builds without distributed support have no ProcessGroup
     from torch.distributed import ProcessGroup
+    from typing_extensions import Unpack
+
+    class _RingKw(TypedDict, total=False):
+        """ring_attention's keyword arguments but return_lse, for its typed signatures."""
+
+        causal: bool
+        scale: float | None
+        layout: Layout
+        group: ProcessGroup | None
+        backend: str | None
+
 
 from . import _attention
 
@@ -345,8 +356,9 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, causal: bool, layout: Layout)
             raise ValueError(f"{name} must have rank 4, got shape {tuple(tensor.shape)}")
         if tensor.device.type != "cpu":
             raise NotImplementedError(
-                f"{name} is on {tensor.device}: ring_attention runs on CPU tensors (mfa's CPU "
-                "backend); the device-buffer path for other devices has not landed"
+                f"{name} is on {tensor.device}: ring_attention runs on CPU tensors (gloo, "
+                "torch.distributed's backend on macOS, carries CPU tensors); on one device, "
+                "mfa_native.torch.attention takes MPS tensors"
             )
     if not q.dtype == k.dtype == v.dtype:
         raise TypeError(
@@ -372,31 +384,13 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, causal: bool, layout: Layout)
 
 @overload
 def ring_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    causal: bool = ...,
-    scale: float | None = ...,
-    layout: Layout = ...,
-    return_lse: Literal[False] = ...,
-    group: ProcessGroup | None = ...,
-    backend: str | None = ...,
+    q: Tensor, k: Tensor, v: Tensor, *, return_lse: Literal[False] = ..., **options: Unpack[_RingKw]
 ) -> Tensor: ...
 
 
 @overload
 def ring_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    causal: bool = ...,
-    scale: float | None = ...,
-    layout: Layout = ...,
-    return_lse: Literal[True],
-    group: ProcessGroup | None = ...,
-    backend: str | None = ...,
+    q: Tensor, k: Tensor, v: Tensor, *, return_lse: Literal[True], **options: Unpack[_RingKw]
 ) -> tuple[Tensor, Tensor]: ...
 
 

@@ -27,11 +27,19 @@ Functions:
 - :func:`enable`, :func:`disable` and the context manager :func:`routed`: route
   ``torch.nn.functional.scaled_dot_product_attention`` itself through mfa, and restore it.
 
-Tensors: float32, float16 or bfloat16 in CPU memory, any strides (views are never copied).
+Tensors: float32, float16 or bfloat16, any strides (views are never copied), in CPU memory or
+on MPS. An MPS tensor goes to the metal backend's device-buffer entry points: its storage
+pointer is its ``id<MTLBuffer>``, bound at a byte offset of ``storage_offset() *
+element_size()``; results are allocated on the same device by torch. Synchronisation: before
+each call ``torch.mps.synchronize()`` waits for the work torch queued (public Python exposes no
+handle on the MPS stream's command buffer to encode into), and the call returns once mfa's own
+command buffer has completed, so nothing more is needed after it. Without the metal backend an
+MPS tensor raises NotImplementedError naming the argument; it is never copied to the CPU
+implicitly.
 What ran where: CPU tensors, forward and backward, eager and compiled, are tested on every CI
-run (Linux). MPS tensors are routed to the metal backend's device-buffer path, which libmfa does
-not have yet: they raise NotImplementedError, and are never copied to the CPU implicitly.
-Importing this module imports torch; ``import mfa_native`` alone never does.
+run (Linux); the device-memory routing runs there through metal-sim's device buffers. MPS
+tensors themselves await a Mac. Importing this module imports torch; ``import mfa_native``
+alone never does.
 """
 
 from __future__ import annotations
@@ -39,7 +47,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Literal, NamedTuple, cast, overload
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, cast, overload
 
 import torch
 from torch import Tensor
@@ -120,7 +128,10 @@ _SINKS = _Options._fields.index("sinks")
 
 
 def _forward_kernel(q: Tensor, k: Tensor, v: Tensor, *options: Any) -> tuple[Tensor, Tensor]:
-    given = _Options(*options)
+    return _forward(q, k, v, _Options(*options))
+
+
+def _forward(q: Tensor, k: Tensor, v: Tensor, given: _Options) -> tuple[Tensor, Tensor]:
     if given.cu_seqlens_q is not None:
         return _attention.attention_varlen(
             q, k, v, *given.packed(), **given.keywords(), return_lse=True
@@ -148,7 +159,7 @@ def _backward_kernel(
 
 
 # CPU tensors run here. MPS tensors reach the same kernels, which send Metal memory to the
-# metal backend's device-buffer path (today: a NotImplementedError naming it).
+# metal backend's device-buffer path (elsewhere: a NotImplementedError naming the argument).
 for _dispatch_key in ("CPU", "MPS"):
     _library.impl("attention_forward", _forward_kernel, _dispatch_key)
     _library.impl("attention_backward", _backward_kernel, _dispatch_key)
@@ -249,13 +260,44 @@ class _Attention(torch.autograd.Function):
 
 
 def _forward_below_autograd(
-    q: Tensor, k: Tensor, v: Tensor, options: Sequence[Any]
+    q: Tensor, k: Tensor, v: Tensor, options: _Options
 ) -> tuple[Tensor, Tensor]:
     """The forward operator without its autograd wrapper, where nothing is to be recorded
     (as that wrapper itself redispatches then, but some 8 us a call sooner): every other
-    dispatch key (CPU, MPS, Meta, fake tensors, dispatch modes) still applies."""
+    dispatch key (CPU, MPS, Meta, fake tensors, dispatch modes) still applies. Plain CPU and
+    MPS tensors outside every mode go to the kernel directly, as the dispatcher would send
+    them, without its conversion of the arguments (some 10 us a call)."""
+    if _reaches_kernel_unchanged(q, k, v, options):
+        return _forward(q, k, v, options)
     with torch._C._AutoDispatchBelowAutograd():
         return cast("tuple[Tensor, Tensor]", _forward_op(q, k, v, *options))
+
+
+def _plain_keys() -> frozenset[int]:
+    """The dispatch key sets of plain dense tensors on the devices mfa's kernels read: a
+    tensor with any other key (a functorch wrapper, a negative or conjugate view, a subclass's
+    Python key, inference mode's) is left to the dispatcher."""
+    tensors = [torch.empty(0)]
+    if torch.backends.mps.is_available():
+        tensors.append(torch.empty(0, device="mps"))
+    return frozenset(torch._C._dispatch_keys(tensor).raw_repr() for tensor in tensors)
+
+
+_PLAIN_KEYS = _plain_keys()
+_dispatch_keys = torch._C._dispatch_keys
+
+
+def _reaches_kernel_unchanged(q: Tensor, k: Tensor, v: Tensor, options: _Options) -> bool:
+    """Whether the dispatcher would hand these arguments to _forward_kernel as they are: no
+    dispatch or function mode is active and every tensor is a plain CPU or MPS tensor."""
+    if torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled():
+        return False
+    for tensor in (q, k, v, *options[:_TENSOR_OPTIONS]):
+        if tensor is not None and (
+            type(tensor) is not Tensor or _dispatch_keys(tensor).raw_repr() not in _PLAIN_KEYS
+        ):
+            return False
+    return True
 
 
 def _attend(q: Tensor, k: Tensor, v: Tensor, options: _Options) -> tuple[Tensor, Tensor]:
@@ -366,6 +408,16 @@ def _options(
     )
 
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    class _Kwargs(_attention.Scores[Tensor], total=False):
+        """attention's keyword arguments but return_lse, for its typed signatures."""
+
+        layout: Literal["bhsd", "bshd"]
+        backend: str | None
+
+
 _TORCH_NAMES = {
     "is_causal": "mfa_native.torch.attention's name for it is causal= (PyTorch's is_causal is "
     "causal=True, causal_alignment='top_left'; scaled_dot_product_attention takes is_causal=)",
@@ -380,43 +432,13 @@ _TORCH_NAMES = {
 
 @overload
 def attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    causal: bool = ...,
-    causal_alignment: Literal["bottom_right", "top_left"] = ...,
-    window: tuple[int | None, int | None] | None = ...,
-    scale: float | None = ...,
-    mask: Tensor | None = ...,
-    block_mask: Tensor | None = ...,
-    softcap: float | None = ...,
-    alibi_slopes: Tensor | None = ...,
-    sinks: Tensor | None = ...,
-    layout: Literal["bhsd", "bshd"] = ...,
-    return_lse: Literal[False] = ...,
-    backend: str | None = ...,
+    q: Tensor, k: Tensor, v: Tensor, *, return_lse: Literal[False] = ..., **options: Unpack[_Kwargs]
 ) -> Tensor: ...
 
 
 @overload
 def attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    causal: bool = ...,
-    causal_alignment: Literal["bottom_right", "top_left"] = ...,
-    window: tuple[int | None, int | None] | None = ...,
-    scale: float | None = ...,
-    mask: Tensor | None = ...,
-    block_mask: Tensor | None = ...,
-    softcap: float | None = ...,
-    alibi_slopes: Tensor | None = ...,
-    sinks: Tensor | None = ...,
-    layout: Literal["bhsd", "bshd"] = ...,
-    return_lse: Literal[True],
-    backend: str | None = ...,
+    q: Tensor, k: Tensor, v: Tensor, *, return_lse: Literal[True], **options: Unpack[_Kwargs]
 ) -> tuple[Tensor, Tensor]: ...
 
 

@@ -96,6 +96,15 @@ def adapter_backends():
     ]
 
 
+def skip_unless_default_has(features):
+    """Skip a test of the adapters (which run the default backend) that needs features, forward
+    and backward, the default backend lacks."""
+    default = Backend(mfa_native.info()["default_backend"])
+    missing = features - (default.features("forward") & default.features("backward"))
+    if missing:
+        pytest.skip(f"the default backend lacks {sorted(missing)}")
+
+
 def run_or_skip(backend, direction, features, function):
     """function() where the backend has the features; else, having checked that the call
     raises UNSUPPORTED naming one of them (call_with_features), skip with that reason."""

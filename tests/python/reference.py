@@ -103,6 +103,29 @@ def _sum_over_groups(tensor, num_kv_heads):
     return tensor.reshape(batch, num_kv_heads, group, length, dim).sum(axis=2)
 
 
+# The options of a dense problem, with mfa_native.attention's defaults, in the order
+# options_of returns them: the reference implementations take them as keyword arguments.
+OPTIONS = {
+    "causal": False,
+    "causal_alignment": "bottom_right",
+    "window": None,
+    "scale": None,
+    "mask": None,
+    "softcap": None,
+    "alibi_slopes": None,
+    "sinks": None,
+}
+
+
+def options_of(options):
+    """The values of OPTIONS' keywords (the given ones, else the defaults), in OPTIONS' order;
+    a TypeError for a keyword that is not among them."""
+    unknown = sorted(set(options) - OPTIONS.keys())
+    if unknown:
+        raise TypeError(f"unexpected options {unknown}")
+    return tuple(options.get(name, default) for name, default in OPTIONS.items())
+
+
 class _Softmax:
     """Scores, probabilities and log-sum-exp of one dense problem with every modifier.
 
@@ -112,20 +135,10 @@ class _Softmax:
     (d capped / d raw score: 1 - tanh^2, or 1 without softcap), bias (ALiBi plus an additive
     mask, where visible) and the scale actually used."""
 
-    def __init__(
-        self,
-        q,
-        k,
-        *,
-        causal=False,
-        causal_alignment="bottom_right",
-        window=None,
-        scale=None,
-        mask=None,
-        softcap=None,
-        alibi_slopes=None,
-        sinks=None,
-    ):
+    def __init__(self, q, k, **options):
+        causal, causal_alignment, window, scale, mask, softcap, alibi_slopes, sinks = options_of(
+            options
+        )
         q = np.asarray(q, dtype=np.float64)
         k = _repeat_kv_heads(np.asarray(k, dtype=np.float64), q.shape[1])
         batch, heads, num_queries, head_dim = q.shape

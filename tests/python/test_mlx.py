@@ -7,7 +7,7 @@ import mfa_native
 import numpy as np
 import pytest
 import reference
-from _backends import Backend, Case, check_backward, check_forward, record_addresses
+from _backends import Case, check_backward, check_forward, record_addresses, skip_unless_default_has
 from mfa_native import _arrays
 
 mx = pytest.importorskip("mlx.core")
@@ -160,10 +160,7 @@ def test_modifiers_forward_and_grad_match_reference(case):
     """Masks (boolean, key padding, additive in q's dtype or float32), softcap, ALiBi and
     sinks through mfa_mlx.attention and mx.grad, dsinks among the gradients, against the
     float64 reference with the tolerances of check_forward/check_backward."""
-    default = Backend(mfa_native.info()["default_backend"])
-    missing = case.features - (default.features("forward") & default.features("backward"))
-    if missing:
-        pytest.skip(f"the default backend lacks {sorted(missing)}")
+    skip_unless_default_has(case.features)
     rng = case.rng()
     q, k, v = case.inputs(rng)
     modifiers = case.modifiers(rng)

@@ -9,23 +9,13 @@ import pytest
 import reference
 
 
-def brute_force_attention(
-    q,
-    k,
-    v,
-    *,
-    causal=False,
-    causal_alignment="bottom_right",
-    window=None,
-    scale=None,
-    mask=None,
-    softcap=None,
-    alibi_slopes=None,
-    sinks=None,
-):
+def brute_force_attention(q, k, v, **options):
     """Attention one output element at a time, with the visible keys of each row taken as the
     range [first, last] rather than as a boolean mask, and each modifier applied to each score
-    in mfa.h's order."""
+    in mfa.h's order (the options: reference.OPTIONS)."""
+    causal, causal_alignment, window, scale, mask, softcap, alibi_slopes, sinks = (
+        reference.options_of(options)
+    )
     batch, num_query_heads, num_queries, head_dim = q.shape
     num_kv_heads, num_keys, value_dim = v.shape[1], v.shape[2], v.shape[3]
     group = num_query_heads // num_kv_heads

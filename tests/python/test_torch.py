@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import reference
 from _backends import (
-    Backend,
     Case,
     adapter_backends,
     allowed_error,
@@ -19,8 +18,10 @@ from _backends import (
     check_backward,
     check_forward,
     run_or_skip,
+    skip_unless_default_has,
 )
 from _errors import raises
+from mfa_native import _arrays
 
 torch = pytest.importorskip("torch")
 mfa_torch = pytest.importorskip("mfa_native.torch")
@@ -119,10 +120,7 @@ def test_modifiers_through_autograd_match_reference(case):
     """Masks of four kinds, softcap, ALiBi and sinks through mfa_torch.attention and
     loss.backward(), sinks a leaf whose .grad is mfa's dsinks, against the float64 reference
     with check_forward/check_backward's tolerances."""
-    default = Backend(mfa_native.info()["default_backend"])
-    missing = case.features - (default.features("forward") & default.features("backward"))
-    if missing:
-        pytest.skip(f"the default backend lacks {sorted(missing)}")
+    skip_unless_default_has(case.features)
     rng = case.rng()
     q, k, v = case.inputs(rng)
     modifiers = case.modifiers(rng)
@@ -149,10 +147,7 @@ def test_packed_sequences_through_autograd_match_reference(packed):
     test_varlen's tolerances; dsinks, one float32 sum over every sequence's rows, likewise."""
     from test_varlen import bhsd, call_args, packed_inputs, sequences
 
-    default = Backend(mfa_native.info()["default_backend"])
-    missing = packed.features - (default.features("forward") & default.features("backward"))
-    if missing:
-        pytest.skip(f"the default backend lacks {sorted(missing)}")
+    skip_unless_default_has(packed.features)
     case = packed.case
     q, k, v, dout, modifiers = packed_inputs(packed, case.rng())
     leaves = [to_torch(x).requires_grad_() for x in (q, k, v)]
@@ -549,6 +544,40 @@ def test_mps_and_meta_tensors_are_not_copied():
         mfa_native.attention(q.to("meta"), q, q)
 
 
+def test_tensors_the_dispatcher_must_transform_do_not_take_the_direct_path():
+    """Eager calls of plain tensors skip the dispatcher; a negative view (whose values are the
+    negation of its memory's) must not: the dispatcher materialises it first."""
+    q = torch.randn(1, 2, 5, 8, generator=torch.Generator().manual_seed(3))
+    expected = reference.attention_forward(-q.numpy(), q.numpy(), q.numpy())[0]
+    # float32 softmax of 8 keys: a few ulps of values of order 1.
+    assert_close("out", mfa_torch.attention(q._neg_view(), q, q).numpy(), expected, 1e-5)
+
+
+def test_an_mps_tensor_is_read_as_its_buffer_and_byte_offset():
+    """What an MPS tensor gives libmfa (no MPS device here: its attributes stood in): the
+    storage pointer, which is the id<MTLBuffer>, and storage_offset elements into it."""
+
+    class Storage:
+        def data_ptr(self):
+            return 0x7000
+
+    class MpsTensor:
+        is_cpu, is_mps, requires_grad, dtype, shape = False, True, False, torch.float16, (2, 3)
+
+        def untyped_storage(self):
+            return Storage()
+
+        def storage_offset(self):
+            return 5
+
+        def stride(self):
+            return (1, 2)
+
+    view = _arrays._torch_kind(torch).read("q", MpsTensor(), None)
+    assert (view.device, view.address, view.byte_offset) == (_arrays.METAL, 0x7000, 10)
+    assert view.shape == (2, 3) and view.strides == (1, 2)
+
+
 # ---- routing torch.nn.functional.scaled_dot_product_attention --------------------------------
 
 
@@ -589,15 +618,21 @@ def test_routed_nests_and_restores_on_error():
     assert F.scaled_dot_product_attention is original
 
 
-def test_multihead_attention_runs_through_mfa_when_routed(monkeypatch):
-    """torch.nn.MultiheadAttention looks the function up at call time."""
+def _count_calls(monkeypatch, name):
+    """A list that gets one entry per call of mfa_native's function `name` (still called)."""
     calls = []
-    original = mfa_native._attention.attention
+    original = getattr(mfa_native._attention, name)
     monkeypatch.setattr(
         mfa_native._attention,
-        "attention",
+        name,
         lambda *args, **options: calls.append(1) or original(*args, **options),
     )
+    return calls
+
+
+def test_multihead_attention_runs_through_mfa_when_routed(monkeypatch):
+    """torch.nn.MultiheadAttention looks the function up at call time."""
+    calls = _count_calls(monkeypatch, "attention")
     torch.manual_seed(0)
     layer = torch.nn.MultiheadAttention(16, 4, batch_first=True)
     x = torch.randn(2, 7, 16)
@@ -623,13 +658,7 @@ def _routed_sdpa(q, k, v):
 
 @pytest.mark.parametrize("route", ["mfa_native.torch", "routed F.sdpa"])
 def test_a_model_trains_with_gradients_matching_the_reference(route, monkeypatch):
-    calls = []
-    original = mfa_native._attention.attention_backward
-    monkeypatch.setattr(
-        mfa_native._attention,
-        "attention_backward",
-        lambda *args, **options: calls.append(1) or original(*args, **options),
-    )
+    calls = _count_calls(monkeypatch, "attention_backward")
     if route == "routed F.sdpa":
         with mfa_torch.routed():
             before, after = train_alongside_reference(_routed_sdpa)

@@ -430,6 +430,39 @@ void command_buffer_destroy(void* state, void* command_buffer) {
     delete static_cast<mfa::sim::CommandBuffer*>(command_buffer);
 }
 
+// metal-sim's buffers are host memory: a merge in them is the core's host merge over their
+// contents (commit runs a command buffer's work at once, so nothing is pending on them).
+mfa_view contents_view(mfa_view view) {
+    if (view.buffer != nullptr) {
+        view.data = static_cast<char*>(buffer_contents(nullptr, view.buffer)) + view.byte_offset;
+        view.buffer = nullptr;
+        view.byte_offset = 0;
+    }
+    return view;
+}
+
+mfa_status merge(void* state, const mfa_merge_problem* problem) {
+    (void)state;
+    if (problem->memory == MFA_MEMORY_HOST) return mfa_core_merge_host(problem);
+    std::vector<mfa_merge_part> parts;
+    try {
+        parts.assign(problem->parts, problem->parts + problem->count);
+    } catch (const std::bad_alloc&) {
+        return mfa_set_error(MFA_ERROR_OUT_OF_MEMORY, "metal-sim: cannot allocate %d merge parts",
+                             (int)problem->count);
+    }
+    for (mfa_merge_part& part : parts) {
+        part.out = contents_view(part.out);
+        part.lse = contents_view(part.lse);
+    }
+    mfa_merge_problem host = *problem;
+    host.memory = MFA_MEMORY_HOST;
+    host.parts = parts.data();
+    host.out = contents_view(problem->out);
+    host.lse = contents_view(problem->lse);
+    return mfa_core_merge_host(&host);
+}
+
 const mfa_device_ops device_memory_ops = {buffer_create,
                                           buffer_contents,
                                           buffer_length,
@@ -439,7 +472,7 @@ const mfa_device_ops device_memory_ops = {buffer_create,
                                           command_buffer_commit,
                                           command_buffer_wait,
                                           command_buffer_destroy,
-                                          nullptr,
+                                          merge,
                                           nullptr};
 
 // No GPU timing: a simulated dispatch's time says nothing about a GPU's.
