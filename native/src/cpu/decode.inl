@@ -12,9 +12,10 @@
  * Products are f32 FMAs: scores either as dot products (rows of Q against rows of K, reduced
  * across the vector) or, when the rows fill most of a vector, with the rows in the lanes
  * (K times Q transposed: no reduction at all), and out as broadcasts (P times rows of V). f32
- * and bf16 rows with adjacent elements are read in place, bf16 widened in registers (or, on a
- * bf16 dot-product build, multiplied as pairs); anything else is converted a block at a time
- * into the task's tiles first.
+ * and bf16 rows with adjacent elements are read in place, bf16 widened in registers (on a bf16
+ * dot-product build, the scores multiply bf16 keys as pairs instead); anything else is converted
+ * a block at a time into the task's tiles first. Each products pass prefetches the rows the next
+ * pass reads (row_prefetch).
  */
 #ifndef MFA_CPU_DECODE_INL
 #define MFA_CPU_DECODE_INL
@@ -25,9 +26,17 @@
 #include "cpu/plan.h"
 #include "cpu/scores.inl"
 #include "cpu/simd.inl"
+#if MFA_CPU_BF16_DOT
+#include "cpu/gemm_bf16.inl"
+#endif
 
 #include <math.h>
 #include <stdint.h>
+#if MFA_CPU_BF16_DOT && defined(__x86_64__)
+#include <immintrin.h>
+#elif MFA_CPU_BF16_DOT && defined(__aarch64__)
+#include <arm_neon.h>
+#endif
 
 namespace {
 
@@ -38,19 +47,52 @@ struct vector_rows {
     typedef f32_storage read_as; /* converted into f32 tiles first */
 };
 
+/* For the scores (dot_rows): each vector of a key row holds `step` elements, multiplied into
+ * the sums by mac() with the query's vector at query_offset(x) floats of its row. */
 template <>
 struct vector_rows<f32_storage> {
-    enum { in_place = 1 };
+    enum { in_place = 1, step = W };
     typedef f32_storage read_as;
     static vf load(const char* p) { return vload((const float*)p); }
+    static int64_t query_offset(int64_t x) { return x; }
+    static vf mac(vf acc, vf query, vf key) { return acc + query * key; }
 };
 
 template <>
 struct vector_rows<bf16_storage> {
-    enum { in_place = 1 };
+    enum { in_place = 1, step = W };
     typedef bf16_storage read_as;
     static vf load(const char* p) { return vload_bf16(p); }
+    static int64_t query_offset(int64_t x) { return x; }
+    static vf mac(vf acc, vf query, vf key) { return acc + query * key; }
 };
+
+#if MFA_CPU_BF16_DOT
+/* bf16 key rows multiplied as they lie, pairs of adjacent elements, by a dot-product
+ * instruction against the query rows as bf16 pairs too (bf16 inputs: exact, no rounding): 2W
+ * elements per vector, half the instructions of widening them. */
+struct bf16_pair_rows {
+    enum { size = 2 };
+};
+
+template <>
+struct vector_rows<bf16_pair_rows> {
+    enum { in_place = 1, step = 2 * W };
+    static vf load(const char* p) { return vload((const float*)p); }
+    static int64_t query_offset(int64_t x) { return x / 2; }
+#if defined(__x86_64__)
+    static vf mac(vf acc, vf query, vf key) {
+        return (vf)_mm512_dpbf16_ps((__m512)acc, __builtin_bit_cast(__m512bh, query),
+                                    __builtin_bit_cast(__m512bh, key));
+    }
+#elif defined(__aarch64__)
+    static vf mac(vf acc, vf query, vf key) {
+        return (vf)vbfdotq_f32((float32x4_t)acc, vreinterpretq_bf16_f32((float32x4_t)query),
+                               vreinterpretq_bf16_f32((float32x4_t)key));
+    }
+#endif
+};
+#endif
 
 /* Accumulator registers the products below keep in flight: half the register file. */
 #if MFA_CPU_VECTOR_BYTES == 64 || defined(__aarch64__)
@@ -59,35 +101,53 @@ static const int kDecodeAccumulators = 16;
 static const int kDecodeAccumulators = 8;
 #endif
 
+/* The rows the task reads after the ones in hand (this block's V during its K products, the next
+ * block's K during its V products), brought into L2 a few rows per step of the products, so that
+ * the loads of the products find their lines there: the hardware prefetchers alone follow the
+ * rows of one block too late to keep the memory system busy. */
+struct row_prefetch {
+    const char* const* rows;
+    int64_t count, bytes, next;
+
+    void step(int64_t n) {
+        const int64_t end = min64(next + n, count);
+        for (; next < end; ++next)
+            for (int64_t line = 0; line < bytes; line += 64)
+                __builtin_prefetch(rows[next] + line, 0, 2);
+    }
+};
+
 /* s[r * lds + j] = q_r . key_j for ROWS query rows (ldq apart) and `keys` key rows at
  * key[0 .. keys), depth a multiple of W. KEYS keys at a time share each load of the queries,
  * and ROWS x KEYS independent sums hide the FMA latency. */
 template <int ROWS, int KEYS, class Rows>
 static inline void dot_rows(const float* q, int64_t ldq, const char* const* key, int64_t keys,
-                            int64_t depth, float* s, int64_t lds) {
+                            int64_t depth, float* s, int64_t lds, row_prefetch* ahead) {
+    typedef vector_rows<Rows> R;
     const int64_t size = Rows::size;
     int64_t j = 0;
     for (; j + KEYS <= keys; j += KEYS) {
+        ahead->step(KEYS);
         vf acc[ROWS][KEYS];
         for (int r = 0; r < ROWS; ++r)
             for (int c = 0; c < KEYS; ++c) acc[r][c] = vsplat(0.0f);
-        for (int64_t x = 0; x < depth; x += W) {
+        for (int64_t x = 0; x < depth; x += R::step) {
             vf k[KEYS];
-            for (int c = 0; c < KEYS; ++c) k[c] = vector_rows<Rows>::load(key[j + c] + x * size);
+            for (int c = 0; c < KEYS; ++c) k[c] = R::load(key[j + c] + x * size);
             for (int r = 0; r < ROWS; ++r) {
-                const vf query = vload(q + r * ldq + x);
-                for (int c = 0; c < KEYS; ++c) acc[r][c] += query * k[c];
+                const vf query = vload(q + r * ldq + R::query_offset(x));
+                for (int c = 0; c < KEYS; ++c) acc[r][c] = R::mac(acc[r][c], query, k[c]);
             }
         }
-        for (int r = 0; r < ROWS; ++r)
-            for (int c = 0; c < KEYS; ++c) s[r * lds + j + c] = hsum(acc[r][c]);
+        for (int r = 0; r < ROWS; ++r) hsums<KEYS>(acc[r], s + r * lds + j);
     }
     for (; j < keys; ++j) {
         vf acc[ROWS];
         for (int r = 0; r < ROWS; ++r) acc[r] = vsplat(0.0f);
-        for (int64_t x = 0; x < depth; x += W) {
-            const vf k = vector_rows<Rows>::load(key[j] + x * size);
-            for (int r = 0; r < ROWS; ++r) acc[r] += vload(q + r * ldq + x) * k;
+        for (int64_t x = 0; x < depth; x += R::step) {
+            const vf k = R::load(key[j] + x * size);
+            for (int r = 0; r < ROWS; ++r)
+                acc[r] = R::mac(acc[r], vload(q + r * ldq + R::query_offset(x)), k);
         }
         for (int r = 0; r < ROWS; ++r) s[r * lds + j] = hsum(acc[r]);
     }
@@ -97,12 +157,14 @@ static inline void dot_rows(const float* q, int64_t ldq, const char* const* key,
  * each key's slice of V is read once, contiguously, into ROWS x VECS independent sums. */
 template <int ROWS, int VECS, class Rows>
 static inline void accumulate_columns(const float* p, int64_t ldp, const char* const* value,
-                                      int64_t keys, int64_t x0, float* o, int64_t ldo) {
+                                      int64_t keys, int64_t x0, float* o, int64_t ldo,
+                                      row_prefetch* ahead) {
     const int64_t size = Rows::size;
     vf acc[ROWS][VECS];
     for (int r = 0; r < ROWS; ++r)
         for (int c = 0; c < VECS; ++c) acc[r][c] = vload(o + r * ldo + x0 + c * W);
     for (int64_t j = 0; j < keys; ++j) {
+        ahead->step(1);
         const char* row = value[j] + x0 * size;
         vf v[VECS];
         for (int c = 0; c < VECS; ++c) v[c] = vector_rows<Rows>::load(row + c * W * size);
@@ -118,34 +180,93 @@ static inline void accumulate_columns(const float* p, int64_t ldp, const char* c
 /* ... over all columns [0, width), width a multiple of W. */
 template <int ROWS, class Rows>
 static inline void accumulate_rows(const float* p, int64_t ldp, const char* const* value,
-                                   int64_t keys, int64_t width, float* o, int64_t ldo) {
+                                   int64_t keys, int64_t width, float* o, int64_t ldo,
+                                   row_prefetch* ahead) {
     enum { kVecs = kDecodeAccumulators / ROWS > 8 ? 8 : kDecodeAccumulators / ROWS };
     int64_t x = 0;
     for (; x + kVecs * W <= width; x += kVecs * W)
-        accumulate_columns<ROWS, kVecs, Rows>(p, ldp, value, keys, x, o, ldo);
-    for (; x < width; x += W) accumulate_columns<ROWS, 1, Rows>(p, ldp, value, keys, x, o, ldo);
+        accumulate_columns<ROWS, kVecs, Rows>(p, ldp, value, keys, x, o, ldo, ahead);
+    for (; x < width; x += W)
+        accumulate_columns<ROWS, 1, Rows>(p, ldp, value, keys, x, o, ldo, ahead);
 }
 
 /* One block of keys for every row of the task: scores, then O += P V. */
 template <class Rows>
 static void decode_products(const float* q, int64_t rows, int64_t ldq, const char* const* key,
-                            int64_t depth, int64_t keys, float* s, int64_t lds) {
+                            int64_t depth, int64_t keys, float* s, int64_t lds,
+                            row_prefetch* ahead) {
+    /* Keys per pass: all the accumulators, in sums of at most W keys (hsums). */
+    enum {
+        kPairKeys = kDecodeAccumulators / 2 < W ? kDecodeAccumulators / 2 : W,
+        kSingleKeys = kDecodeAccumulators < W ? kDecodeAccumulators : W
+    };
     int64_t r = 0;
     for (; r + 2 <= rows; r += 2)
-        dot_rows<2, 4, Rows>(q + r * ldq, ldq, key, keys, depth, s + r * lds, lds);
-    if (r < rows) dot_rows<1, 8, Rows>(q + r * ldq, ldq, key, keys, depth, s + r * lds, lds);
+        dot_rows<2, kPairKeys, Rows>(q + r * ldq, ldq, key, keys, depth, s + r * lds, lds, ahead);
+    if (r < rows)
+        dot_rows<1, kSingleKeys, Rows>(q + r * ldq, ldq, key, keys, depth, s + r * lds, lds, ahead);
+}
+
+/* The scores with the rows in the lanes (S^T = K Q^T), for a unit of more than W / 2 and at
+ * most W rows: no horizontal sums at all. qt holds the queries transposed, one vector per
+ * reduction step: qt[x * W + r] = q_r[x] (f32 keys), or unit u * W + r = the bf16 pair
+ * (q_r[2u], q_r[2u + 1]) (bf16 keys on a dot-product build); every key element (or pair) is
+ * broadcast from memory into one FMA (or dot product) for all rows. */
+struct f32_lanes {
+    enum { size = 4, step = 1 };
+    static vf mac(vf acc, vf query, const char* key) {
+        float x;
+        memcpy(&x, key, sizeof x);
+        return acc + query * vsplat(x);
+    }
+};
+
+#if MFA_CPU_BF16_DOT
+struct bf16_pair_lanes {
+    enum { size = 2, step = 2 };
+    static vf mac(vf acc, vf query, const char* key) {
+        return dot_pairs(acc, query, (const uint32_t*)key);
+    }
+};
+#endif
+
+template <int KEYS, class Lanes>
+static inline void dot_lanes(const float* qt, const char* const* key, int64_t keys, int64_t depth,
+                             int64_t rows, float* s, int64_t lds, row_prefetch* ahead) {
+    int64_t j = 0;
+    for (; j < keys; j += KEYS) {
+        const int count = (int)min64(KEYS, keys - j);
+        ahead->step(count);
+        vf acc[KEYS];
+        for (int c = 0; c < KEYS; ++c) acc[c] = vsplat(0.0f);
+        if (count == KEYS) {
+            for (int64_t x = 0; x < depth; x += Lanes::step) {
+                const vf query = vload(qt + x / Lanes::step * W);
+                for (int c = 0; c < KEYS; ++c)
+                    acc[c] = Lanes::mac(acc[c], query, key[j + c] + x * Lanes::size);
+            }
+        } else {
+            for (int c = 0; c < count; ++c)
+                for (int64_t x = 0; x < depth; x += Lanes::step)
+                    acc[c] = Lanes::mac(acc[c], vload(qt + x / Lanes::step * W),
+                                        key[j + c] + x * Lanes::size);
+        }
+        for (int c = 0; c < count; ++c)
+            for (int64_t r = 0; r < rows; ++r) s[r * lds + j + c] = acc[c][r];
+    }
 }
 
 template <class Rows>
 static void decode_accumulate(const float* p, int64_t rows, int64_t ldp, const char* const* value,
-                              int64_t width, int64_t keys, float* o, int64_t ldo) {
+                              int64_t width, int64_t keys, float* o, int64_t ldo,
+                              row_prefetch* ahead) {
     int64_t r = 0;
     for (; r + 4 <= rows; r += 4)
-        accumulate_rows<4, Rows>(p + r * ldp, ldp, value, keys, width, o + r * ldo, ldo);
+        accumulate_rows<4, Rows>(p + r * ldp, ldp, value, keys, width, o + r * ldo, ldo, ahead);
     for (; r + 2 <= rows; r += 2)
-        accumulate_rows<2, Rows>(p + r * ldp, ldp, value, keys, width, o + r * ldo, ldo);
+        accumulate_rows<2, Rows>(p + r * ldp, ldp, value, keys, width, o + r * ldo, ldo, ahead);
     for (; r < rows; ++r)
-        accumulate_rows<1, Rows>(p + r * ldp, ldp, value, keys, width, o + r * ldo, ldo);
+        accumulate_rows<1, Rows>(p + r * ldp, ldp, value, keys, width, o + r * ldo, ldo, ahead);
 }
 
 /* `count` rows at the given addresses converted to f32 rows of ld floats (zero past width) at
@@ -220,12 +341,39 @@ static void decode_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
     const strided_rows values = key_rows(plan, p->v, seq, u.kv.head, 0);
     const bool in_place = vector_rows<Storage>::in_place && keys.elem_step == es &&
                           values.elem_step == es && d % W == 0 && dv % W == 0;
+    /* bf16 keys on a dot-product build: the queries as pairs, in qt (ld / 2 floats a row). */
+    /* More than W / 2 rows: the rows in the lanes (f32 keys, or bf16 keys as pairs), qt the
+     * queries transposed (dot_lanes). */
+    const bool pairs = MFA_CPU_BF16_DOT && in_place && Storage::size == 2 &&
+                       vector_rows<Storage>::in_place && d % (2 * W) == 0;
+    const bool lanes = (pairs || (in_place && Storage::size == 4)) && 2 * rows > W && rows <= W;
+    const bool key_pairs = pairs && !lanes;
+    if (pairs || lanes)
+        for (int64_t r = 0; r < (lanes ? W : rows); ++r)
+            for (int64_t x = 0; x < ld; ++x) {
+                uint32_t bits = 0;
+                if (r < rows) memcpy(&bits, t.q + r * ld + x, sizeof bits);
+                if (!pairs)
+                    memcpy(t.qt + x * W + r, &bits, sizeof bits);
+                else if (lanes)
+                    ((uint16_t*)(t.qt + x / 2 * W + r))[x % 2] = (uint16_t)(bits >> 16);
+                else
+                    ((uint16_t*)(t.qt + r * ld / 2))[x] = (uint16_t)(bits >> 16);
+            }
     mask_tile_kind mask[mfa_cpu_decode_max_rows];
+    const int64_t key_bytes = (d - 1) * keys.elem_step + es;
+    const int64_t value_bytes = (dv - 1) * values.elem_step + es;
+    const char** key_rows = t.key_rows;
+    const char** next_key_rows = t.next_key_rows;
     /* Blocks start at multiples of bk, so that each lies in one column of a mask summary. */
-    for (int64_t block = first / bk * bk; block < last; block += bk) {
+    const int64_t first_block = first / bk * bk;
+    keys.addresses(first, min64(first_block + bk, last) - first, key_rows);
+    for (int64_t block = first_block; block < last; block += bk) {
         const int64_t j0 = block > first ? block : first;
         const int64_t n = min64(block + bk, last) - j0;
         const int64_t n_pad = mfa_cpu_round_up(n, W);
+        const int64_t next_n = block + bk < last ? min64(block + 2 * bk, last) - (block + bk) : 0;
+        if (next_n > 0) keys.addresses(block + bk, next_n, next_key_rows);
         bool any_visible = false;
         for (int64_t r = 0; r < rows; ++r) {
             const decode_row row = decode_row_of(plan, seq, u.kv.head, r);
@@ -233,34 +381,57 @@ static void decode_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
                                 t.bias ? t.bias + r * bk : t.bias, bk, n_pad);
             any_visible |= mask[r] != kTileHidden;
         }
-        if (!any_visible) continue;
-        keys.addresses(j0, n, t.key_rows);
-        if (in_place) {
-            decode_products<Direct>(t.q, rows, ld, t.key_rows, d, n, t.s, bk);
-        } else {
-            convert_rows<Storage>(t.key_rows, n, keys.elem_step, d, t.k, ld);
-            decode_products<f32_storage>(t.q, rows, ld, t.key_rows, ld, n, t.s, bk);
-        }
-        for (int64_t r = 0; r < rows; ++r) {
-            float* s = t.s + r * bk;
-            if (mask[r] == kTileHidden) {
-                for (int64_t c = 0; c < n_pad; ++c) s[c] = 0.0f;
-                continue;
+        if (any_visible) {
+            values.addresses(j0, n, t.value_rows);
+            row_prefetch values_ahead = {t.value_rows, n, value_bytes, 0};
+            if (lanes) {
+                enum { kLaneKeys = kDecodeAccumulators };
+#if MFA_CPU_BF16_DOT
+                if (pairs)
+                    dot_lanes<kLaneKeys, bf16_pair_lanes>(t.qt, key_rows, n, d, rows, t.s, bk,
+                                                          &values_ahead);
+                else
+#endif
+                    dot_lanes<kLaneKeys, f32_lanes>(t.qt, key_rows, n, d, rows, t.s, bk,
+                                                    &values_ahead);
+            } else if (key_pairs) {
+#if MFA_CPU_BF16_DOT
+                decode_products<bf16_pair_rows>(t.qt, rows, ld / 2, key_rows, d, n, t.s, bk,
+                                                &values_ahead);
+#endif
+            } else if (in_place) {
+                decode_products<Direct>(t.q, rows, ld, key_rows, d, n, t.s, bk, &values_ahead);
+            } else {
+                convert_rows<Storage>(key_rows, n, keys.elem_step, d, t.k, ld);
+                decode_products<f32_storage>(t.q, rows, ld, key_rows, ld, n, t.s, bk,
+                                             &values_ahead);
             }
-            const int64_t i = decode_row_of(plan, seq, u.kv.head, r).query;
-            const visible_range range = keys_of_query(seq, i, j0, n);
-            const float block_max = scores_row_for(mods[r], mask[r] == kTileBias)(
-                s, n_pad, mods[r], i + seq.diag - j0, t.bias ? t.bias + r * bk : t.bias, range);
-            online_softmax_row(s, n_pad, block_max, t.row_max + r, t.row_sum + r, t.o + r * ldv,
-                               ldv);
+            for (int64_t r = 0; r < rows; ++r) {
+                float* s = t.s + r * bk;
+                if (mask[r] == kTileHidden) {
+                    for (int64_t c = 0; c < n_pad; ++c) s[c] = 0.0f;
+                    continue;
+                }
+                const int64_t i = decode_row_of(plan, seq, u.kv.head, r).query;
+                const visible_range range = keys_of_query(seq, i, j0, n);
+                const float block_max = scores_row_for(mods[r], mask[r] == kTileBias)(
+                    s, n_pad, mods[r], i + seq.diag - j0, t.bias ? t.bias + r * bk : t.bias, range);
+                online_softmax_row(s, n_pad, block_max, t.row_max + r, t.row_sum + r, t.o + r * ldv,
+                                   ldv);
+            }
+            row_prefetch keys_ahead = {next_key_rows, next_n, key_bytes, 0};
+            if (in_place) {
+                decode_accumulate<Direct>(t.s, rows, bk, t.value_rows, dv, n, t.o, ldv,
+                                          &keys_ahead);
+            } else {
+                convert_rows<Storage>(t.value_rows, n, values.elem_step, dv, t.v, ldv);
+                decode_accumulate<f32_storage>(t.s, rows, bk, t.value_rows, ldv, n, t.o, ldv,
+                                               &keys_ahead);
+            }
         }
-        values.addresses(j0, n, t.value_rows);
-        if (in_place) {
-            decode_accumulate<Direct>(t.s, rows, bk, t.value_rows, dv, n, t.o, ldv);
-        } else {
-            convert_rows<Storage>(t.value_rows, n, values.elem_step, dv, t.v, ldv);
-            decode_accumulate<f32_storage>(t.s, rows, bk, t.value_rows, ldv, n, t.o, ldv);
-        }
+        const char** done = key_rows;
+        key_rows = next_key_rows;
+        next_key_rows = done;
     }
 
     for (int64_t r = 0; r < rows; ++r) {

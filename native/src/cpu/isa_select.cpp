@@ -30,19 +30,10 @@
  */
 #include "cpu/isa_select.h"
 
+#include "cpu/cpu_features.h"
+
 #include <stdlib.h>
 #include <string.h>
-#if defined(__x86_64__)
-#include <cpuid.h>
-#endif
-#if defined(__x86_64__) && defined(__linux__)
-#include <sys/syscall.h>
-#include <unistd.h>
-#elif defined(__aarch64__) && defined(__linux__)
-#include <sys/auxv.h>
-#elif defined(__aarch64__) && defined(__APPLE__)
-#include <sys/sysctl.h>
-#endif
 
 namespace {
 
@@ -67,19 +58,8 @@ bool has_avx512_bf16(void) {
     return has_avx512() && __builtin_cpu_supports("avx512bf16");
 }
 
-/* AMX-TILE and AMX-BF16 (cpuid leaf 7: EDX bits 24 and 22), and the tile data state granted. */
-bool has_amx_bf16(void) {
-    unsigned eax, ebx, ecx, edx;
-    if (!has_avx512_bf16() || !__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
-    if (!(edx & (1u << 24)) || !(edx & (1u << 22))) return false;
-#if defined(__linux__)
-    const long kRequestPermission = 0x1023; /* ARCH_REQ_XCOMP_PERM */
-    const long kTileData = 18;              /* XFEATURE_XTILEDATA */
-    return syscall(SYS_arch_prctl, kRequestPermission, kTileData) == 0;
-#else
-    return false;
-#endif
-}
+/* AMX-BF16 with the tile data state granted (cpu_features.h). */
+bool has_amx_bf16(void) { return has_avx512_bf16() && mfa_cpu_amx_bf16_granted(); }
 
 bool has_avx2(void) {
     __builtin_cpu_init();
@@ -88,18 +68,7 @@ bool has_avx2(void) {
 #endif
 
 #if defined(__aarch64__)
-/* ARMv8.6 BF16 (bfdot), as the kernel reports it. */
-bool has_neon_bf16(void) {
-#if defined(__linux__)
-    return (getauxval(AT_HWCAP2) & (1ul << 14)) != 0; /* HWCAP2_BF16 */
-#elif defined(__APPLE__)
-    int present = 0;
-    size_t size = sizeof present;
-    return sysctlbyname("hw.optional.arm.FEAT_BF16", &present, &size, NULL, 0) == 0 && present;
-#else
-    return false;
-#endif
-}
+bool has_neon_bf16(void) { return mfa_cpu_arm_bf16(); }
 #endif
 
 /* Fastest first. */

@@ -218,16 +218,27 @@ typedef struct mfa_cpu_kv_pack {
     float* vt; /* V, transposed panels (dP = dO V^T); backward only */
 } mfa_cpu_kv_pack;
 
+/* One operand of n padded sequence rows as transposed panels (reduction over its `depth`) or as
+ * row panels (reduction over the sequence; `width` columns). */
+static inline float* mfa_cpu_carve_transposed(mfa_cpu_carver* c, const mfa_cpu_plan* plan,
+                                              int64_t depth, int64_t n) {
+    return mfa_cpu_carve(c, mfa_cpu_units(plan, depth) * n);
+}
+
+static inline float* mfa_cpu_carve_row_panels(mfa_cpu_carver* c, const mfa_cpu_plan* plan,
+                                              int64_t width, int64_t n) {
+    return mfa_cpu_carve(c, mfa_cpu_round_up(width, plan->panel_width) * mfa_cpu_units(plan, n));
+}
+
 static inline int64_t mfa_cpu_kv_pack_carve(const mfa_cpu_plan* plan, int backward, float* base,
                                             mfa_cpu_kv_pack* pack) {
     const mfa_problem* p = plan->problem;
-    const int64_t nr = plan->panel_width, n = plan->seq_k_padded;
-    const int64_t rows = mfa_cpu_units(plan, n);
+    const int64_t n = plan->seq_k_padded, d = p->head_dim, dv = p->head_dim_v;
     mfa_cpu_carver c = {base, 0};
-    pack->kt = mfa_cpu_carve(&c, mfa_cpu_units(plan, p->head_dim) * n);
-    pack->v = backward ? (float*)0 : mfa_cpu_carve(&c, mfa_cpu_round_up(p->head_dim_v, nr) * rows);
-    pack->k = backward ? mfa_cpu_carve(&c, mfa_cpu_round_up(p->head_dim, nr) * rows) : (float*)0;
-    pack->vt = backward ? mfa_cpu_carve(&c, mfa_cpu_units(plan, p->head_dim_v) * n) : (float*)0;
+    pack->kt = mfa_cpu_carve_transposed(&c, plan, d, n);
+    pack->v = backward ? (float*)0 : mfa_cpu_carve_row_panels(&c, plan, dv, n);
+    pack->k = backward ? mfa_cpu_carve_row_panels(&c, plan, d, n) : (float*)0;
+    pack->vt = backward ? mfa_cpu_carve_transposed(&c, plan, dv, n) : (float*)0;
     return c.used;
 }
 
@@ -243,13 +254,12 @@ typedef struct mfa_cpu_q_pack {
 static inline int64_t mfa_cpu_q_pack_carve(const mfa_cpu_plan* plan, float* base,
                                            mfa_cpu_q_pack* pack) {
     const mfa_problem* p = plan->problem;
-    const int64_t nr = plan->panel_width, n = plan->seq_q_padded;
-    const int64_t rows = mfa_cpu_units(plan, n);
+    const int64_t n = plan->seq_q_padded, d = p->head_dim, dv = p->head_dim_v;
     mfa_cpu_carver c = {base, 0};
-    pack->qt = mfa_cpu_carve(&c, mfa_cpu_units(plan, p->head_dim) * n);
-    pack->q = mfa_cpu_carve(&c, mfa_cpu_round_up(p->head_dim, nr) * rows);
-    pack->doutt = mfa_cpu_carve(&c, mfa_cpu_units(plan, p->head_dim_v) * n);
-    pack->dout = mfa_cpu_carve(&c, mfa_cpu_round_up(p->head_dim_v, nr) * rows);
+    pack->qt = mfa_cpu_carve_transposed(&c, plan, d, n);
+    pack->q = mfa_cpu_carve_row_panels(&c, plan, d, n);
+    pack->doutt = mfa_cpu_carve_transposed(&c, plan, dv, n);
+    pack->dout = mfa_cpu_carve_row_panels(&c, plan, dv, n);
     pack->lse = mfa_cpu_carve(&c, n);
     pack->delta = mfa_cpu_carve(&c, n);
     return c.used;
@@ -355,7 +365,7 @@ static const int64_t mfa_cpu_decode_block = 64;
 
 typedef struct mfa_cpu_decode_tiles {
     float *q, *qt, *s, *o, *row_max, *row_sum, *k, *v, *bias;
-    const char **key_rows, **value_rows;
+    const char **key_rows, **next_key_rows, **value_rows;
 } mfa_cpu_decode_tiles;
 
 /* Query rows of one unit's decode task: group x seq_q of the longest sequence. */
@@ -380,6 +390,7 @@ static inline int64_t mfa_cpu_decode_tiles_carve(const mfa_cpu_plan* plan, float
     tiles->v = mfa_cpu_carve(&c, bk * dv);
     tiles->bias = mfa_view_present(&p->mask) ? mfa_cpu_carve(&c, rows * bk) : (float*)0;
     tiles->key_rows = (const char**)mfa_cpu_carve(&c, pointer_floats);
+    tiles->next_key_rows = (const char**)mfa_cpu_carve(&c, pointer_floats);
     tiles->value_rows = (const char**)mfa_cpu_carve(&c, pointer_floats);
     return c.used;
 }

@@ -101,6 +101,63 @@ static inline float hsum(vf x) {
 #endif
 }
 
+/* Sums of many vectors at once, for dot products of several keys: fold<L>(a, b) takes a and b
+ * each holding W / L groups of L lanes (one partial sum per lane of a group) and returns the
+ * groups of a then those of b, each with its two halves added: W / L * 2 groups of L / 2 lanes.
+ * Folding `count` vectors down to one leaves the sum of vector c in lanes of group c, for 2
+ * shuffles and an add per fold instead of log2(W) of each per vector. */
+static constexpr int fold_lane(int i, int lanes, int high) {
+    /* Lane i of the result: group i / (lanes / 2) of a, then of b, the first or second half. */
+    return (i / (lanes / 2) < W / lanes ? (i / (lanes / 2)) * lanes
+                                        : W + (i / (lanes / 2) - W / lanes) * lanes) +
+           i % (lanes / 2) + high * (lanes / 2);
+}
+
+#if MFA_CPU_VECTOR_BYTES == 64
+#define MFA_CPU_LANES(F)                                                                           \
+    F(0), F(1), F(2), F(3), F(4), F(5), F(6), F(7), F(8), F(9), F(10), F(11), F(12), F(13), F(14), \
+        F(15)
+#elif MFA_CPU_VECTOR_BYTES == 32
+#define MFA_CPU_LANES(F) F(0), F(1), F(2), F(3), F(4), F(5), F(6), F(7)
+#else
+#define MFA_CPU_LANES(F) F(0), F(1), F(2), F(3)
+#endif
+
+template <int L>
+static inline vf fold(vf a, vf b) {
+#define MFA_CPU_LOW(i)  fold_lane(i, L, 0)
+#define MFA_CPU_HIGH(i) fold_lane(i, L, 1)
+    return __builtin_shufflevector(a, b, MFA_CPU_LANES(MFA_CPU_LOW)) +
+           __builtin_shufflevector(a, b, MFA_CPU_LANES(MFA_CPU_HIGH));
+#undef MFA_CPU_LOW
+#undef MFA_CPU_HIGH
+}
+
+/* Folds `count` vectors of groups of LANES lanes pairwise into count / 2, then the one left onto
+ * itself, down to single lanes: v[0] then holds the sum of the original v[c] in lane c. */
+template <int LANES>
+static inline void fold_all(vf* v, int count) {
+    if constexpr (LANES > 1) {
+        if (count > 1)
+            for (int c = 0; c < count / 2; ++c) v[c] = fold<LANES>(v[2 * c], v[2 * c + 1]);
+        else
+            v[0] = fold<LANES>(v[0], v[0]);
+        fold_all<LANES / 2>(v, count > 1 ? count / 2 : 1);
+    }
+}
+
+/* out[c] = the sum of the lanes of v[c] for c < COUNT (a power of 2 no larger than W); v is
+ * clobbered. */
+template <int COUNT>
+static inline void hsums(vf* v, float* out) {
+    static_assert(COUNT <= W && (COUNT & (COUNT - 1)) == 0, "COUNT: a power of 2 up to W");
+    fold_all<W>(v, COUNT);
+    if (COUNT == W)
+        vstore(out, v[0]);
+    else
+        memcpy(out, &v[0], COUNT * sizeof(float));
+}
+
 /* W bf16 values at p, widened to f32 (exactly: a bf16 is the top half of an f32). */
 typedef uint16_t vh __attribute__((vector_size(MFA_CPU_VECTOR_BYTES / 2)));
 

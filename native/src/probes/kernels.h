@@ -2,7 +2,8 @@
  * The probe kernels, one set per instruction set. Each kernels_<isa>.c is compiled with that
  * instruction set's flags (the way the CPU backend builds its kernels) and only called after
  * probes.c has checked, at run time, that the CPU and the OS support it. The loops are written
- * once, in chains.inl (compute) and read.inl (bandwidth); each file names its instructions.
+ * once, in chains.inl (compute) and read.inl (bandwidth), and so are the probes made of them
+ * (fma_read.inl, dot.inl); each file names its instructions.
  *
  * Kernel contracts (the self-checks in mfa_probes.h rely on them):
  *   fma_f32(n, m, a):  `lanes` f32 lanes, all 0, each updated n times by lane = fma(lane, m, a);
@@ -10,7 +11,8 @@
  *                      that no compiler can fold fma(x, 1, a) into an addition.
  *   dot_bf16(n, a, b): `lanes` f32 lanes, all 0, each updated n times by
  *                      lane += a0*b0 + a1*b1 for the bf16 pairs a = (a0, a1), b = (b0, b1)
- *                      (bit patterns, the low half first); returns the sum of the lanes.
+ *                      (bit patterns, the low half first); returns the sum of the lanes. (AMX
+ *                      tiles add 16 such pairs into each f32 element: 16 lanes each.)
  *   read_u64(p, n):    the wrapping sum of the 64-bit words of p[0, n), n a multiple of
  *                      MFA_PROBE_READ_BLOCK, p 64-byte aligned.
  */
@@ -50,6 +52,9 @@ const probe_compute* probe_fma_avx2(void);
 const probe_read* probe_read_avx2(void);
 #if MFA_PROBES_HAVE_BF16
 const probe_compute* probe_dot_avx512bf16(void);
+#endif
+#if MFA_PROBES_HAVE_AMX
+const probe_compute* probe_dot_amx_bf16(void);
 #endif
 #elif defined(__aarch64__)
 #if MFA_PROBES_HAVE_BF16

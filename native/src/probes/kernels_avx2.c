@@ -12,42 +12,23 @@
 
 #include "probes/kernels.h"
 
-#define FMA_CHAINS 12
-
+#define FMA_CHAINS        12
 #define ACCUMULATOR       __m256
 #define LANES             8
-#define OPERAND           __m256
-#define CHAINS            FMA_CHAINS
-#define ZERO()            _mm256_setzero_ps()
+#define BROADCAST(value)  _mm256_set1_ps(value)
 #define STEP(acc, x, y)   _mm256_fmadd_ps((acc), (x), (y))
 #define STORE(lanes, acc) _mm256_storeu_ps((lanes), (acc))
-#define CHAINS_KERNEL     fma_chains
-#include "probes/chains.inl"
-
 #define WORDS_VECTOR      __m256i
 #define WORDS             4
 #define ZERO_WORDS()      _mm256_setzero_si256()
 #define LOAD(p)           _mm256_load_si256((const __m256i*)(p))
 #define ADD(a, b)         _mm256_add_epi64((a), (b))
 #define STORE_WORDS(w, v) _mm256_storeu_si256((__m256i*)(w), (v))
-#define READ_KERNEL       read_u64
-#include "probes/read.inl"
-
-static double fma_f32(uint64_t iterations, uint32_t multiplier, uint32_t addend) {
-    return fma_chains(iterations, _mm256_set1_ps(probe_f32(multiplier)),
-                      _mm256_set1_ps(probe_f32(addend)));
-}
-
-const probe_compute* probe_fma_avx2(void) {
-    static const probe_compute probe = {
-        "avx2", fma_f32, FMA_CHAINS * 8, 2,
-        "vfmadd*ps ymm: 12 independent chains of 8 f32 lanes per thread, no memory access"};
-    return &probe;
-}
-
-const probe_read* probe_read_avx2(void) {
-    static const probe_read probe = {
-        "avx2", read_u64,
-        "vmovdqa ymm loads of consecutive lines into 8 vpaddq sums, one slice per thread"};
-    return &probe;
-}
+#define ISA               "avx2"
+#define FMA_METHOD                                                                                 \
+    "vfmadd*ps ymm: 12 independent chains of 8 f32 lanes per thread, no memory access"
+#define READ_METHOD                                                                                \
+    "vmovdqa ymm loads of consecutive lines into 8 vpaddq sums, one slice per thread"
+#define FMA_GETTER  probe_fma_avx2
+#define READ_GETTER probe_read_avx2
+#include "probes/fma_read.inl"

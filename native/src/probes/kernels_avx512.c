@@ -13,42 +13,23 @@
 
 #include "probes/kernels.h"
 
-#define FMA_CHAINS 16
-
+#define FMA_CHAINS        16
 #define ACCUMULATOR       __m512
 #define LANES             16
-#define OPERAND           __m512
-#define CHAINS            FMA_CHAINS
-#define ZERO()            _mm512_setzero_ps()
+#define BROADCAST(value)  _mm512_set1_ps(value)
 #define STEP(acc, x, y)   _mm512_fmadd_ps((acc), (x), (y))
 #define STORE(lanes, acc) _mm512_storeu_ps((lanes), (acc))
-#define CHAINS_KERNEL     fma_chains
-#include "probes/chains.inl"
-
 #define WORDS_VECTOR      __m512i
 #define WORDS             8
 #define ZERO_WORDS()      _mm512_setzero_si512()
 #define LOAD(p)           _mm512_load_si512((const void*)(p))
 #define ADD(a, b)         _mm512_add_epi64((a), (b))
 #define STORE_WORDS(w, v) _mm512_storeu_si512((void*)(w), (v))
-#define READ_KERNEL       read_u64
-#include "probes/read.inl"
-
-static double fma_f32(uint64_t iterations, uint32_t multiplier, uint32_t addend) {
-    return fma_chains(iterations, _mm512_set1_ps(probe_f32(multiplier)),
-                      _mm512_set1_ps(probe_f32(addend)));
-}
-
-const probe_compute* probe_fma_avx512(void) {
-    static const probe_compute probe = {
-        "avx512", fma_f32, FMA_CHAINS * 16, 2,
-        "vfmadd*ps zmm: 16 independent chains of 16 f32 lanes per thread, no memory access"};
-    return &probe;
-}
-
-const probe_read* probe_read_avx512(void) {
-    static const probe_read probe = {
-        "avx512", read_u64,
-        "vmovdqa64 zmm loads of consecutive lines into 8 vpaddq sums, one slice per thread"};
-    return &probe;
-}
+#define ISA               "avx512"
+#define FMA_METHOD                                                                                 \
+    "vfmadd*ps zmm: 16 independent chains of 16 f32 lanes per thread, no memory access"
+#define READ_METHOD                                                                                \
+    "vmovdqa64 zmm loads of consecutive lines into 8 vpaddq sums, one slice per thread"
+#define FMA_GETTER  probe_fma_avx512
+#define READ_GETTER probe_read_avx512
+#include "probes/fma_read.inl"

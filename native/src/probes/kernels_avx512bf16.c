@@ -14,18 +14,6 @@
 
 #include "probes/kernels.h"
 
-#define DOT_CHAINS 16
-
-#define ACCUMULATOR       __m512
-#define LANES             16
-#define OPERAND           __m512bh
-#define CHAINS            DOT_CHAINS
-#define ZERO()            _mm512_setzero_ps()
-#define STEP(acc, x, y)   _mm512_dpbf16_ps((acc), (x), (y))
-#define STORE(lanes, acc) _mm512_storeu_ps((lanes), (acc))
-#define CHAINS_KERNEL     dot_chains
-#include "probes/chains.inl"
-
 /* Every bf16 pair of the vector set to `pair`, through vcvtne2ps2bf16 of the pair's values
  * widened to f32 (exact): clang 16 crashes on a bit cast from integer vectors to __m512bh. */
 static __m512bh broadcast_pair(uint32_t pair) {
@@ -34,14 +22,17 @@ static __m512bh broadcast_pair(uint32_t pair) {
     return _mm512_cvtne2ps_pbh(widened, widened);
 }
 
-static double dot_bf16(uint64_t iterations, uint32_t a_pair, uint32_t b_pair) {
-    return dot_chains(iterations, broadcast_pair(a_pair), broadcast_pair(b_pair));
-}
-
-const probe_compute* probe_dot_avx512bf16(void) {
-    static const probe_compute probe = {
-        "avx512_bf16", dot_bf16, DOT_CHAINS * 16, 4,
-        "vdpbf16ps zmm: 16 independent chains of 16 f32 lanes (2 bf16 products each) per "
-        "thread, no memory access"};
-    return &probe;
-}
+#define ACCUMULATOR          __m512
+#define LANES                16
+#define OPERAND              __m512bh
+#define CHAINS               16
+#define ZERO()               _mm512_setzero_ps()
+#define STEP(acc, x, y)      _mm512_dpbf16_ps((acc), (x), (y))
+#define STORE(lanes, acc)    _mm512_storeu_ps((lanes), (acc))
+#define BROADCAST_PAIR(pair) broadcast_pair(pair)
+#define ISA                  "avx512_bf16"
+#define DOT_METHOD                                                                                 \
+    "vdpbf16ps zmm: 16 independent chains of 16 f32 lanes (2 bf16 products each) per thread, "     \
+    "no memory access"
+#define DOT_GETTER probe_dot_avx512bf16
+#include "probes/dot.inl"

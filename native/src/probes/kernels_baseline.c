@@ -50,27 +50,8 @@ typedef uint64_t u64x2 __attribute__((vector_size(16)));
 #define READ_METHOD "16-byte vector loads of consecutive lines into 8 sums, one slice per thread"
 #endif
 
-#define LANES         4
-#define OPERAND       ACCUMULATOR
-#define CHAINS        FMA_CHAINS
-#define ZERO()        BROADCAST(0.0f)
-#define CHAINS_KERNEL fma_chains
-#include "probes/chains.inl"
-
+#define LANES       4
 #define WORDS       2
-#define READ_KERNEL read_u64
-#include "probes/read.inl"
-
-static double fma_f32(uint64_t iterations, uint32_t multiplier, uint32_t addend) {
-    return fma_chains(iterations, BROADCAST(probe_f32(multiplier)), BROADCAST(probe_f32(addend)));
-}
-
-const probe_compute* probe_fma_baseline(void) {
-    static const probe_compute probe = {ISA, fma_f32, FMA_CHAINS * 4, 2, FMA_METHOD};
-    return &probe;
-}
-
-const probe_read* probe_read_baseline(void) {
-    static const probe_read probe = {ISA, read_u64, READ_METHOD};
-    return &probe;
-}
+#define FMA_GETTER  probe_fma_baseline
+#define READ_GETTER probe_read_baseline
+#include "probes/fma_read.inl"

@@ -12,27 +12,17 @@
 
 #include "probes/kernels.h"
 
-#define DOT_CHAINS 24
-
-#define ACCUMULATOR       float32x4_t
-#define LANES             4
-#define OPERAND           bfloat16x8_t
-#define CHAINS            DOT_CHAINS
-#define ZERO()            vdupq_n_f32(0.0f)
-#define STEP(acc, x, y)   vbfdotq_f32((acc), (x), (y))
-#define STORE(lanes, acc) vst1q_f32((lanes), (acc))
-#define CHAINS_KERNEL     dot_chains
-#include "probes/chains.inl"
-
-static double dot_bf16(uint64_t iterations, uint32_t a_pair, uint32_t b_pair) {
-    return dot_chains(iterations, vreinterpretq_bf16_u32(vdupq_n_u32(a_pair)),
-                      vreinterpretq_bf16_u32(vdupq_n_u32(b_pair)));
-}
-
-const probe_compute* probe_dot_neon_bf16(void) {
-    static const probe_compute probe = {
-        "neon_bf16", dot_bf16, DOT_CHAINS * 4, 4,
-        "bfdot: 24 independent chains of 4 f32 lanes (2 bf16 products each) per thread, no "
-        "memory access"};
-    return &probe;
-}
+#define ACCUMULATOR          float32x4_t
+#define LANES                4
+#define OPERAND              bfloat16x8_t
+#define CHAINS               24
+#define ZERO()               vdupq_n_f32(0.0f)
+#define STEP(acc, x, y)      vbfdotq_f32((acc), (x), (y))
+#define STORE(lanes, acc)    vst1q_f32((lanes), (acc))
+#define BROADCAST_PAIR(pair) vreinterpretq_bf16_u32(vdupq_n_u32(pair))
+#define ISA                  "neon_bf16"
+#define DOT_METHOD                                                                                 \
+    "bfdot: 24 independent chains of 4 f32 lanes (2 bf16 products each) per thread, no memory "    \
+    "access"
+#define DOT_GETTER probe_dot_neon_bf16
+#include "probes/dot.inl"

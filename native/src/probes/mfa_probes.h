@@ -5,7 +5,8 @@
  * Three probes, each run on `threads` threads at once (no thread is pinned to a core):
  *   mfa_probe_fma_f32   float32 fused multiply-add throughput, GFLOP/s (2 FLOPs per lane);
  *   mfa_probe_dot_bf16  bfloat16 dot-product throughput, GFLOP/s (2 FLOPs per product), where
- *                       the CPU has such an instruction (AVX512_BF16 vdpbf16ps, Armv8.6 bfdot);
+ *                       the CPU has such an instruction: AMX-BF16 tiles (tdpbf16ps) where the
+ *                       CPU and OS offer them, else AVX512_BF16 vdpbf16ps, Armv8.6 bfdot;
  *   mfa_probe_read      streaming read bandwidth from memory, GB/s (10^9 bytes per second).
  * The instruction set is chosen at run time from what the CPU and the OS support; the
  * result's `isa` and `method` fields say what ran. Each source file of a kernel documents its
@@ -40,8 +41,8 @@ typedef struct mfa_probe_result {
     int threads;        /* threads that ran at once */
     int trials;         /* trials run */
     double seconds;     /* wall time of the best trial */
-    char isa[24];       /* the kernel build that ran: "avx512", "avx512_bf16", "avx2", "neon",
-                           "neon_bf16" or "portable" */
+    char isa[24];       /* the kernel build that ran: "avx512", "avx512_bf16", "amx_bf16",
+                           "avx2", "neon", "neon_bf16" or "portable" */
     char method[232];   /* what each thread ran, in words (instruction, accumulators, bytes) */
 } mfa_probe_result;
 

@@ -33,17 +33,11 @@
 #include <string.h>
 #include <time.h>
 
+#include "cpu/cpu_features.h"
 #include "probes/kernels.h"
 
 #if defined(__linux__)
 #include <sys/mman.h>
-#endif
-#if defined(__x86_64__)
-#include <cpuid.h>
-#elif defined(__aarch64__) && defined(__linux__)
-#include <sys/auxv.h>
-#elif defined(__aarch64__) && defined(__APPLE__)
-#include <sys/sysctl.h>
 #endif
 
 #if defined(_WIN32)
@@ -64,7 +58,7 @@
 
 #if defined(__x86_64__)
 typedef struct x86_features {
-    bool avx2_fma, avx512f, avx512_bf16;
+    bool avx2_fma, avx512f, avx512_bf16, amx_bf16;
 } x86_features;
 
 static uint64_t xcr0(void) {
@@ -76,7 +70,7 @@ static uint64_t xcr0(void) {
 /* cpuid says what the CPU has; XCR0 says which register states the OS saves on a context switch
  * (bits 1-2: xmm and ymm; 5-7: the opmask and the two halves of the zmm file). */
 static x86_features x86_detect(void) {
-    x86_features f = {false, false, false};
+    x86_features f = {false, false, false, false};
     unsigned a, b, c, d;
     if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
     const bool fma = c & (1u << 12), osxsave = c & (1u << 27), avx = c & (1u << 28);
@@ -89,21 +83,8 @@ static x86_features x86_detect(void) {
     f.avx512f = f.avx2_fma && zmm_saved && (b & (1u << 16));
     if (leaf7_subleaves >= 1 && __get_cpuid_count(7, 1, &a, &b, &c, &d))
         f.avx512_bf16 = f.avx512f && (a & (1u << 5));
+    f.amx_bf16 = f.avx512_bf16 && mfa_cpu_amx_bf16_granted();
     return f;
-}
-#endif
-
-#if defined(__aarch64__)
-static bool arm_has_bf16(void) {
-#if defined(__linux__)
-    return (getauxval(AT_HWCAP2) & (1ul << 14)) != 0; /* HWCAP2_BF16 */
-#elif defined(__APPLE__)
-    int value = 0;
-    size_t size = sizeof value;
-    return sysctlbyname("hw.optional.arm.FEAT_BF16", &value, &size, NULL, 0) == 0 && value;
-#else
-    return false;
-#endif
 }
 #endif
 
@@ -122,7 +103,8 @@ static kernel_set choose_kernels(void) {
     return (kernel_set){probe_fma_baseline(), probe_read_baseline()};
 }
 
-/* The bf16 dot-product kernel, or NULL with the reason in *why. */
+/* The bf16 dot-product kernel, or NULL with the reason in *why: AMX tiles where the CPU backend
+ * multiplies on them (its AMX build), otherwise vdpbf16ps. */
 static const probe_compute* choose_dot(const char** why) {
 #if defined(__x86_64__)
     const x86_features f = x86_detect();
@@ -130,6 +112,9 @@ static const probe_compute* choose_dot(const char** why) {
         *why = "this CPU (or its OS) offers no AVX512_BF16 dot product (vdpbf16ps)";
         return NULL;
     }
+#if MFA_PROBES_HAVE_AMX
+    if (f.amx_bf16) return probe_dot_amx_bf16();
+#endif
 #if MFA_PROBES_HAVE_BF16
     return probe_dot_avx512bf16();
 #else
@@ -137,7 +122,7 @@ static const probe_compute* choose_dot(const char** why) {
     return NULL;
 #endif
 #elif defined(__aarch64__)
-    if (!arm_has_bf16()) {
+    if (!mfa_cpu_arm_bf16()) {
         *why = "this CPU offers no Armv8.6 BF16 dot product (bfdot, FEAT_BF16)";
         return NULL;
     }

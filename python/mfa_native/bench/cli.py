@@ -344,10 +344,15 @@ def main(argv=None):
         f"({platform.machine()}, {cpu_count()} usable cores); "
         f"peers: {', '.join(peer.label for peer in peers[1:]) or 'none'}"
     )
+    settles = ", ".join(
+        f"{p.name} {p.settle_seconds * 1e3:.0f} ms" for p in peers if p.settle_seconds
+    )
     print(
         f"timing: {arguments.warmups} warm-up call(s), then {arguments.repeats} interleaved "
         f"rounds of {arguments.dispatches} call(s) per peer, the order rotating each round; "
-        "medians; x peer = median over the rounds of the peer's time / mfa's"
+        "medians; x peer = median over the rounds of the peer's time / mfa's; after a call "
+        "of a peer whose threads spin on (torch, numpy's BLAS) the next call waits for them "
+        f"({settles or 'none here'})"
     )
     torch_peer = any(peer.name == "torch" for peer in peers)
     print(

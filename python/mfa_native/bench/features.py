@@ -18,7 +18,8 @@ block-mask
     all-true time / documents time, target >= 4. Beside it torch SDPA with the boolean
     ``attn_mask`` and, with ``--flex``, FlexAttention with ``create_block_mask``.
 decode-roof
-    decoding Hq 32, Hkv 8, D 128, Nq 1 against Nk 4k and 32k, B 1 and 8: mfa against torch SDPA
+    decoding Hq 32, D 128 against Nk 4k and 32k: at B 1 with Hkv 8 and 32, Nq 1 and 4, and at
+    B 8 with Hkv 8, Nq 1: mfa against torch SDPA
     (``enable_gqa=True``), target >= 2x; the GB/s of k and v read against the streaming-read
     roof measured in the same run, target >= 60 %; and mfa on one thread against two at B 1
     (both threads busy: near 2x).
@@ -40,15 +41,22 @@ import numpy as np
 
 import mfa_native
 from mfa_native.bench.cases import Case
-from mfa_native.bench.peers import inputs, numpy_dtype
+from mfa_native.bench.peers import TorchPeer, inputs, numpy_dtype
 
 __all__ = ["STUDIES", "Study", "interleave", "run", "table"]
+
+
+def _settle_seconds(name):
+    """How long torch's threads (the "torch ..." and "flex ..." variants) may keep spinning after
+    a call: the next call waits that long (TorchPeer.settle_seconds says why)."""
+    return TorchPeer.settle_seconds if name.startswith(("torch", "flex")) else 0.0
 
 
 def interleave(functions, repeats, warmups=1, keep=()):
     """({name: [seconds per round]}, {name: result of its first call} for the names in keep)
     of every function, timed once per round in an order that rotates by one each round, after
-    ``warmups`` (at least 1) untimed calls of each."""
+    ``warmups`` (at least 1) untimed calls of each; after a torch call the next one waits for
+    torch's threads to sleep."""
     names = list(functions)
     results = {}
     for name in names:
@@ -57,6 +65,7 @@ def interleave(functions, repeats, warmups=1, keep=()):
             if index == 0 and name in keep:
                 results[name] = result
             del result
+        time.sleep(_settle_seconds(name))
     seconds = {name: [] for name in names}
     for round_index in range(repeats):
         shift = round_index % len(names)
@@ -64,6 +73,7 @@ def interleave(functions, repeats, warmups=1, keep=()):
             start = time.perf_counter()
             functions[name]()
             seconds[name].append(time.perf_counter() - start)
+            time.sleep(_settle_seconds(name))
     return seconds, results
 
 
@@ -318,20 +328,26 @@ def _block_mask_case(setup, seq, dtype):
     return row
 
 
-def _decode_cases(quick, shrink):
+def _decode_cases(quick, shrink, shapes=((1, 8, 1), (8, 8, 1))):
+    """Decode cases Hq 32, D 128 for each (B, Hkv, Nq) of shapes (quick: the first)."""
     seqs = tuple(seq // shrink for seq in ((4096,) if quick else (4096, 32768)))
-    batches = (1,) if quick else (1, 8)
     dtypes = ("f32",) if quick else ("f32", "bf16")
     return [
-        Case(batch, 32, 1, 128, dtype, kv_heads=8, seq_k=seq_k)
+        Case(batch, 32, seq_q, 128, dtype, kv_heads=kv_heads, seq_k=seq_k)
         for dtype in dtypes
         for seq_k in seqs
-        for batch in batches
+        for batch, kv_heads, seq_q in (shapes[:1] if quick else shapes)
     ]
 
 
+# The decode-roof study's (B, Hkv, Nq): at B 1 GQA and plain multi-head, one and four new
+# tokens; at B 8 the GQA single token (torch alone would take minutes at B 8, Hkv 32, Nk 32k).
+_DECODE_ROOF_SHAPES = ((1, 8, 1), (1, 32, 1), (1, 8, 4), (1, 32, 4), (8, 8, 1))
+
+
 def _decode_roof(setup):
-    return [_decode_case(setup, case) for case in _decode_cases(setup.quick, setup.shrink)]
+    cases = _decode_cases(setup.quick, setup.shrink, _DECODE_ROOF_SHAPES)
+    return [_decode_case(setup, case) for case in cases]
 
 
 def _decode_case(setup, case):

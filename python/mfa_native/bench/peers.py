@@ -86,8 +86,17 @@ class Peer:
         """The peer, its version and its device, for the report's header."""
         return self.name
 
+    # False for a peer without sliding windows (every windowed case is skipped).
+    windows = True
+
     def skip_reason(self, case):
         """Why the peer does not run case, or None when it does."""
+        if case.window is not None and not self.windows:
+            return "no sliding window"
+        return self.unsupported(case)
+
+    def unsupported(self, case):
+        """What else of case the peer cannot run, or None (beyond windows)."""
         return None
 
     def gpu_seconds(self):
@@ -198,6 +207,12 @@ class TorchPeer(Peer):
     """``torch.nn.functional.scaled_dot_product_attention`` on device "cpu" or "mps"."""
 
     name = "torch"
+    windows = False
+    # Its CPU ops run on GNU OpenMP, whose threads spin 300,000 times (OMP_WAIT_POLICY unset)
+    # before they sleep: on Intel cores, where a pause lasts about 140 cycles, some 20 ms in which
+    # they hold every core. Measured on a 16-core Xeon: mfa's call right after torch's took 1.7x
+    # its time after its own.
+    settle_seconds = 0.05
 
     def __init__(self, torch, device, threads):
         self.torch = torch
@@ -213,9 +228,7 @@ class TorchPeer(Peer):
     def label(self):
         return f"torch {self.torch.__version__} ({self.device})"
 
-    def skip_reason(self, case):
-        if case.window is not None:
-            return "no sliding window"
+    def unsupported(self, case):
         # MPS materializes float32 scores and aborts the process (no exception to catch) on an
         # NDArray of 2^32 bytes or more (pytorch issue 149261).
         scores = case.batch * case.heads * case.seq * case.seq_k * 4
@@ -285,6 +298,7 @@ class MlxPeer(Peer):
     """``mlx.core.fast.scaled_dot_product_attention`` on MLX's default device."""
 
     name = "mlx"
+    windows = False
 
     def __init__(self, mx):
         self.mx = mx
@@ -294,9 +308,7 @@ class MlxPeer(Peer):
     def label(self):
         return f"mlx {self.mx.__version__} ({self.mx.default_device()})"
 
-    def skip_reason(self, case):
-        if case.window is not None:
-            return "no sliding window"
+    def unsupported(self, case):
         if case.causal and case.seq != case.seq_k:
             return "MLX's causal mask is aligned bottom-right"
         return None
@@ -352,7 +364,7 @@ class NumpyPeer(Peer):
     def __init__(self, max_seq):
         self.max_seq = max_seq
 
-    def skip_reason(self, case):
+    def unsupported(self, case):
         if case.seq * case.seq_k > self.max_seq**2:
             return f"Nq x Nk > --naive-max-seq {self.max_seq} squared"
         float32_kv = 2 * case.batch * case.kv_heads * case.seq_k * case.dim * 4
