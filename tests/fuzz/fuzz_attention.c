@@ -788,11 +788,20 @@ static bool is_output(const call* c, int role) {
     return c->backward ? role >= DQ : (role == OUT || role == LSE);
 }
 
+static const uint32_t float_dtypes =
+    1u << MFA_DTYPE_F32 | 1u << MFA_DTYPE_F16 | 1u << MFA_DTYPE_BF16;
+
+/* Whether test_set can store into the view. An array whose dtype a mutation made an integer one
+ * keeps its poison: the call must reject it before reading it. */
+static bool holds_floats(const mfa_tensor* t) {
+    return (unsigned)t->dtype < 32 && (float_dtypes >> t->dtype & 1u);
+}
+
 static void fill_inputs(call* c) {
     test_rng_state = c->value_seed | 1;
     for (int i = Q; i <= (c->backward ? DOUT : V); ++i) {
         const fuzz_tensor* f = &c->tensors[i];
-        if (f->lives_in == i && !(c->backward && (i == OUT || i == LSE)))
+        if (f->lives_in == i && !(c->backward && (i == OUT || i == LSE)) && holds_floats(&f->t))
             test_fill_view_random(&f->t);
     }
 }
@@ -1093,9 +1102,6 @@ enum {
     MERGE_ARRAYS
 };
 
-static const uint32_t float_dtypes =
-    1u << MFA_DTYPE_F32 | 1u << MFA_DTYPE_F16 | 1u << MFA_DTYPE_BF16;
-
 static outcome merge_outcome(int32_t count, const fuzz_tensor* f, bool want_lse) {
     outcome o = {0, 0};
     if (count < 1) {
@@ -1180,10 +1186,10 @@ static void run_merge(reader* r) {
     /* Parts' values: outs in [-1, 1), lses in [-3, 3] with empty (-inf) parts and some NaN and
      * +inf, which poison their rows. */
     for (int i = 0; i < parts && !expected.required; ++i) {
-        if (f[MERGE_OUTS + i].lives_in == MERGE_OUTS + i)
+        if (f[MERGE_OUTS + i].lives_in == MERGE_OUTS + i && holds_floats(&f[MERGE_OUTS + i].t))
             test_fill_view_random(&f[MERGE_OUTS + i].t);
         const fuzz_tensor* l = &f[MERGE_LSES + i];
-        if (l->lives_in != MERGE_LSES + i) continue;
+        if (l->lives_in != MERGE_LSES + i || !holds_floats(&l->t)) continue;
         for (int64_t x = 0; x < b; ++x)
             for (int64_t y = 0; y < h; ++y)
                 for (int64_t z = 0; z < n; ++z) {
@@ -1615,8 +1621,9 @@ static bool fill_features(features_call* c, const mutation* m, int mutations) {
         if (!fillable(f, i)) continue;
         const mfa_tensor* t = &x->t;
         const bool state = c->initial_state && (i == F_OUT || i == F_LSE);
+        if (t->dtype != MFA_DTYPE_BOOL && !holds_floats(t)) continue;
         if (i <= F_V || i == F_DOUT || state || i == F_K_NEW || i == F_V_NEW) {
-            test_fill_view_random(t);
+            if (holds_floats(t)) test_fill_view_random(t);
         } else if (i == F_MASK || i == F_ALIBI || i == F_SINKS) {
             for (int64_t b = 0; b < t->shape[0]; ++b)
                 for (int64_t h = 0; h < t->shape[1]; ++h)
@@ -1637,7 +1644,8 @@ static bool fill_features(features_call* c, const mutation* m, int mutations) {
     }
     /* Some rows of an initial state start empty: lse -inf, and an out of NaN, which mfa.h
      * promises is not read. */
-    if (c->initial_state && fillable(f, F_LSE) && fillable(f, F_OUT)) {
+    if (c->initial_state && fillable(f, F_LSE) && fillable(f, F_OUT) && holds_floats(&f[F_LSE].t) &&
+        holds_floats(&f[F_OUT].t)) {
         const mfa_tensor *t = &f[F_LSE].t, *out = &f[F_OUT].t;
         for (int64_t b = 0; b < t->shape[0]; ++b)
             for (int64_t h = 0; h < t->shape[1]; ++h)
