@@ -39,9 +39,9 @@ enum { B = 1, HQ = 32, HKV = 32, NQ = 8, NK = 256, D = 8 };
 
 /* Mappings the process may still hold once a context is gone, and what a second round of the
  * same work may add to the first's: not the library's, but caches of the C library (glibc
- * keeps up to 40 MiB of exited threads' stacks for reuse; the malloc arenas the first round's
- * threads created stay, a mapping or two each) and of a sanitizer's runtime (per-thread
- * allocator caches). The fiber stacks of one context are thousands of mappings. */
+ * keeps up to 40 MiB of exited threads' stacks for reuse; ctest runs the test with one malloc
+ * arena, since threads of a loaded round would get new ones) and of a sanitizer's runtime
+ * (per-thread allocator caches). The fiber stacks of one context are thousands of mappings. */
 #define SLACK_MAPPINGS       256
 #define SLACK_ROUND_MAPPINGS 64
 #define SLACK_VM_KIB         (64 * 1024)
