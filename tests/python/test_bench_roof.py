@@ -59,6 +59,27 @@ def test_the_read_kernel_sums_every_word():
         read(words[:-1])
 
 
+def test_the_reader_streams_every_thread_slice_of_the_arrays_once():
+    # Offsets of 8 bytes into 64-byte lines, and sizes that are no multiple of a block: the
+    # reader reads from each array's first aligned line as many whole blocks as divide evenly
+    # between the threads, and its sum is theirs (numpy's, wrapping at 2^64).
+    block = roof.self_check()[3]
+    rng = np.random.default_rng(5)
+    buffers = [rng.integers(0, 2**63, size, dtype=np.uint64) for size in (9000, 4100, 70)]
+    arrays = [buffer[1:] for buffer in buffers]
+    for threads in (1, 2, 3):
+        read, count = roof.reader(arrays, threads)
+        expected, expected_bytes = 0, 0
+        for array in arrays:
+            start = -array.ctypes.data % 64
+            usable = (array.nbytes - start) // (block * threads) * block
+            words = array[start // 8 : (start + threads * usable) // 8]
+            expected += int(words.sum(dtype=np.uint64))
+            expected_bytes += threads * usable
+        assert count == expected_bytes and count > 0
+        assert read() == expected % 2**64 and read() == expected % 2**64
+
+
 def test_the_bf16_probe_runs_exactly_where_the_cpu_has_the_instruction():
     roofs, missing = roof.measure(1)
     flags = _cpu_flags()

@@ -25,6 +25,8 @@ against a long cache) is bound by bandwidth, prefill by compute; the report says
 
 import dataclasses
 import sys
+import weakref
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -32,7 +34,7 @@ import cffi
 
 from mfa_native import _library
 
-__all__ = ["Roof", "measure", "combine", "bound", "RoofUnavailable"]
+__all__ = ["Roof", "measure", "combine", "bound", "reader", "RoofUnavailable"]
 
 _NAMES = {"darwin": "libmfa_probes.dylib", "win32": "mfa_probes.dll"}
 # Per trial: long enough to see the clock settle, short enough that all three take about a
@@ -174,6 +176,41 @@ def self_check():
         return total[0]
 
     return fma, dot, read, lib.MFA_PROBE_READ_BLOCK
+
+
+def reader(arrays, threads):
+    """(read, bytes): read() streams the bytes of the arrays once, on `threads` threads at once
+    (each array split into one slice per thread, thread t reading slice t of every array), with
+    the read probe's loop, and returns the 64-bit wrapping sum of the words it read (for the
+    tests); bytes is what it reads: of each array its 64-byte-aligned whole blocks, all but
+    less than 64 + threads * MFA_PROBE_READ_BLOCK bytes. The decode study times it beside mfa's
+    calls, so that the bandwidth mfa reaches is compared with a read of the very bytes it
+    reads, in the same minute. Raises RoofUnavailable without the probes library."""
+    ffi, lib = _probes()
+    block = lib.MFA_PROBE_READ_BLOCK
+    slices = []
+    for array in arrays:
+        start = -array.ctypes.data % 64
+        usable = (array.nbytes - start) // (block * threads) * block
+        base = ffi.cast("const char*", array.ctypes.data) + start
+        slices += [(base + t * usable, usable) for t in range(threads) if usable]
+    by_thread = [slices[t::threads] for t in range(threads)]
+    sums = ffi.new("uint64_t[]", threads)
+    pool = ThreadPoolExecutor(threads)
+
+    def read_slices(t):
+        total = 0
+        for data, size in by_thread[t]:
+            lib.mfa_probe_read_sum(data, size, sums + t)  # cffi releases the GIL around it
+            total += sums[t]
+        return total
+
+    def read():
+        # The closure holds the arrays, into which the slices point.
+        return sum(pool.map(read_slices, range(threads))) % 2**64 if arrays else 0
+
+    weakref.finalize(read, pool.shutdown, wait=False)
+    return read, sum(size for _, size in slices)
 
 
 def bound(case, which, roofs):
