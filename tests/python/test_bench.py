@@ -68,9 +68,11 @@ def test_runs_end_to_end_and_agrees_with_numpy(tmp_path, backend):
         mfa, numpy = row["results"]["mfa"], row["results"]["numpy"]
         assert mfa["ms"] > 0 and mfa["gflops"] > 0 and mfa["ginstrs"] > 0
         assert mfa["gpu_ms"] is None  # recorded by the metal backend only
+        assert mfa["threads_busy"] > 0  # the calls' CPU time over their wall time
         assert numpy["max_relative_difference_to_mfa"] < 1e-4 and not numpy["disagrees"]
         assert numpy["speedup_of_mfa"] > 0
-    assert "GINSTRS" in stdout and "GPU ms" not in stdout and " !" not in stdout
+    assert "GINSTRS" in stdout and "busy" in stdout and "GPU ms" not in stdout
+    assert " !" not in stdout
     assert document["roofs"] == {} and "roof" not in document["rows"][0]["results"]["mfa"]
 
 

@@ -147,8 +147,9 @@ def roof_lines(roofs, missing, threads):
 
 
 def table(rows, peers, tera):
-    """The report as aligned text; mfa's rates in TFLOPS when tera, else GFLOP/s. Columns that
-    no row fills (GPU time, roof, kernel, memory) are left out."""
+    """The report as aligned text; mfa's rates in TFLOPS when tera, else GFLOP/s, and "busy",
+    the threads mfa's calls kept busy (process CPU time / wall time). Columns that no row
+    fills (GPU time, roof, kernel, memory) are left out."""
     others = [peer for peer in peers if peer != "mfa"]
     results = [result for row in rows for result in row["results"].values()]
     gpu = any(row["results"].get("mfa", {}).get("gpu_ms") is not None for row in rows)
@@ -161,7 +162,8 @@ def table(rows, peers, tera):
     prefix = "GPU " if gpu else ""
     header = ["config", "pass", "mfa ms"] + (["GPU ms"] if gpu else [])
     header += [prefix + ("TFLOPS" if tera else "GFLOP/s"), prefix + "GINSTRS"]
-    header += (["roof", "% roof"] if roofed else []) + (["MiB extra"] if memory else [])
+    header += (["roof", "% roof"] if roofed else []) + ["busy"]
+    header += ["MiB extra"] if memory else []
     for peer in others:
         header += [f"{peer} ms", f"x {peer}"]
         header += ([f"{peer} kernel"] if peer in kernels else []) + (
@@ -184,6 +186,7 @@ def table(rows, peers, tera):
                 roof.SHORT.get(mfa.get("roof"), "-"),
                 _format(None if fraction is None else 100 * fraction, ".0f"),
             ]
+        line.append(_format(mfa.get("threads_busy"), ".2f"))
         if memory:
             line.append(_format(_mib(mfa.get("peak_extra_bytes")), ".1f"))
         for peer in others:

@@ -15,8 +15,11 @@ Per case and pass:
 3. memory: with ``memory``, one more untimed call per peer for the peak extra resident memory.
 
 Reported per peer: the median trial time, the best trial's GPU time where recorded (MFA's
-method), and "x peer", the median over the rounds of the peer's time divided by mfa's in the
-same round (paired, so drifts of the machine's speed between rounds cancel).
+method), the threads its calls kept busy (median over the rounds of the process CPU time / wall
+time of a trial: mfa's workers sleep when idle, so this says whether they all worked; torch's
+spin while they wait, so its figure says little), and "x peer", the median over the rounds of
+the peer's time divided by mfa's in the same round (paired, so drifts of the machine's speed
+between rounds cancel).
 
 Nothing here changes a process-wide setting. Before each memory call, freed heap memory is
 returned to the OS (``_measure.reset_resident_peak``) so that memory the allocator kept from
@@ -159,17 +162,21 @@ def _measure_pass(case, which, peers, runners, settings, progress):
     # 2. Interleaved rounds, the order rotating by one peer each round.
     walls = {peer.name: [] for peer in active}
     gpus = {peer.name: [] for peer in active}
+    busy = {peer.name: [] for peer in active}
     for round_index in range(settings.repeats):
         shift = round_index % len(active) if active else 0
         for peer in active[shift:] + active[:shift]:
             try:
                 for _ in range(settings.dispatches):
                     step(peer, f"trial {round_index + 1}/{settings.repeats}")
+                cpu = time.process_time()
                 wall, gpu = _trial(peer, functions[peer.name], settings.dispatches)
+                cpu = (time.process_time() - cpu) / settings.dispatches
             except Exception as error:
                 fail(peer, error)
                 continue
             walls[peer.name].append(wall)
+            busy[peer.name].append(cpu / wall if wall > 0 else 0.0)
             if gpu is not None:
                 gpus[peer.name].append(gpu)
             time.sleep(peer.settle_seconds)
@@ -181,6 +188,7 @@ def _measure_pass(case, which, peers, runners, settings, progress):
         gpu = min(gpus[peer.name]) if gpus[peer.name] else None
         kernel, agreement = observed[peer.name]
         result = {"ms": wall * 1e3, "gpu_ms": None if gpu is None else gpu * 1e3}
+        result["threads_busy"] = float(np.median(busy[peer.name]))
         result.update(_rates(case, which, wall))
         result.update(_rates(case, which, gpu, "gpu_"))
         if kernel is not None:
