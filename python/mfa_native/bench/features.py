@@ -23,7 +23,9 @@ decode-roof
     (``enable_gqa=True``), target >= 2x; the GB/s of k and v read against a streaming read of
     the same k and v bytes on as many threads, timed in the same rounds (target >= 60 % at Nk
     32k), and against the read roof; the threads a call keeps busy (process CPU time / wall
-    time, target >= 0.9 x threads at B 1); and mfa on one thread against two at B 1.
+    time, target >= 0.9 x threads at B 1); and mfa on one thread against two at B 1. The last
+    two need a quiet machine: where Linux groups processes by session (autogroup, as on a
+    shared login), a busy session next to another gets half the CPUs, so two threads read 1.00.
 varlen
     8 packed sequences of mixed lengths (8k tokens, H 8, D 64, causal) in one
     ``attention_varlen`` call against the 8 dense calls one after the other (target: within

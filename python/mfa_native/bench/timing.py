@@ -17,7 +17,8 @@ Per case and pass:
 Reported per peer: the median trial time, the best trial's GPU time where recorded (MFA's
 method), the threads its calls kept busy (median over the rounds of the process CPU time / wall
 time of a trial: mfa's workers sleep when idle, so this says whether they all worked; torch's
-spin while they wait, so its figure says little), and "x peer", the median over the rounds of
+spin while they wait, so its figure says little; on a shared machine a session gets only its
+share of the CPUs, so read it from a quiet run), and "x peer", the median over the rounds of
 the peer's time divided by mfa's in the same round (paired, so drifts of the machine's speed
 between rounds cancel).
 
