@@ -29,112 +29,142 @@ namespace {
 
 static const int MR = MFA_CPU_ROWS;
 
-template <int ROWS>
+/* VECS (1 .. NV) vectors of each panel row: fewer than NV for a last panel whose columns
+ * past VECS * W are only padding. */
+template <int ROWS, int VECS>
 static inline void micro_tile(int64_t depth, const float* a, int64_t lda, const float* b, float* c,
                               int64_t ldc, bool accumulate) {
-    vf acc[ROWS][NV];
+    vf acc[ROWS][VECS];
 #pragma GCC unroll 16
     for (int r = 0; r < ROWS; ++r)
-        for (int v = 0; v < NV; ++v) acc[r][v] = vsplat(0.0f);
+        for (int v = 0; v < VECS; ++v) acc[r][v] = vsplat(0.0f);
     for (int64_t k = 0; k < depth; ++k) {
-        vf bk[NV];
-        for (int v = 0; v < NV; ++v) bk[v] = vload(b + k * NR + v * W);
+        vf bk[VECS];
+        for (int v = 0; v < VECS; ++v) bk[v] = vload(b + k * NR + v * W);
 #pragma GCC unroll 16
         for (int r = 0; r < ROWS; ++r) {
             const vf ar = vsplat(a[r * lda + k]);
-            for (int v = 0; v < NV; ++v) acc[r][v] += ar * bk[v];
+            for (int v = 0; v < VECS; ++v) acc[r][v] += ar * bk[v];
         }
     }
 #pragma GCC unroll 16
     for (int r = 0; r < ROWS; ++r)
-        for (int v = 0; v < NV; ++v) {
+        for (int v = 0; v < VECS; ++v) {
             float* cv = c + r * ldc + v * W;
             vstore(cv, accumulate ? acc[r][v] + vload(cv) : acc[r][v]);
         }
 }
 
 /* The row remainder of a tile (1 .. MR-1 rows) through the same kernel at a smaller height. */
-template <int ROWS>
-static inline void micro_tile_rows(int rows, int64_t depth, const float* a, int64_t lda,
-                                   const float* b, float* c, int64_t ldc, bool accumulate) {
-    if (rows == ROWS)
-        micro_tile<ROWS>(depth, a, lda, b, c, ldc, accumulate);
-    else
-        micro_tile_rows<ROWS - 1>(rows, depth, a, lda, b, c, ldc, accumulate);
+template <int ROWS, int VECS>
+struct row_remainder {
+    static inline void run(int rows, int64_t depth, const float* a, int64_t lda, const float* b,
+                           float* c, int64_t ldc, bool accumulate) {
+        if (rows == ROWS)
+            micro_tile<ROWS, VECS>(depth, a, lda, b, c, ldc, accumulate);
+        else
+            row_remainder<ROWS - 1, VECS>::run(rows, depth, a, lda, b, c, ldc, accumulate);
+    }
+};
+
+template <int VECS>
+struct row_remainder<0, VECS> {
+    static inline void run(int, int64_t, const float*, int64_t, const float*, float*, int64_t,
+                           bool) {}
+};
+
+/* One panel's columns for all m rows. */
+template <int VECS>
+static inline void gemm_panel(int64_t m, int64_t depth, const float* a, int64_t lda, const float* b,
+                              float* c, int64_t ldc, bool accumulate) {
+    int64_t r = 0;
+    for (; r + MR <= m; r += MR)
+        micro_tile<MR, VECS>(depth, a + r * lda, lda, b, c + r * ldc, ldc, accumulate);
+    row_remainder<MR - 1, VECS>::run((int)(m - r), depth, a + r * lda, lda, b, c + r * ldc, ldc,
+                                     accumulate);
 }
 
-template <>
-inline void micro_tile_rows<0>(int, int64_t, const float*, int64_t, const float*, float*, int64_t,
-                               bool) {}
-
 /* C[m x cols] (+)= A[m x depth] * B, where B is ceil(cols / NR) panels of depth x NR floats,
- * panel_stride floats apart, and C has row stride ldc >= round_up(cols, NR). depth may be 0. */
+ * panel_stride floats apart, and C has row stride ldc >= round_up(cols, NR). depth may be 0.
+ * When C accumulates (its padding columns are never read as results), a last panel with at most
+ * W columns is multiplied by its first vector only: D = 80 pads its outputs to 96 columns, and
+ * the FMAs of the last 16 would be a sixth of those products. */
 static void gemm_packed(int64_t m, int64_t cols, int64_t depth, const float* a, int64_t lda,
                         const float* b, int64_t panel_stride, float* c, int64_t ldc,
                         bool accumulate) {
     const int64_t panels = (cols + NR - 1) / NR;
     for (int64_t p = 0; p < panels; ++p) {
         const float* bp = b + p * panel_stride;
-        float* cp = c + p * NR;
-        int64_t r = 0;
-        for (; r + MR <= m; r += MR)
-            micro_tile<MR>(depth, a + r * lda, lda, bp, cp + r * ldc, ldc, accumulate);
-        micro_tile_rows<MR - 1>((int)(m - r), depth, a + r * lda, lda, bp, cp + r * ldc, ldc,
-                                accumulate);
+        if (NV > 1 && accumulate && cols - p * NR <= W)
+            gemm_panel<1>(m, depth, a, lda, bp, c + p * NR, ldc, accumulate);
+        else
+            gemm_panel<NV>(m, depth, a, lda, bp, c + p * NR, ldc, accumulate);
     }
 }
 
 /* The same product with A stored transposed: A(r, k) at a[k * a_stride + r] (the backward's
  * dQ += dS K reads the key-major dS^T tile this way, so it needs no transposition). */
-template <int ROWS>
+template <int ROWS, int VECS>
 static inline void micro_tile_at(int64_t depth, const float* a, int64_t a_stride, const float* b,
                                  float* c, int64_t ldc) {
-    vf acc[ROWS][NV];
+    vf acc[ROWS][VECS];
 #pragma GCC unroll 16
     for (int r = 0; r < ROWS; ++r)
-        for (int v = 0; v < NV; ++v) acc[r][v] = vsplat(0.0f);
+        for (int v = 0; v < VECS; ++v) acc[r][v] = vsplat(0.0f);
     for (int64_t k = 0; k < depth; ++k) {
-        vf bk[NV];
-        for (int v = 0; v < NV; ++v) bk[v] = vload(b + k * NR + v * W);
+        vf bk[VECS];
+        for (int v = 0; v < VECS; ++v) bk[v] = vload(b + k * NR + v * W);
         const float* ak = a + k * a_stride;
 #pragma GCC unroll 16
         for (int r = 0; r < ROWS; ++r) {
             const vf ar = vsplat(ak[r]);
-            for (int v = 0; v < NV; ++v) acc[r][v] += ar * bk[v];
+            for (int v = 0; v < VECS; ++v) acc[r][v] += ar * bk[v];
         }
     }
 #pragma GCC unroll 16
     for (int r = 0; r < ROWS; ++r)
-        for (int v = 0; v < NV; ++v) {
+        for (int v = 0; v < VECS; ++v) {
             float* cv = c + r * ldc + v * W;
             vstore(cv, acc[r][v] + vload(cv));
         }
 }
 
-template <int ROWS>
-static inline void micro_tile_at_rows(int rows, int64_t depth, const float* a, int64_t a_stride,
-                                      const float* b, float* c, int64_t ldc) {
-    if (rows == ROWS)
-        micro_tile_at<ROWS>(depth, a, a_stride, b, c, ldc);
-    else
-        micro_tile_at_rows<ROWS - 1>(rows, depth, a, a_stride, b, c, ldc);
+template <int ROWS, int VECS>
+struct row_remainder_at {
+    static inline void run(int rows, int64_t depth, const float* a, int64_t a_stride,
+                           const float* b, float* c, int64_t ldc) {
+        if (rows == ROWS)
+            micro_tile_at<ROWS, VECS>(depth, a, a_stride, b, c, ldc);
+        else
+            row_remainder_at<ROWS - 1, VECS>::run(rows, depth, a, a_stride, b, c, ldc);
+    }
+};
+
+template <int VECS>
+struct row_remainder_at<0, VECS> {
+    static inline void run(int, int64_t, const float*, int64_t, const float*, float*, int64_t) {}
+};
+
+template <int VECS>
+static inline void gemm_panel_at(int64_t m, int64_t depth, const float* a, int64_t a_stride,
+                                 const float* b, float* c, int64_t ldc) {
+    int64_t r = 0;
+    for (; r + MR <= m; r += MR)
+        micro_tile_at<MR, VECS>(depth, a + r, a_stride, b, c + r * ldc, ldc);
+    row_remainder_at<MR - 1, VECS>::run((int)(m - r), depth, a + r, a_stride, b, c + r * ldc, ldc);
 }
 
-template <>
-inline void micro_tile_at_rows<0>(int, int64_t, const float*, int64_t, const float*, float*,
-                                  int64_t) {}
-
-/* C[m x cols] += A B with A(r, k) = a[k * a_stride + r]; otherwise as gemm_packed. */
+/* C[m x cols] += A B with A(r, k) = a[k * a_stride + r]; otherwise as gemm_packed (which it
+ * follows for a last panel of at most W columns too). */
 static void gemm_packed_at(int64_t m, int64_t cols, int64_t depth, const float* a, int64_t a_stride,
                            const float* b, int64_t panel_stride, float* c, int64_t ldc) {
     const int64_t panels = (cols + NR - 1) / NR;
     for (int64_t p = 0; p < panels; ++p) {
         const float* bp = b + p * panel_stride;
-        float* cp = c + p * NR;
-        int64_t r = 0;
-        for (; r + MR <= m; r += MR)
-            micro_tile_at<MR>(depth, a + r, a_stride, bp, cp + r * ldc, ldc);
-        micro_tile_at_rows<MR - 1>((int)(m - r), depth, a + r, a_stride, bp, cp + r * ldc, ldc);
+        if (NV > 1 && cols - p * NR <= W)
+            gemm_panel_at<1>(m, depth, a, a_stride, bp, c + p * NR, ldc);
+        else
+            gemm_panel_at<NV>(m, depth, a, a_stride, bp, c + p * NR, ldc);
     }
 }
 
