@@ -415,10 +415,12 @@ class _MlxKind:
         """New arrays in the memory MLX keeps every array in: CPU memory, or (where Metal is
         available) Metal buffers, exported as kDLMetal like the inputs (like: the call's
         first input, whose memory the results must share)."""
-        # An array made from host memory exists at once, where mx.zeros would need an
-        # evaluation: a round trip to MLX's stream thread that costs more than the copy of
-        # a small result, and a pass over memory as long as the copy's for a large one.
-        arrays = [self.mx.array(np.empty(shape, dtype)) for shape, dtype in specs]
+        # An array made from host memory exists at once, where one MLX allocates (mx.zeros,
+        # mx.empty) would need an evaluation: a round trip to MLX's stream thread that costs
+        # more than the copy of a small result, and a pass over memory as long as the copy's
+        # for a large one. (MLX makes no array of host memory in place: mx.from_dlpack(...,
+        # copy=False) refuses CPU memory.)
+        arrays = [self.mx.array(_uninitialized(shape, dtype)) for shape, dtype in specs]
         results = []
         for array, (shape, dtype) in zip(arrays, specs):
             if like is None:
@@ -438,6 +440,26 @@ class _MlxKind:
             view.writable = True
             results.append((array, view))
         return results
+
+
+# (shape, dtype) -> the numpy array that MLX results of that shape are copied from: never
+# written (its contents are garbage that the call overwrites), so shared by every thread; kept
+# for results up to _KEPT_BYTES, where allocating and faulting in a fresh source each call
+# would cost as much as the copy itself.
+_sources: dict[tuple[tuple[int, ...], np.dtype], np.ndarray] = {}
+_SOURCES_KEPT = 64
+_KEPT_BYTES = 2**20
+
+
+def _uninitialized(shape, dtype):
+    source = _sources.get((shape, dtype))
+    if source is None:
+        source = np.empty(shape, dtype)
+        if source.nbytes <= _KEPT_BYTES:
+            if len(_sources) >= _SOURCES_KEPT:
+                _sources.clear()
+            _sources[shape, dtype] = source
+    return source
 
 
 class _OtherKind:

@@ -842,6 +842,18 @@ def attention(
         mask, softcap, ALiBi, sinks, an initial state...) that the backend lacks, named (see
         :attr:`Context.capabilities`); or what it fails to run.
     """
+    return attend(
+        q, k, v, causal, causal_alignment, window, scale, mask, block_mask, softcap,
+        alibi_slopes, sinks, layout, return_lse, accumulate, backend, out, lse,
+    )  # fmt: skip
+
+
+def attend(
+    q, k, v, causal, causal_alignment, window, scale, mask, block_mask, softcap, alibi_slopes,
+    sinks, layout, return_lse, accumulate, backend, out, lse,
+):  # fmt: skip
+    """:func:`attention` with every argument given in its order: the adapters call it so,
+    without a keyword interface to bind (the same checks, in the same order)."""
     q, k, v, arrays = _read_inputs(q, k, v, layout)
     params = _params(causal, causal_alignment, window, scale)
     batch, heads_q, seq_q, _ = arrays.sizes(q)

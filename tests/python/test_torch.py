@@ -632,7 +632,7 @@ def _count_calls(monkeypatch, name):
 
 def test_multihead_attention_runs_through_mfa_when_routed(monkeypatch):
     """torch.nn.MultiheadAttention looks the function up at call time."""
-    calls = _count_calls(monkeypatch, "attention")
+    calls = _count_calls(monkeypatch, "attend")
     torch.manual_seed(0)
     layer = torch.nn.MultiheadAttention(16, 4, batch_first=True)
     x = torch.randn(2, 7, 16)
