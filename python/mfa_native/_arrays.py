@@ -349,9 +349,8 @@ class _TorchKind:
         if like is None:
             for shape, dtype in specs:
                 tensor = self.torch.empty(shape, dtype=self.from_numpy[dtype])
-                view = ArrayView(
-                    self, CPU, tensor.data_ptr(), 0, dtype, shape, tensor.stride(), True, tensor
-                )
+                address, strides = tensor.data_ptr(), _contiguous_strides(shape)
+                view = ArrayView(self, CPU, address, 0, dtype, shape, strides, True, tensor)
                 results.append((tensor, view))
             return results
         device = like.keepalive.device
@@ -408,8 +407,13 @@ class _MlxKind:
         # MLX hands out its buffer whatever the flags: from_buffer takes a strided one too.
         address = int(_dlpack.cast(_UINTPTR, _dlpack.from_buffer(array)))
         _check_alignment(name, address, itemsize)
-        strides = tuple(stride // itemsize for stride in memory.strides)
-        return ArrayView(self, CPU, address, 0, numpy_dtype, memory.shape, strides, False, array)
+        shape = memory.shape
+        strides = (
+            _contiguous_strides(shape)
+            if memory.c_contiguous
+            else tuple(stride // itemsize for stride in memory.strides)
+        )
+        return ArrayView(self, CPU, address, 0, numpy_dtype, shape, strides, False, array)
 
     def empty(self, specs, like=None):
         """New arrays in the memory MLX keeps every array in: CPU memory, or (where Metal is
