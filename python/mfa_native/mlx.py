@@ -14,10 +14,19 @@ softcap, ALiBi, sinks). Both are ``mx.custom_function``s whose VJP is mfa's fuse
 which MLX's own attention lacks (it differentiates an unfused composition that materialises
 the scores); the sinks get their gradient too, masks and ALiBi slopes are constants.
 
-The computation is eager: the inputs are evaluated when the function is called, and the
-result is an evaluated array, so these functions cannot run inside ``mx.compile`` or
-``mx.vmap``. Arrays are float32, float16 or bfloat16, read in place (never copied), with any
-strides; the dtypes of q, k and v must match (MLX would promote them).
+The computation is eager: the inputs are evaluated when the function is called and mfa
+computes the result then, so these functions cannot run inside ``mx.compile`` or ``mx.vmap``.
+The arrays returned hold their values already but reach the caller through
+``mx.custom_function``'s primitives, which share their buffers when the caller's next
+``mx.eval`` evaluates them (no computation, but evaluating them alone costs a round trip to
+MLX's stream thread). Arrays are float32, float16 or bfloat16, read in place (never copied),
+with any strides; the dtypes of q, k and v must match (MLX would promote them). On the CPU the
+results are copies: MLX makes no array of host memory in place (``mx.from_dlpack(...,
+copy=False)`` refuses CPU memory), and an array it allocates itself (``mx.zeros``) exists
+only once evaluated, a round trip to its stream thread (and a pass writing zeros) that costs
+more than copying a result of the sizes where the copy shows; so the results are new arrays
+copied from a never-written host buffer, then written by mfa through MLX's buffer protocol
+(writable, as MLX documents for numpy views of its arrays) before anything else can see them.
 
 What ran where: MLX's CPU device (``pip install "mlx[cpu]"``, Linux), forward and mx.grad, on
 every CI run. On an Apple GPU the arrays (MLX's Metal buffers, DLPack kDLMetal: the
