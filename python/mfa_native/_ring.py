@@ -7,11 +7,11 @@ The attention of each block and the merge of the partial results through their l
 own (:func:`mfa_native.attention`, :func:`mfa_native.attention_backward`,
 :func:`mfa_native.merge_attention_states`), which take either engine's arrays.
 
-The messages between two neighbours are matched in the order they were posted, so both ends
-post them in one order: at step s a rank posts the receipt of the dk/dv accumulator that its
-previous rank sent at the end of step s - 1 before the receipt of the key/value block that the
-previous rank sends at the start of step s (MLX's ring backend matches in order; gloo matches
-by tag as well).
+Every transfer is a shift (send to the next rank, receive from the previous one, at once), so
+that the ring cannot deadlock even where a send waits for its receipt (MLX's ring backend), and
+every rank posts its shifts in one order: at each step the key/value block's, then in the
+backward the dk/dv accumulator's. Messages between two neighbours are matched in the order they
+are posted, by every engine here (gloo, NCCL, MLX's ring backend), so the two never mix.
 """
 
 from __future__ import annotations
@@ -184,14 +184,9 @@ class Engine(Protocol):
         """Start sending outgoing to the next rank and receiving an array like it from the
         previous one; a transfer for wait."""
 
-    def send(self, array: Array) -> Any:
-        """Start sending array to the next rank (kept alive until waited for)."""
-
-    def receive_like(self, array: Array) -> Any:
-        """Start receiving an array of array's shape and dtype from the previous rank."""
-
     def wait(self, transfer: Any) -> Array:
-        """Wait for a transfer to complete; the array it received (None for a send)."""
+        """Wait for a transfer to complete (outgoing stays alive until then); the array it
+        received."""
 
     def merge_rows(
         self, state: tuple[Array, Array], start: int, part: tuple[Array, Array], options: Options
@@ -251,10 +246,8 @@ def backward(
     dq = engine.zeros(q.shape)
     keys = engine.pack(k, v)
     gradients = engine.zeros(keys.shape)  # dk, dv of the block in hand
-    sends = []
+    passing = None  # the accumulator on its way to the next rank, and the next one coming
     for step in range(engine.size):
-        # The accumulator's receipt first: the order of the messages (module docstring).
-        arriving = engine.receive_like(gradients) if step > 0 else None
         incoming = engine.shift(keys) if step + 1 < engine.size else None
         block_k, block_v = engine.unpack(keys, k.shape, v.shape)
         part = block(options.causal, engine.rank, engine.size, step, length)
@@ -272,18 +265,16 @@ def backward(
             backend=options.backend,
         )
         dq = engine.add_rows(dq, axis, *queries, part_dq)
-        if arriving is not None:
-            gradients = engine.wait(arriving)
+        if passing is not None:  # the block's accumulator, from the rank that held it last
+            gradients = engine.wait(passing)
         gradients = engine.add_to_block(
             gradients, (k.shape, v.shape), axis, part.key_stop, (part_dk, part_dv)
         )
-        if engine.size > 1:
-            sends.append(engine.send(gradients))
+        # On with the block; after the last step, home to the block's owner (the next rank).
+        passing = engine.shift(gradients) if engine.size > 1 else None
         if incoming is not None:
             keys = engine.wait(incoming)
-    if engine.size > 1:  # the last hop brings this rank's own accumulator home
-        gradients = engine.wait(engine.receive_like(gradients))
-    for send in sends:
-        engine.wait(send)
+    if passing is not None:
+        gradients = engine.wait(passing)
     dk, dv = engine.unpack(gradients, k.shape, v.shape)
     return engine.cast(dq, q), engine.cast(dk, k), engine.cast(dv, v)

@@ -56,12 +56,7 @@ from ._ring import Layout, Options, Shapes
 
 __all__ = ["ring_attention", "zigzag_indices", "zigzag_shard", "zigzag_unshard"]
 
-# Tags of the two kinds of messages, so that a key/value block and a gradient accumulator
-# travelling between the same pair of ranks are never matched with each other (gloo matches
-# by tag; NCCL matches in order, which both sides keep).
-_KEYS_TAG = 0
-_GRADIENTS_TAG = 1
-# A transfer: its works, and the tensor received into (or being sent, kept alive until sent).
+# A transfer: its works, and the tensor received into.
 _Transfer = tuple[list[Any], Tensor]
 
 
@@ -121,23 +116,13 @@ class _TorchRing:
         self.next = dist.get_global_rank(self.group, (self.rank + 1) % self.size)
         self.previous = dist.get_global_rank(self.group, (self.rank - 1) % self.size)
 
-    def _start(self, sending: Tensor | None, receiving: Tensor | None, tag: int) -> _Transfer:
-        operations = []
-        if sending is not None:
-            operations.append(dist.P2POp(dist.isend, sending, self.next, self.group, tag))
-        if receiving is not None:
-            operations.append(dist.P2POp(dist.irecv, receiving, self.previous, self.group, tag))
-        works = list(dist.batch_isend_irecv(operations))
-        return works, cast(Tensor, receiving if receiving is not None else sending)
-
     def shift(self, outgoing: Tensor) -> _Transfer:
-        return self._start(outgoing, torch.empty_like(outgoing), _KEYS_TAG)
-
-    def send(self, array: Tensor) -> _Transfer:
-        return self._start(array, None, _GRADIENTS_TAG)
-
-    def receive_like(self, array: Tensor) -> _Transfer:
-        return self._start(None, torch.empty_like(array), _GRADIENTS_TAG)
+        incoming = torch.empty_like(outgoing)
+        operations = [
+            dist.P2POp(dist.isend, outgoing, self.next, self.group),
+            dist.P2POp(dist.irecv, incoming, self.previous, self.group),
+        ]
+        return list(dist.batch_isend_irecv(operations)), incoming
 
     @staticmethod
     def wait(transfer: _Transfer) -> Tensor:
