@@ -10,11 +10,13 @@ the same ring, given the global out and lse: ``mx.grad`` of a loss over the ring
 every rank the dq, dk and dv of its own positions.
 
 The transfers are ``mx.distributed.send`` and ``recv_like``, the sends on one CPU stream of
-their own and the receipts on another, evaluated with ``mx.async_eval``, so that the next
-block travels while mfa computes the block in hand (mfa computes eagerly, outside MLX's
-graph). Two streams, because a send of MLX's ring backend waits for its receipt: with the send
-and the receipt of an exchange on one stream, two neighbours would each wait in their send.
-Messages between two ranks are matched in the order they are posted, which the step loops keep.
+their own and the receipts on another: a send of MLX's ring backend waits for its receipt, so
+with the send and the receipt of an exchange on one stream two neighbours would each wait in
+their send. The forward starts them with ``mx.async_eval``, so that the next block travels
+while mfa computes the block in hand (eagerly, outside MLX's graph). Inside the VJP every array
+MLX makes is a tracer, which ``mx.async_eval`` refuses: there each exchange is evaluated when
+it is posted, and the backward's transfers do not overlap its compute. Messages between two
+ranks are matched in the order they are posted, which the step loops keep.
 
 What ran: the ``ring`` backend (TCP; a hostfile in ``MLX_HOSTFILE``, the rank in ``MLX_RANK``,
 as ``mlx.launch --backend ring`` sets them) with 2 and 4 processes on one Linux machine, MLX's

@@ -23,8 +23,11 @@ queries against all the keys. Without ``causal`` the order of the positions does
 any split works.
 
 Everything here runs in eager mode on CPU tensors (mfa's CPU backend). The communication is
-plain ``torch.distributed`` point-to-point (``batch_isend_irecv``); it has run on gloo (NCCL
-carries CUDA tensors, which mfa does not compute on).
+plain ``torch.distributed`` point-to-point (``batch_isend_irecv``); it has run on gloo, with 2
+and 4 processes; not on NCCL, which carries CUDA tensors, which mfa does not compute on. The
+step loops are ``mfa_native._ring``'s, shared with the MLX port (:mod:`mfa_native.mlx_ring`,
+reached as ``mfa_native.mlx.ring_attention``); this module supplies torch's tensor operations
+and transfers.
 """
 
 from __future__ import annotations

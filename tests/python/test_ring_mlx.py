@@ -1,13 +1,14 @@
-"""Ring attention on MLX (mfa_native.mlx_ring.ring_attention) over mx.distributed's ring backend
-(TCP on 127.0.0.1) with 2 and 4 processes, against the float64 reference of the whole sequence.
+"""Ring attention on MLX (mfa_native.mlx.ring_attention, defined in mfa_native.mlx_ring) over
+mx.distributed's ring backend (TCP on 127.0.0.1) with 2 and 4 processes, against the float64
+reference of the whole sequence.
 
 One launch of a ring of 2 and a ring of 4, at the same time, runs every case of _ring_cases
 (forward, then mx.vjp with a given output gradient) on MLX's CPU device; this file is the
-processes' program too (run as a script: python test_ring_mlx.py DIRECTORY). Each rank saves
-its out, lse, dq, dk and dv; the tests put the ranks' parts back together and judge them as
-test_ring.py judges torch's ring. The ports are ones the system had free a moment before (a
-collision fails the launch, never a wrong result); a hung ring fails after half of
-MFA_TEST_TIMEOUT."""
+processes' program too (python test_ring_mlx.py DIRECTORY, with MLX_RANK and MLX_HOSTFILE set
+as mlx.launch sets them). Each rank saves its out, lse, dq, dk and dv; the tests put the ranks'
+parts back together and judge them as test_ring.py judges torch's ring. The ports are ones the
+system had free a moment before (a collision fails the launch, never gives a wrong result); a
+hung ring fails after half of MFA_TEST_TIMEOUT."""
 
 import json
 import os
@@ -24,7 +25,7 @@ mx = pytest.importorskip("mlx.core")
 if not mx.distributed.is_available():
     pytest.skip("this MLX has no mx.distributed backend", allow_module_level=True)
 
-import mfa_native.mlx_ring as mlx_ring  # noqa: E402
+import mfa_native.mlx as mfa_mlx  # noqa: E402
 
 RING_TIMEOUT = max(30, int(os.environ.get("MFA_TEST_TIMEOUT", "900")) // 2)
 WORLDS = (2, 4)
@@ -32,13 +33,13 @@ WORLDS = (2, 4)
 
 def _split(array, rank, world, split, axis):
     if split == "zigzag":
-        return mlx_ring.zigzag_shard(array, rank, world, dim=axis)
+        return mfa_mlx.zigzag_shard(array, rank, world, dim=axis)
     return mx.split(array, world, axis=axis)[rank]
 
 
 def _join(parts, split, axis):
     if split == "zigzag":
-        return mlx_ring.zigzag_unshard(parts, dim=axis)
+        return mfa_mlx.zigzag_unshard(parts, dim=axis)
     return mx.concatenate(parts, axis=axis)
 
 
@@ -64,7 +65,7 @@ def _run_cases(group, ring_cases):
         )
 
         def ring(q, k, v, case=case, layout=layout):
-            return mlx_ring.ring_attention(
+            return mfa_mlx.ring_attention(
                 q, k, v, causal=case.causal, scale=case.scale, layout=layout, return_lse=True,
                 group=group,
             )  # fmt: skip
@@ -160,7 +161,7 @@ def test_mlx_ring_refuses_what_the_ring_cannot_take():
     ]
     for arrays, options, error, message in refused:
         with pytest.raises(error, match=message):
-            mlx_ring.ring_attention(*arrays, **options)
+            mfa_mlx.ring_attention(*arrays, **options)
 
 
 if __name__ == "__main__":
