@@ -257,7 +257,8 @@ def ring_attention(
     ``causal`` (which needs the zig-zag split, :func:`zigzag_shard`), ``scale`` and ``backend``
     are those of :func:`mfa_native.ring.ring_attention`; ``group`` is an
     ``mx.distributed.Group`` (None: ``mx.distributed.init()``, the global group), whose rank
-    order is the ring's order.
+    order is the ring's order (MLX's ring backend cannot split groups: there it is the global
+    group).
 
     Raises
     ------

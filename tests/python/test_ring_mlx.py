@@ -15,6 +15,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -95,6 +96,20 @@ def _free_ports(count):
     return ports
 
 
+def _wait_for(processes):
+    """Wait for every process; fail as soon as one fails (its neighbours would wait in a
+    receipt for ever) or at the deadline."""
+    deadline = time.monotonic() + RING_TIMEOUT
+    while any(process.poll() is None for process in processes):
+        failed = [process.returncode for process in processes if process.returncode]
+        if failed:
+            pytest.fail(f"an MLX ring process failed, status {failed[0]} (output above)")
+        if time.monotonic() > deadline:
+            pytest.fail(f"the MLX ring processes did not finish within {RING_TIMEOUT} s")
+        time.sleep(0.02)
+    assert [process.returncode for process in processes] == [0] * len(processes)
+
+
 @pytest.fixture(scope="module")
 def ring_results(tmp_path_factory):
     """{(world, case id): (out, lse, dq, dk, dv)} of the whole sequence, [B, H, N, D] float64
@@ -109,14 +124,10 @@ def ring_results(tmp_path_factory):
             command = [sys.executable, __file__, str(directory)]
             processes.append(subprocess.Popen(command, env=environment))
     try:
-        for process in processes:
-            process.wait(timeout=RING_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"the MLX ring processes did not finish within {RING_TIMEOUT} s")
+        _wait_for(processes)
     finally:
         for process in processes:
             process.kill()
-    assert [process.returncode for process in processes] == [0] * len(processes)
     results = {}
     for world in WORLDS:
         ranks = [np.load(directory / f"world{world}-rank{rank}.npz") for rank in range(world)]
