@@ -307,3 +307,9 @@ def scaled_dot_product_attention(
         raise ValueError(f"q must have rank 4 (B, H, N, D), as in MLX, got shape {q.shape}")
     scores = (causal, "bottom_right", None, scale, array_mask, None, None, None)
     return _attend(q, k, v, scores, sinks, stream)[0]
+
+
+# Ring attention over mx.distributed, defined in mfa_native.mlx_ring and reached from here too.
+from .mlx_ring import ring_attention, zigzag_indices, zigzag_shard, zigzag_unshard  # noqa: E402
+
+__all__ += ["ring_attention", "zigzag_indices", "zigzag_shard", "zigzag_unshard"]
