@@ -1,6 +1,6 @@
 // Operand tiles: cooperative copies from device memory into threadgroup memory, in the
 // operands' own precision (16-bit operands move as 16-bit bits), and the 8x8 fragments the
-// matrix products read from such a tile or, with fc_direct_traversal, straight from device
+// matrix products read from such a tile or, with fc_direct_loads, straight from device
 // memory. Everything outside the operand (rows past the sequence, columns past the head
 // dimension) reads as zero, so partial tiles need no special case in the matrix products: zero
 // rows and columns contribute nothing, which is how D % 8 != 0 avoids a slow path. The bounds

@@ -37,15 +37,15 @@ static void check_pass(const mfa_problem* p, const mfa_pass_plan* pass, uint32_t
           pass->threadgroup_memory_length);
     CHECK(pass->threadgroup_memory_length % 16 == 0, "tg %u", pass->threadgroup_memory_length);
     int found;
-    /* Without a staged traversal tile the kernels carve less; a paged cache is always staged. */
-    const uint32_t direct = constant_value(pass, MFA_FC_DIRECT_TRAVERSAL, &found);
-    CHECK(found == 1, "direct_traversal present %d times", found);
+    /* With direct loads the kernels stage nothing; a paged cache is always staged. */
+    const uint32_t direct = constant_value(pass, MFA_FC_DIRECT_LOADS, &found);
+    CHECK(found == 1, "direct_loads present %d times", found);
     CHECK(!direct || p->layout != MFA_LAYOUT_PAGED, "a paged cache read from device memory");
     CHECK(pass->threadgroup_memory_length >=
-              mfa_staging_bytes(pass->block_parallel, direct ? 0 : pass->block_traversal,
-                                pass->block_traversal, pass->block_head,
-                                p->dtype == MFA_DTYPE_F32 ? 4 : 2,
-                                pass->kind == MFA_PASS_BACKWARD_KEY_VALUE ? 2 : 0),
+              mfa_staging_bytes(
+                  direct ? 0 : pass->block_parallel, direct ? 0 : pass->block_traversal,
+                  pass->block_traversal, pass->block_head, p->dtype == MFA_DTYPE_F32 ? 4 : 2,
+                  pass->kind == MFA_PASS_FORWARD && p->layout == MFA_LAYOUT_PAGED ? 2 : 0),
           "tg memory below the kernel's carve-up");
     CHECK(pass->threads_per_threadgroup == pass->block_parallel / 8 * 32, "threads %u",
           pass->threads_per_threadgroup);

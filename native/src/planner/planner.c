@@ -296,21 +296,18 @@ static mfa_status choose_blocks(const mfa_problem* problem, mfa_gpu_family famil
         if (cache_second) pass->cached_operands |= 1u << MFA_OPERAND_DOUT;
     }
     pass->threads_per_threadgroup = parallel / 8 * 32;
-    /* Backward-key-value keeps each traversed query row's L and delta; a forward over a paged
-     * cache each traversed key's block and row. */
+    /* A forward over a paged cache keeps each traversed key's block and row. */
     const uint32_t per_row_vectors =
-        kind == MFA_PASS_BACKWARD_KEY_VALUE ||
-                (kind == MFA_PASS_FORWARD && problem->layout == MFA_LAYOUT_PAGED)
-            ? 2
-            : 0;
-    /* Apple9 rows read the traversed operand from device memory; a paged cache's rows are
-     * staged anyway, since each lookup through its block table would cost a threadgroup read. */
-    const int direct = row->direct_traversal && problem->layout != MFA_LAYOUT_PAGED;
+        kind == MFA_PASS_FORWARD && problem->layout == MFA_LAYOUT_PAGED ? 2 : 0;
+    /* Apple9 rows read every operand from device memory; a paged cache's rows are staged
+     * anyway, since each lookup through its block table would cost a threadgroup read. */
+    const int direct = row->direct_loads && problem->layout != MFA_LAYOUT_PAGED;
     const uint32_t element_size = problem->dtype == MFA_DTYPE_F32 ? 4 : 2;
     const uint32_t bytes =
-        mfa_staging_bytes(parallel, direct ? 0 : row->block_traversal, row->block_traversal, head,
-                          element_size, per_row_vectors);
-    pass->threadgroup_memory_length = round_up(bytes, 16);
+        mfa_staging_bytes(direct ? 0 : parallel, direct ? 0 : row->block_traversal,
+                          row->block_traversal, head, element_size, per_row_vectors);
+    /* A kernel that stages nothing still declares its threadgroup buffer: one 16-byte granule. */
+    pass->threadgroup_memory_length = bytes > 0 ? round_up(bytes, 16) : 16;
     if (pass->threadgroup_memory_length > MFA_PLAN_THREADGROUP_MEMORY_LIMIT)
         return mfa_set_error(MFA_ERROR_INTERNAL,
                              "metal planner: table row for D=%lld needs %u bytes of threadgroup "
@@ -324,7 +321,7 @@ static mfa_status choose_blocks(const mfa_problem* problem, mfa_gpu_family famil
     add_constant(pass, MFA_FC_BLOCK_OUT, MFA_CONSTANT_TYPE_UINT, out);
     add_constant(pass, MFA_FC_CACHE_PARALLEL, MFA_CONSTANT_TYPE_BOOL, (uint32_t)cache_first);
     add_constant(pass, MFA_FC_CACHE_PARALLEL2, MFA_CONSTANT_TYPE_BOOL, (uint32_t)cache_second);
-    add_constant(pass, MFA_FC_DIRECT_TRAVERSAL, MFA_CONSTANT_TYPE_BOOL, (uint32_t)direct);
+    add_constant(pass, MFA_FC_DIRECT_LOADS, MFA_CONSTANT_TYPE_BOOL, (uint32_t)direct);
     return MFA_OK;
 }
 
