@@ -70,10 +70,17 @@ typedef struct mfa_kernel_params {
     int32_t split_keys;     /* keys of each split, a multiple of block_traversal */
     int32_t batch;          /* rows of the sink gradient: batch x rows_per_batch per head */
     int32_t rows_per_batch; /* (packed: 1 x total_q) */
+    /* Bit MFA_OPERAND_x: operand x's rows may be read MFA_VECTOR_ELEMENTS elements at a time
+     * (one 8- or 16-byte load): its features are contiguous and every row starts at an address
+     * that is a multiple of MFA_VECTOR_ELEMENTS elements (mfa_plan_*). */
+    uint32_t vector_operands;
 } mfa_kernel_params;
 
 /* C and MSL must agree on the layout; both sides assert this size. */
-#define MFA_KERNEL_PARAMS_SIZE 1008
+#define MFA_KERNEL_PARAMS_SIZE 1016
+
+/* Elements per vector load of a staged row: a half4/bfloat4 (8 bytes) or a float4 (16). */
+#define MFA_VECTOR_ELEMENTS 4
 
 /* The operands of the attention kernels, the first ten numbered as in MFA. Operand x is bound at
  * [[buffer(MFA_OPERAND_x)]]; the planner, the Metal host and metal-sim all index by these. */

@@ -27,8 +27,10 @@ inline void attention_backward_key_value(device const uchar* q, device const uch
     const column_range dk_cols = output_columns(rows.out_block, fc_head_dim);
     const column_range dv_cols = output_columns(rows.out_block, fc_head_dim_v);
 
-    const staged_operand keys = key_side_rows(k, p.k, s, kv_head, key0, fc_head_dim);
-    const staged_operand values = key_side_rows(v, p.v, s, kv_head, key0, fc_head_dim_v);
+    const staged_operand keys =
+        key_side_rows(k, p.k, s, kv_head, key0, fc_head_dim, vector_rows(p, MFA_OPERAND_K));
+    const staged_operand values =
+        key_side_rows(v, p.v, s, kv_head, key0, fc_head_dim_v, vector_rows(p, MFA_OPERAND_V));
 
     simd_fragment k_cache[MFA_CACHED_FRAGMENTS];
     simd_fragment v_cache[MFA_CACHED_FRAGMENTS];
@@ -42,8 +44,10 @@ inline void attention_backward_key_value(device const uchar* q, device const uch
 
     const block_range blocks = query_blocks_for_keys(s, key0, key_last, int(fc_block_traversal));
     for (uint head = kv_head * uint(p.group); head < (kv_head + 1) * uint(p.group); ++head) {
-        staged_operand queries = query_side_rows(q, p.q, s, head, 0, fc_head_dim);
-        staged_operand grads = query_side_rows(dout, p.dout, s, head, 0, fc_head_dim_v);
+        staged_operand queries =
+            query_side_rows(q, p.q, s, head, 0, fc_head_dim, vector_rows(p, MFA_OPERAND_Q));
+        staged_operand grads = query_side_rows(dout, p.dout, s, head, 0, fc_head_dim_v,
+                                               vector_rows(p, MFA_OPERAND_DOUT));
         const operand_slice l_slice = slice_from_row(p.l, s.batch, head, s.q_row0);
         const operand_slice delta_slice = slice_from_row(p.delta, s.batch, head, s.q_row0);
         const score_modifiers modifiers = modifiers_for(p, x.alibi, batch, head);

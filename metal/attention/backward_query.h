@@ -122,10 +122,14 @@ inline void attention_backward_query(device const uchar* q, device const uchar* 
     if (rows.first >= s.seq_q) return;
     const int row0 = rows.first, row_last = rows.last, row = rows.row;
 
-    const staged_operand queries = query_side_rows(q, p.q, s, head, row0, fc_head_dim);
-    const staged_operand grads = query_side_rows(dout, p.dout, s, head, row0, fc_head_dim_v);
-    staged_operand keys = key_side_rows(k, p.k, s, kv_head, 0, fc_head_dim);
-    staged_operand values = key_side_rows(v, p.v, s, kv_head, 0, fc_head_dim_v);
+    const staged_operand queries =
+        query_side_rows(q, p.q, s, head, row0, fc_head_dim, vector_rows(p, MFA_OPERAND_Q));
+    const staged_operand grads = query_side_rows(dout, p.dout, s, head, row0, fc_head_dim_v,
+                                                 vector_rows(p, MFA_OPERAND_DOUT));
+    staged_operand keys =
+        key_side_rows(k, p.k, s, kv_head, 0, fc_head_dim, vector_rows(p, MFA_OPERAND_K));
+    staged_operand values =
+        key_side_rows(v, p.v, s, kv_head, 0, fc_head_dim_v, vector_rows(p, MFA_OPERAND_V));
     const column_range out_cols = output_columns(rows.out_block, fc_head_dim);
     const score_modifiers modifiers = modifiers_for(p, x.alibi, batch, head);
 

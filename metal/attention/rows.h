@@ -34,16 +34,16 @@ inline staging_areas staging_areas_of(threadgroup float* staging) {
 // key-side ones (K, V: key/value head `kv_head`), `width` features each.
 inline staged_operand query_side_rows(device const uchar* data, constant mfa_operand_layout& layout,
                                       thread const attention_sequence& s, uint head, int row0,
-                                      uint width) {
+                                      uint width, bool vectors) {
     return single_head_rows(data, slice_from_row(layout, s.batch, head, s.q_row0), row0, s.seq_q,
-                            width);
+                            width, vectors);
 }
 
 inline staged_operand key_side_rows(device const uchar* data, constant mfa_operand_layout& layout,
                                     thread const attention_sequence& s, uint kv_head, int row0,
-                                    uint width) {
+                                    uint width, bool vectors) {
     return single_head_rows(data, slice_from_row(layout, s.batch, kv_head, s.k_row0), row0, s.seq_k,
-                            width);
+                            width, vectors);
 }
 
 // Loads this simdgroup's rows of `operand` (block_parallel rows from row0) into registers, where

@@ -29,6 +29,7 @@ struct staged_operand {
     long block_stride;
     threadgroup const int* page_blocks;
     threadgroup const int* page_rows;
+    bool vectors; // rows may be read MFA_VECTOR_ELEMENTS at a time (vector_operands)
 
     // Only a forward over a paged cache, or one packing a GQA group, has such rows: the
     // function constants keep every other variant's addressing to one multiply-add per index.
@@ -43,9 +44,14 @@ struct staged_operand {
     }
 };
 
+// Whether operand `operand`'s rows may be read MFA_VECTOR_ELEMENTS elements at a time.
+inline bool vector_rows(constant mfa_kernel_params& p, uint operand) {
+    return (p.vector_operands >> operand) & 1u;
+}
+
 // The rows of a single (batch, head) slice.
 inline staged_operand single_head_rows(device const uchar* data, operand_slice slice, int row0,
-                                       int row_count, uint width) {
+                                       int row_count, uint width, bool vectors) {
     staged_operand rows;
     rows.data = data;
     rows.slice = slice;
@@ -58,14 +64,16 @@ inline staged_operand single_head_rows(device const uchar* data, operand_slice s
     rows.block_stride = 0;
     rows.page_blocks = nullptr;
     rows.page_rows = nullptr;
+    rows.vectors = vectors;
     return rows;
 }
 
 // The keys of one sequence in a paged cache: slice is the cache's (block 0, kv head) slice.
 inline staged_operand paged_rows(device const uchar* data, operand_slice slice, long block_stride,
-                                 int row_count, uint width, threadgroup const int* page_blocks,
+                                 int row_count, uint width, bool vectors,
+                                 threadgroup const int* page_blocks,
                                  threadgroup const int* page_rows) {
-    staged_operand rows = single_head_rows(data, slice, 0, row_count, width);
+    staged_operand rows = single_head_rows(data, slice, 0, row_count, width, vectors);
     rows.paged = true;
     rows.block_stride = block_stride;
     rows.page_blocks = page_blocks;
@@ -99,10 +107,29 @@ inline bool edge_tile(staged_operand operand, int row0, uint rows, uint col0, ui
 
 // Row r, column c of tile = operand(row0 + r, col0 + c) for r < rows, c < block_head (rows of
 // fc_staging_pitch elements), zero outside the operand and at or past column col_end. A copy of
-// the element's bits: the precision is kept, and a fragment load widens it.
+// the element's bits: the precision is kept, and a fragment load widens it. An interior tile of
+// an operand whose rows allow it (`vectors`) moves MFA_VECTOR_ELEMENTS elements per load and
+// store (block_head and the pitch are multiples of it, so a vector never leaves a row); an edge
+// tile, or a misaligned operand, one element at a time.
 inline void stage_tile(threadgroup uchar* tile, staged_operand operand, uint rows, uint col0,
                        uint col_end, ushort thread_index) {
     const bool edge = edge_tile(operand, operand.row0, rows, col0, fc_block_head, col_end);
+    if (!edge && operand.vectors) {
+        const uint row_vectors = fc_block_head / MFA_VECTOR_ELEMENTS;
+        for (uint e = thread_index; e < rows * row_vectors; e += fc_threads) {
+            const uint r = e / row_vectors;
+            const uint c = e % row_vectors * MFA_VECTOR_ELEMENTS;
+            const long from = operand.at(operand.row0 + int(r), col0 + c);
+            const uint at = r * fc_staging_pitch + c;
+            if (fc_element_size == 4)
+                *(threadgroup float4*)((threadgroup float*)tile + at) =
+                    *(device const float4*)((device const float*)operand.data + from);
+            else
+                *(threadgroup ushort4*)((threadgroup ushort*)tile + at) =
+                    *(device const ushort4*)((device const ushort*)operand.data + from);
+        }
+        return;
+    }
     for (uint e = thread_index; e < rows * fc_block_head; e += fc_threads) {
         const uint r = e / fc_block_head;
         const uint c = e % fc_block_head;
@@ -158,11 +185,25 @@ inline simd_fragment staged_fragment(const threadgroup uchar* tile, uint row, ui
 
 // The 8x8 block at operand rows [row, row + 8), columns [col, col + 8), or its transpose, read
 // by each lane straight from device memory; zero at or past the operand's last row and column
-// col_end, tested only when `edge`.
+// col_end, tested only when `edge`. Untransposed, a lane's two elements are neighbours in a row:
+// one 2-element load where the operand's rows take vectors (col and fragment_col are even).
 inline simd_fragment device_fragment(staged_operand operand, int row, uint col, uint col_end,
                                      bool transpose, bool edge, ushort lane) {
     simd_fragment f;
     const uint r = fragment_row(lane), c = fragment_col(lane);
+    if (!edge && !transpose && operand.vectors) {
+        const long at = operand.at(row + int(r), col + c);
+        if (fc_element_size == 4) {
+            const float2 pair = *(device const float2*)((device const float*)operand.data + at);
+            f.thread_elements()[0] = pair.x;
+            f.thread_elements()[1] = pair.y;
+        } else {
+            const ushort2 pair = *(device const ushort2*)((device const ushort*)operand.data + at);
+            f.thread_elements()[0] = widen_bits(pair.x);
+            f.thread_elements()[1] = widen_bits(pair.y);
+        }
+        return f;
+    }
     for (ushort e = 0; e < 2; ++e) {
         const int element_row = row + int(transpose ? c + e : r);
         const uint element_col = col + (transpose ? r : c + e);

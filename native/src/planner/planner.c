@@ -190,6 +190,24 @@ static mfa_operand_layout* layout_of(mfa_kernel_params* params, mfa_operand oper
  * layout's origin locates element (0,0,0,0) inside it. A scratch operand is contiguous over its
  * shape, `copies` times over (the splits of partial results; 1 otherwise), *copy_stride
  * elements apart. */
+/* Whether the kernels may read this operand's rows MFA_VECTOR_ELEMENTS elements at a time
+ * (vector_operands): features contiguous, the origin and every other stride (of an axis longer
+ * than 1) a multiple of the vector, and element (0, 0, 0, 0) at an address that is one too. The
+ * address is the view's in host memory, which devices bind in place or through pages (keeping
+ * it modulo a page) or copy to the start of a fresh buffer (which the origin's alignment then
+ * keeps aligned), and its byte offset in a device buffer, which devices bind from the buffer's
+ * start. */
+static int rows_take_vectors(const mfa_operand_view* view, const int64_t shape[4],
+                             const int64_t stride[4], int64_t origin) {
+    const int64_t vector_bytes = MFA_VECTOR_ELEMENTS * view->element_size;
+    if (view->view == NULL || stride[3] != 1 || origin % MFA_VECTOR_ELEMENTS != 0) return 0;
+    for (int axis = 0; axis < 3; ++axis)
+        if (shape[axis] > 1 && stride[axis] % MFA_VECTOR_ELEMENTS != 0) return 0;
+    const uint64_t address = view->view->buffer != NULL ? (uint64_t)view->view->byte_offset
+                                                        : (uint64_t)(uintptr_t)view->view->data;
+    return address % (uint64_t)vector_bytes == 0;
+}
+
 static mfa_status bind_operand(const mfa_problem* problem, mfa_pass_plan* pass, mfa_operand operand,
                                int writable, int64_t copies, int64_t* copy_stride) {
     mfa_operand_view view;
@@ -225,6 +243,8 @@ static mfa_status bind_operand(const mfa_problem* problem, mfa_pass_plan* pass, 
     mfa_operand_layout* layout = layout_of(&pass->params, operand);
     layout->origin = -e.lowest;
     memcpy(layout->stride, stride, sizeof stride);
+    if (rows_take_vectors(&view, shape, stride, layout->origin))
+        pass->params.vector_operands |= 1u << operand;
     mfa_buffer_binding* binding = &pass->bindings[pass->num_bindings++];
     binding->index = operand; /* operands are bound at their own number */
     binding->operand = operand;
