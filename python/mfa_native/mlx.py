@@ -262,3 +262,9 @@ def scaled_dot_product_attention(
     return attention(
         q, k, v, causal=causal, scale=scale, mask=array_mask, sinks=sinks, stream=stream
     )
+
+
+# Ring attention over mx.distributed, defined in mfa_native.mlx_ring and reached from here too.
+from .mlx_ring import ring_attention, zigzag_indices, zigzag_shard, zigzag_unshard  # noqa: E402
+
+__all__ += ["ring_attention", "zigzag_indices", "zigzag_shard", "zigzag_unshard"]

@@ -23,14 +23,17 @@ queries against all the keys. Without ``causal`` the order of the positions does
 any split works.
 
 Everything here runs in eager mode on CPU tensors (mfa's CPU backend). The communication is
-plain ``torch.distributed`` point-to-point (``batch_isend_irecv``); it has run on gloo (NCCL
-carries CUDA tensors, which mfa does not compute on).
+plain ``torch.distributed`` point-to-point (``batch_isend_irecv``); it has run on gloo, with 2
+and 4 processes; not on NCCL, which carries CUDA tensors, which mfa does not compute on. The
+step loops are ``mfa_native._ring``'s, shared with the MLX port (:mod:`mfa_native.mlx_ring`,
+reached as ``mfa_native.mlx.ring_attention``); this module supplies torch's tensor operations
+and transfers.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast, overload
 
 import torch
@@ -51,36 +54,20 @@ if TYPE_CHECKING:  # torch builds without distributed support have no ProcessGro
         backend: str | None
 
 
-from . import _attention
+from . import _attention, _ring
+from ._ring import Layout, Options, Shapes
 
 __all__ = ["ring_attention", "zigzag_indices", "zigzag_shard", "zigzag_unshard"]
 
-Layout = Literal["bhsd", "bshd"]
-# Tags of the two kinds of messages, so that a key/value block and a gradient accumulator
-# travelling between the same pair of ranks are never matched with each other (gloo matches
-# by tag; NCCL matches in order, which both sides keep).
-_KEYS_TAG = 0
-_GRADIENTS_TAG = 1
+# A transfer: its works, and the tensor received into.
+_Transfer = tuple[list[Any], Tensor]
 
 
 # ---- the zig-zag split ----------------------------------------------------------------------
 
 
-def _check_split(seq_len: int, rank: int, world_size: int) -> int:
-    """The chunk length of a zig-zag split, after checking its arguments."""
-    for name, value in (("seq_len", seq_len), ("rank", rank), ("world_size", world_size)):
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size}")
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
-    if seq_len < 0 or seq_len % (2 * world_size):
-        raise ValueError(
-            f"the sequence length must be a multiple of 2 * world_size = {2 * world_size} "
-            f"(two chunks per rank), got {seq_len}"
-        )
-    return seq_len // (2 * world_size)
+def _cat(parts: list[Tensor], dim: int) -> Tensor:
+    return torch.cat(parts, dim=dim)
 
 
 def zigzag_indices(seq_len: int, rank: int, world_size: int) -> Tensor:
@@ -90,49 +77,29 @@ def zigzag_indices(seq_len: int, rank: int, world_size: int) -> Tensor:
     for rotary embeddings; ``zigzag_shard(x, rank, world_size, dim=d)`` equals
     ``x.index_select(d, zigzag_indices(x.shape[d], rank, world_size))``.
     """
-    chunk = _check_split(seq_len, rank, world_size)
-    late = 2 * world_size - 1 - rank
-    return torch.cat(
-        [
-            torch.arange(rank * chunk, (rank + 1) * chunk),
-            torch.arange(late * chunk, (late + 1) * chunk),
-        ]
-    )
+    early, late = _ring.zigzag_chunks(seq_len, rank, world_size)
+    return torch.cat([torch.arange(early.start, early.stop), torch.arange(late.start, late.stop)])
 
 
 def zigzag_shard(x: Tensor, rank: int, world_size: int, *, dim: int = 2) -> Tensor:
     """Rank ``rank``'s part of a global sequence ``x`` along axis ``dim`` (2: the sequence of
     ``[B, H, N, D]`` tensors and of lse ``[B, H, N]``; 1 for ``[B, N, H, D]``): chunks ``rank``
     and ``2 * world_size - 1 - rank`` of ``2 * world_size``, concatenated (a new tensor)."""
-    chunk = _check_split(x.shape[dim], rank, world_size)
-    late = 2 * world_size - 1 - rank
-    return torch.cat(
-        [x.narrow(dim, rank * chunk, chunk), x.narrow(dim, late * chunk, chunk)], dim=dim
-    )
+    return cast(Tensor, _ring.zigzag_shard(x, rank, world_size, dim, _cat))
 
 
 def zigzag_unshard(shards: Sequence[Tensor], *, dim: int = 2) -> Tensor:
     """The global sequence from every rank's part (``shards[r]`` from rank r, as
     ``torch.distributed.all_gather`` returns them): the inverse of :func:`zigzag_shard`."""
-    if not isinstance(shards, (list, tuple)) or not shards:
-        raise TypeError("shards must be a non-empty list or tuple of tensors, one per rank")
-    local = shards[0].shape[dim]
-    if local % 2 or any(shard.shape[dim] != local for shard in shards):
-        raise ValueError(
-            f"every shard must have the same even length along dim {dim}, got "
-            f"{[shard.shape[dim] for shard in shards]}"
-        )
-    chunk = local // 2
-    early = [shard.narrow(dim, 0, chunk) for shard in shards]
-    late = [shard.narrow(dim, chunk, chunk) for shard in reversed(shards)]
-    return torch.cat(early + late, dim=dim)
+    return cast(Tensor, _ring.zigzag_unshard(shards, dim, _cat))
 
 
 # ---- the ring -------------------------------------------------------------------------------
 
 
-class _Ring:
-    """This rank's neighbours in a process group, and the transfers between them."""
+class _TorchRing:
+    """This rank's neighbours in a process group, the transfers between them, and the tensor
+    operations of the ring's step loops (mfa_native._ring.Engine)."""
 
     def __init__(self, group: ProcessGroup | None) -> None:
         if not dist.is_available() or not dist.is_initialized():
@@ -152,178 +119,76 @@ class _Ring:
         self.next = dist.get_global_rank(self.group, (self.rank + 1) % self.size)
         self.previous = dist.get_global_rank(self.group, (self.rank - 1) % self.size)
 
-    def send(self, tensor: Tensor, tag: int) -> list[Any]:
-        """Start sending tensor to the next rank; the works to wait for."""
-        return self._start([dist.P2POp(dist.isend, tensor, self.next, self.group, tag)])
-
-    def receive(self, tensor: Tensor, tag: int) -> list[Any]:
-        """Start receiving into tensor from the previous rank."""
-        return self._start([dist.P2POp(dist.irecv, tensor, self.previous, self.group, tag)])
-
-    def shift(self, outgoing: Tensor, incoming: Tensor, tag: int) -> list[Any]:
-        """Start passing outgoing to the next rank and receiving incoming from the previous."""
-        return self._start(
-            [
-                dist.P2POp(dist.isend, outgoing, self.next, self.group, tag),
-                dist.P2POp(dist.irecv, incoming, self.previous, self.group, tag),
-            ]
-        )
+    def shift(self, outgoing: Tensor) -> _Transfer:
+        incoming = torch.empty_like(outgoing)
+        operations = [
+            dist.P2POp(dist.isend, outgoing, self.next, self.group),
+            dist.P2POp(dist.irecv, incoming, self.previous, self.group),
+        ]
+        return list(dist.batch_isend_irecv(operations)), incoming
 
     @staticmethod
-    def _start(operations: list[Any]) -> list[Any]:
-        return list(dist.batch_isend_irecv(operations))
+    def wait(transfer: _Transfer) -> Tensor:
+        works, tensor = transfer
+        for work in works:
+            work.wait()
+        return tensor
 
+    @staticmethod
+    def zeros(shape: tuple[int, ...]) -> Tensor:
+        return torch.zeros(shape, dtype=torch.float32)
 
-def _wait(works: list[Any]) -> None:
-    for work in works:
-        work.wait()
+    @staticmethod
+    def empty_lse(shape: tuple[int, ...]) -> Tensor:
+        return torch.full(shape, -torch.inf)
 
+    @staticmethod
+    def pack(first: Tensor, second: Tensor) -> Tensor:
+        return torch.cat([first.reshape(-1), second.reshape(-1)])
 
-def _pack(first: Tensor, second: Tensor) -> Tensor:
-    """One contiguous buffer holding both tensors, so that a block travels as one message."""
-    return torch.cat([first.reshape(-1), second.reshape(-1)])
+    @staticmethod
+    def unpack(
+        buffer: Tensor, first: Sequence[int], second: Sequence[int]
+    ) -> tuple[Tensor, Tensor]:
+        """Views of pack's buffer, contiguous in the two shapes."""
+        split = math.prod(first)
+        return buffer[:split].view(*first), buffer[split:].view(*second)
 
-
-def _unpack(buffer: Tensor, first: torch.Size, second: torch.Size) -> tuple[Tensor, Tensor]:
-    """Views of _pack's buffer as tensors of the two shapes (contiguous in those shapes)."""
-    split = first.numel()
-    return buffer[:split].view(first), buffer[split:].view(second)
-
-
-@dataclass(frozen=True)
-class _Options:
-    causal: bool
-    scale: float | None
-    layout: Layout
-    backend: str | None
-    group: ProcessGroup | None
-
-
-def _seq_axis(layout: Layout) -> int:
-    return 2 if layout == "bhsd" else 1
-
-
-@dataclass(frozen=True)
-class _Block:
-    """What one step of the ring computes: the query rows [query_start, end) of this rank
-    against key rows [0, key_stop) of the block in hand, under the causal mask or not."""
-
-    query_start: int
-    key_stop: int
-    causal: bool
-
-
-def _block(options: _Options, ring: _Ring, step: int, length: int) -> _Block:
-    """The step's part of the local queries x the block in hand (module docstring)."""
-    if not options.causal:
-        return _Block(0, length, False)
-    if step == 0:  # this rank's own block: the causal mask over the zig-zag order
-        return _Block(0, length, True)
-    source = (ring.rank - step) % ring.size
-    half = length // 2
-    if source < ring.rank:  # both chunks of the queries see its early chunk, none its late one
-        return _Block(0, half, False)
-    return _Block(half, length, False)  # only the queries' late chunk sees it, whole
-
-
-def _rows(tensor: Tensor, axis: int, start: int, stop: int) -> Tensor:
-    return tensor.narrow(axis, start, stop - start)
-
-
-def _forward(q: Tensor, k: Tensor, v: Tensor, options: _Options) -> tuple[Tensor, Tensor]:
-    ring = _Ring(options.group)
-    axis = _seq_axis(options.layout)
-    length = q.shape[axis]
-    out_shape = (*q.shape[:-1], v.shape[-1])
-    state = torch.zeros(out_shape, dtype=torch.float32)
-    heads = q.shape[1] if options.layout == "bhsd" else q.shape[2]
-    state_lse = torch.full((q.shape[0], heads, length), -torch.inf)
-    keys = _pack(k, v)
-    for step in range(ring.size):
-        transfer: list[Any] = []
-        if step + 1 < ring.size:
-            incoming = torch.empty_like(keys)
-            transfer = ring.shift(keys, incoming, _KEYS_TAG)
-        block_k, block_v = _unpack(keys, k.shape, v.shape)
-        block = _block(options, ring, step, length)
-        part_out, part_lse = _attention.attention(
-            _rows(q, axis, block.query_start, length),
-            _rows(block_k, axis, 0, block.key_stop),
-            _rows(block_v, axis, 0, block.key_stop),
-            causal=block.causal,
-            scale=options.scale,
-            layout=options.layout,
-            return_lse=True,
-            backend=options.backend,
-        )
-        rows = _rows(state, axis, block.query_start, length)
-        rows_lse = _rows(state_lse, 2, block.query_start, length)
+    @staticmethod
+    def merge_rows(
+        state: tuple[Tensor, Tensor], start: int, part: tuple[Tensor, Tensor], options: Options
+    ) -> tuple[Tensor, Tensor]:
+        """In place, on views of the state's rows."""
+        out, lse = state
+        axis = _ring.seq_axis(options.layout)
+        rows = _ring.rows(out, axis, start, out.shape[axis])
+        rows_lse = _ring.rows(lse, 2, start, lse.shape[2])
         _attention.merge_attention_states(
-            [rows, part_out],
-            [rows_lse, part_lse],
+            [rows, part[0]],
+            [rows_lse, part[1]],
             layout=options.layout,
             backend=options.backend,
             out=rows,
             lse=rows_lse,
         )
-        _wait(transfer)
-        if transfer:
-            keys = incoming
-    return state.to(q.dtype), state_lse
+        return state
 
+    @staticmethod
+    def add_rows(total: Tensor, axis: int, start: int, stop: int, part: Tensor) -> Tensor:
+        _ring.rows(total, axis, start, stop).add_(part)
+        return total
 
-def _backward(
-    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, options: _Options
-) -> tuple[Tensor, Tensor, Tensor]:
-    ring = _Ring(options.group)
-    axis = _seq_axis(options.layout)
-    length = q.shape[axis]
-    dq = torch.zeros(q.shape, dtype=torch.float32)
-    keys = _pack(k, v)
-    gradients = torch.zeros(keys.shape, dtype=torch.float32)  # dk, dv of the block in hand
-    sends: list[Any] = []
-    sent: list[Tensor] = []  # the accumulators being sent, alive until their sends complete
-    for step in range(ring.size):
-        transfer: list[Any] = []
-        if step + 1 < ring.size:
-            incoming = torch.empty_like(keys)
-            transfer = ring.shift(keys, incoming, _KEYS_TAG)
-        arriving: list[Any] = []
-        if step > 0:  # the block's accumulator, from the rank that held the block last step
-            gradients = torch.empty(keys.shape, dtype=torch.float32)
-            arriving = ring.receive(gradients, _GRADIENTS_TAG)
-        block_k, block_v = _unpack(keys, k.shape, v.shape)
-        block = _block(options, ring, step, length)
-        queries = block.query_start, length
-        part_dq, part_dk, part_dv = _attention.attention_backward(
-            _rows(dout, axis, *queries),
-            _rows(q, axis, *queries),
-            _rows(block_k, axis, 0, block.key_stop),
-            _rows(block_v, axis, 0, block.key_stop),
-            _rows(out, axis, *queries),
-            _rows(lse, 2, *queries),
-            causal=block.causal,
-            scale=options.scale,
-            layout=options.layout,
-            backend=options.backend,
-        )
-        _rows(dq, axis, *queries).add_(part_dq)
-        _wait(arriving)
-        block_dk, block_dv = _unpack(gradients, k.shape, v.shape)
-        _rows(block_dk, axis, 0, block.key_stop).add_(part_dk)
-        _rows(block_dv, axis, 0, block.key_stop).add_(part_dv)
-        if ring.size > 1:
-            sends += ring.send(gradients, _GRADIENTS_TAG)
-            sent.append(gradients)
-        _wait(transfer)
-        if transfer:
-            keys = incoming
-    if ring.size > 1:  # the last hop brings this rank's own accumulator home
-        gradients = torch.empty(keys.shape, dtype=torch.float32)
-        _wait(ring.receive(gradients, _GRADIENTS_TAG))
-    _wait(sends)
-    dk, dv = _unpack(gradients, k.shape, v.shape)
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    def add_to_block(
+        self, block: Tensor, shapes: Shapes, axis: int, stop: int, parts: Any
+    ) -> Tensor:
+        """In place, on views of the block's buffer."""
+        for array, part in zip(self.unpack(block, *shapes), parts):
+            self.add_rows(array, axis, 0, stop, part)
+        return block
+
+    @staticmethod
+    def cast(array: Tensor, like: Tensor) -> Tensor:
+        return array.to(like.dtype)
 
 
 class _RingAttention(torch.autograd.Function):
@@ -331,55 +196,35 @@ class _RingAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any, q: Tensor, k: Tensor, v: Tensor, options: _Options
+        ctx: Any, q: Tensor, k: Tensor, v: Tensor, options: Options, group: ProcessGroup | None
     ) -> tuple[Tensor, Tensor]:
-        out, lse = _forward(q, k, v, options)
+        out, lse = _ring.forward(_TorchRing(group), q, k, v, options)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.options = options
+        ctx.group = group
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(
         ctx: Any, dout: Tensor, _dlse: Tensor | None
-    ) -> tuple[Tensor, Tensor, Tensor, None]:
+    ) -> tuple[Tensor, Tensor, Tensor, None, None]:
         q, k, v, out, lse = ctx.saved_tensors
-        return (*_backward(dout, q, k, v, out, lse, ctx.options), None)
+        gradients = _ring.backward(_TorchRing(ctx.group), dout, q, k, v, out, lse, ctx.options)
+        return (*gradients, None, None)
 
 
-def _check_inputs(q: Tensor, k: Tensor, v: Tensor, causal: bool, layout: Layout) -> None:
-    """What the ring needs beyond what mfa checks, before any transfer starts."""
+def _check_inputs(q: Tensor, k: Tensor, v: Tensor) -> None:
+    """That q, k and v are CPU tensors (the rest is _ring.check_inputs)."""
     for name, tensor in (("q", q), ("k", k), ("v", v)):
         if not isinstance(tensor, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
-        if tensor.dim() != 4:
-            raise ValueError(f"{name} must have rank 4, got shape {tuple(tensor.shape)}")
         if tensor.device.type != "cpu":
             raise NotImplementedError(
                 f"{name} is on {tensor.device}: ring_attention runs on CPU tensors (gloo, "
                 "torch.distributed's backend on macOS, carries CPU tensors); on one device, "
                 "mfa_native.torch.attention takes MPS tensors"
             )
-    if not q.dtype == k.dtype == v.dtype:
-        raise TypeError(
-            f"q, k and v must have one dtype (k and v travel packed together), got {q.dtype}, "
-            f"{k.dtype} and {v.dtype}"
-        )
-    if layout not in ("bhsd", "bshd"):
-        raise ValueError(f"layout must be 'bhsd' or 'bshd', got {layout!r}")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    axis = _seq_axis(layout)
-    if k.shape[axis] != q.shape[axis]:
-        raise ValueError(
-            f"k must hold the keys of q's positions: {q.shape[axis]} rows in q, "
-            f"{k.shape[axis]} in k (every rank holds the same number of positions)"
-        )
-    if causal and q.shape[axis] % 2:
-        raise ValueError(
-            f"causal ring attention needs the zig-zag split, two equal chunks per rank: the "
-            f"local sequence length must be even, got {q.shape[axis]}"
-        )
 
 
 @overload
@@ -439,13 +284,12 @@ def ring_attention(
         rank that stops inside the ring leaves the others waiting until the process group's
         timeout.
     """
-    _check_inputs(q, k, v, causal, layout)
-    if scale is not None and (not isinstance(scale, (int, float)) or isinstance(scale, bool)):
-        raise TypeError(f"scale must be None or a real number, got {type(scale).__name__}")
-    options = _Options(causal, None if scale is None else float(scale), layout, backend, group)
+    _check_inputs(q, k, v)
+    _ring.check_inputs(q, k, v, causal, scale, layout)
+    options = Options(causal, None if scale is None else float(scale), layout, backend)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         # torch types Function.apply without annotations.
-        out, lse = _RingAttention.apply(q, k, v, options)  # type: ignore[no-untyped-call]
+        out, lse = _RingAttention.apply(q, k, v, options, group)  # type: ignore[no-untyped-call]
     else:
-        out, lse = _forward(q, k, v, options)
+        out, lse = _ring.forward(_TorchRing(group), q, k, v, options)
     return (out, lse) if return_lse else out

@@ -13,10 +13,8 @@ import os
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
-import reference
-from _backends import UNIT_ROUNDOFF, Case, allowed_error, assert_close
+from _ring_cases import RING_CASES, case_id, case_inputs, check_ring_result, seq_axis
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
@@ -33,29 +31,6 @@ WORLD = 4
 # default group), and two rings of two run at the same time on groups of their own (group=),
 # one of them of ranks other than its group ranks.
 RINGS = {"world4": [0, 1, 2, 3], "ranks01": [0, 1], "ranks23": [2, 3]}
-
-# (case, layout, split). Global lengths are multiples of 2 * 4 so that both world sizes split
-# them; chunks of 3 to 14 rows are off every block size. Causal needs the zig-zag split; the
-# non-causal ring takes any split, and the contiguous one is tested too.
-RING_CASES = [
-    (Case(56, 56, 16, 16, query_heads=4, kv_heads=2, causal=True, causal_alignment="top_left"),
-     "bhsd", "zigzag"),
-    (Case(40, 40, 8, 12, query_heads=2, kv_heads=2, batch=2, scale=0.3), "bhsd", "contiguous"),
-    (Case(24, 24, 16, 8, query_heads=2, kv_heads=1, causal=True, causal_alignment="top_left"),
-     "bshd", "zigzag"),
-    (Case(56, 56, 16, 16, query_heads=4, kv_heads=1, causal=True, causal_alignment="top_left",
-          dtype="bf16"), "bhsd", "zigzag"),
-    (Case(40, 40, 16, 16, query_heads=2, kv_heads=1, dtype="bf16"), "bhsd", "zigzag"),
-]  # fmt: skip
-
-
-def _case_id(ring_case):
-    case, layout, split = ring_case
-    return f"{case.id}-{layout}-{split}"
-
-
-def _seq_axis(layout):
-    return 2 if layout == "bhsd" else 1
 
 
 def _to_layout(tensor, layout):
@@ -101,8 +76,8 @@ def _run_rank(rank, directory):
             position, size = members.index(rank), len(members)
             for ring_case in RING_CASES:
                 case, layout, split = ring_case
-                name = _case_id(ring_case)
-                axis = _seq_axis(layout)
+                name = case_id(ring_case)
+                axis = seq_axis(layout)
                 q, k, v, dout = (_shard(x, position, size, split, axis) for x in inputs[name])
                 for leaf in (q, k, v):
                     leaf.requires_grad_()
@@ -123,13 +98,6 @@ def _run_rank(rank, directory):
         dist.destroy_process_group()
 
 
-def _inputs(case):
-    """q, k, v and dout in the storage dtype as numpy (what the reference reads)."""
-    rng = case.rng()
-    q, k, v = case.inputs(rng)
-    return q, k, v, case.output_gradient(rng)
-
-
 @pytest.fixture(scope="module")
 def ring_results(tmp_path_factory):
     """{(ring, case id): (out, lse, dq, dk, dv)} of the whole sequence, [B, H, N, D] as float64
@@ -138,7 +106,7 @@ def ring_results(tmp_path_factory):
     inputs = {}
     for ring_case in RING_CASES:
         case, layout, split = ring_case
-        inputs[_case_id(ring_case)] = [_to_layout(to_torch(x), layout) for x in _inputs(case)]
+        inputs[case_id(ring_case)] = [_to_layout(to_torch(x), layout) for x in case_inputs(case)]
     torch.save(inputs, directory / "inputs.pt")
     context = torch_mp.start_processes(
         _run_rank, args=(str(directory),), nprocs=WORLD, join=False, start_method="spawn"
@@ -154,8 +122,8 @@ def ring_results(tmp_path_factory):
     for ring, members in RINGS.items():
         for ring_case in RING_CASES:
             _, layout, split = ring_case
-            name = _case_id(ring_case)
-            axis = _seq_axis(layout)
+            name = case_id(ring_case)
+            axis = seq_axis(layout)
             parts = [ranks[member][ring, name] for member in members]
             out, lse, dq, dk, dv = (
                 _unshard([part[index] for part in parts], split, axis if index != 1 else 2)
@@ -166,42 +134,11 @@ def ring_results(tmp_path_factory):
     return results
 
 
-@pytest.mark.parametrize("ring_case", RING_CASES, ids=_case_id)
+@pytest.mark.parametrize("ring_case", RING_CASES, ids=case_id)
 @pytest.mark.parametrize("ring", RINGS)
 def test_ring_matches_one_process(ring_results, ring, ring_case):
-    world = len(RINGS[ring])
     case = ring_case[0]
-    out, lse, dq, dk, dv = ring_results[ring, _case_id(ring_case)]
-    q, k, v, dout = _inputs(case)
-    options = case.options
-    unit = UNIT_ROUNDOFF[case.dtype]
-
-    # Forward: check_forward's error model over the global problem, plus the ring's own
-    # rounding: each step's partial out, a convex combination of rows of v, is stored in the
-    # dtype once before the float32 merge (at most u max|v|: the merge's weights sum to 1).
-    expected_out, expected_lse = reference.attention_forward(q, k, v, **options)
-    magnitude, score_size = reference.forward_magnitudes(q, k, v, **options)
-    reduction = case.head_dim + case.num_keys
-    largest_score = np.max(score_size)
-    allowed = allowed_error(case.dtype, expected_out, magnitude, reduction, largest_score)
-    assert_close("out", out, expected_out, allowed + unit * np.max(np.abs(v.astype(np.float64))))
-    # lse: float32 whatever the dtype; the merge adds a few float32 roundings of |lse|.
-    lse_magnitude = score_size + np.abs(expected_lse)
-    assert_close(
-        "lse", lse, expected_lse, allowed_error("f32", expected_lse, lse_magnitude, reduction, 0)
-    )
-
-    # Backward around the ring's out (delta is computed from it), as check_backward does, plus
-    # the ring's rounding: each of the (at most `world`) blocks' contributions to dq, dk and dv
-    # is stored in the dtype before the float32 sum, each at most u times the gradient's
-    # magnitude (the same sums over absolute values, which bound every partial sum).
-    expected = reference.attention_backward(dout, q, k, v, out=out, **options)
-    magnitudes = reference.gradient_magnitudes(dout, q, k, v, out=out, **options)
-    group = case.query_heads // case.kv_heads
-    reduction = case.head_dim + case.value_dim + case.num_keys + case.num_queries * group
-    for name, actual, wanted, size in zip(("dq", "dk", "dv"), (dq, dk, dv), expected, magnitudes):
-        allowed = allowed_error(case.dtype, wanted, size, reduction, largest_score)
-        assert_close(name, actual, wanted, allowed + world * unit * size)
+    check_ring_result(case, len(RINGS[ring]), *ring_results[ring, case_id(ring_case)])
 
 
 def test_zigzag_split_holds_chunks_r_and_2w_minus_1_minus_r():
