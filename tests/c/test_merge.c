@@ -434,41 +434,37 @@ static void test_summary_arguments(mfa_context* ctx) {
     test_tensor mask = test_tensor_make(MFA_DTYPE_BOOL, 2, 3, SQ, SK, TEST_BHSD);
     fill_mask(&mask.t, 0);
     test_tensor summary = test_tensor_make(MFA_DTYPE_BOOL, 2, 3, 2, 3, TEST_BHSD);
-    mfa_array m = test_array_of(&mask.t), s = test_array_of(&summary.t);
-#define SUMMARY_CASE(label, substring, call)                                                       \
+    /* Each case breaks the valid call's arguments (call_ctx, mask_arg, seq_q, summary_arg, and
+     * m and s, the arrays they point at) with its statements. */
+#define SUMMARY_CASE(label, substring, ...)                                                        \
     do {                                                                                           \
+        mfa_context* call_ctx = ctx;                                                               \
+        int64_t seq_q = SQ;                                                                        \
+        mfa_array m = test_array_of(&mask.t), s = test_array_of(&summary.t);                       \
+        const mfa_array *mask_arg = &m, *summary_arg = &s;                                         \
+        __VA_ARGS__;                                                                               \
         memset(summary.storage, CANARY, summary.bytes);                                            \
-        expect(label, call, INVALID, substring);                                                   \
+        expect(label, mfa_mask_summarize(call_ctx, mask_arg, seq_q, SK, summary_arg), INVALID,     \
+               substring);                                                                         \
         CHECK(filled_with(&summary, CANARY), "%s: summary written", label);                        \
-        m = test_array_of(&mask.t);                                                                \
-        s = test_array_of(&summary.t);                                                             \
     } while (0)
-    SUMMARY_CASE("ctx", "ctx is NULL", mfa_mask_summarize(NULL, &m, SQ, SK, &s));
-    SUMMARY_CASE("seq_q", "seq_q must be >= 1, got 0", mfa_mask_summarize(ctx, &m, 0, SK, &s));
-    SUMMARY_CASE("mask NULL", "mask is NULL", mfa_mask_summarize(ctx, NULL, SQ, SK, &s));
-    SUMMARY_CASE("summary NULL", "summary is NULL", mfa_mask_summarize(ctx, &m, SQ, SK, NULL));
+    SUMMARY_CASE("ctx", "ctx is NULL", call_ctx = NULL);
+    SUMMARY_CASE("seq_q", "seq_q must be >= 1, got 0", seq_q = 0);
+    SUMMARY_CASE("mask NULL", "mask is NULL", mask_arg = NULL);
+    SUMMARY_CASE("summary NULL", "summary is NULL", summary_arg = NULL);
     SUMMARY_CASE("mask rows", "mask.shape[2] (query) must equal seq_q = 90 or be 1, got 100",
-                 mfa_mask_summarize(ctx, &m, 90, SK, &s));
-    m.dtype = MFA_DTYPE_I32;
+                 seq_q = 90);
     SUMMARY_CASE("mask dtype", "mask.dtype must be f32, f16, bf16 or bool",
-                 mfa_mask_summarize(ctx, &m, SQ, SK, &s));
-    s.shape[2] = 1;
+                 m.dtype = MFA_DTYPE_I32);
     SUMMARY_CASE("summary rows",
                  "summary.shape[2] (query) must equal ceil(seq_q / MFA_MASK_BLOCK) = 2, got 1",
-                 mfa_mask_summarize(ctx, &m, SQ, SK, &s));
-    s.dtype = MFA_DTYPE_F32;
-    SUMMARY_CASE("summary dtype", "summary.dtype must be bool",
-                 mfa_mask_summarize(ctx, &m, SQ, SK, &s));
-    s.shape[0] = 1;
+                 s.shape[2] = 1);
+    SUMMARY_CASE("summary dtype", "summary.dtype must be bool", s.dtype = MFA_DTYPE_F32);
     SUMMARY_CASE("summary batch of a full mask",
-                 "summary.shape[0] (batch) must equal mask.shape[0] = 2, got 1",
-                 mfa_mask_summarize(ctx, &m, SQ, SK, &s));
-    s.data = mask.storage;
-    SUMMARY_CASE("summary overlaps mask", "summary overlaps mask",
-                 mfa_mask_summarize(ctx, &m, SQ, SK, &s));
-    s.strides[3] = 0;
+                 "summary.shape[0] (batch) must equal mask.shape[0] = 2, got 1", s.shape[0] = 1);
+    SUMMARY_CASE("summary overlaps mask", "summary overlaps mask", s.data = mask.storage);
     SUMMARY_CASE("summary broadcast", "summary: stride 0 of dim 3 (key) makes elements overlap",
-                 mfa_mask_summarize(ctx, &m, SQ, SK, &s));
+                 s.strides[3] = 0);
 #undef SUMMARY_CASE
     test_tensor_free(&summary);
     test_tensor_free(&mask);

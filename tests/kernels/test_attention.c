@@ -76,6 +76,15 @@ static void compare(const char* case_name, const char* what, const test_tensor* 
           case_name, what, (long long)bad, (long long)n, worst, ref_max);
 }
 
+/* A call's tensors (lse may be NULL: the call had none), then its context. */
+static void free_call(mfa_context* ctx, test_tensor* q, test_tensor* k, test_tensor* v,
+                      test_tensor* o, test_tensor* lse) {
+    test_tensor* const all[5] = {q, k, v, o, lse};
+    for (int i = 0; i < 5; ++i)
+        if (all[i]) test_tensor_free(all[i]);
+    mfa_context_destroy(ctx);
+}
+
 static void run_case(const attention_case* c) {
     mfa_context_options options;
     mfa_context_options_init(&options);
@@ -131,12 +140,16 @@ static void run_case(const attention_case* c) {
         test_gradients_free(&g);
     }
     ref_free(&fwd);
-    test_tensor_free(&q);
-    test_tensor_free(&k);
-    test_tensor_free(&v);
-    test_tensor_free(&o);
-    test_tensor_free(&lse);
-    mfa_context_destroy(ctx);
+    free_call(ctx, &q, &k, &v, &o, &lse);
+}
+
+/* One query on one head against n keys: q [1, d], k [n, d], v [n, dv], o [1, dv], of dtype. */
+static void make_single_query(mfa_dtype dtype, int64_t n, int64_t d, int64_t dv, test_tensor* q,
+                              test_tensor* k, test_tensor* v, test_tensor* o) {
+    *q = test_tensor_make(dtype, 1, 1, 1, d, TEST_BHSD);
+    *k = test_tensor_make(dtype, 1, 1, n, d, TEST_BHSD);
+    *v = test_tensor_make(dtype, 1, 1, n, dv, TEST_BHSD);
+    *o = test_tensor_make(dtype, 1, 1, 1, dv, TEST_BHSD);
 }
 
 /* bf16 stores must round to nearest even. With q = 0 both keys get probability exactly 1/2,
@@ -149,10 +162,8 @@ static void test_bf16_ties(void) {
     static const uint16_t v1[4] = {0x3f81, 0x3f82, 0xbf82, 0x3f84};
     mfa_context* ctx = test_context(MFA_BACKEND_METAL_SIM, NULL, "bf16 ties");
     if (!ctx) return;
-    test_tensor q = test_tensor_make(MFA_DTYPE_BF16, 1, 1, 1, 1, TEST_BHSD);
-    test_tensor k = test_tensor_make(MFA_DTYPE_BF16, 1, 1, 2, 1, TEST_BHSD);
-    test_tensor v = test_tensor_make(MFA_DTYPE_BF16, 1, 1, 2, 4, TEST_BHSD);
-    test_tensor o = test_tensor_make(MFA_DTYPE_BF16, 1, 1, 1, 4, TEST_BHSD);
+    test_tensor q, k, v, o;
+    make_single_query(MFA_DTYPE_BF16, 2, 1, 4, &q, &k, &v, &o);
     ((uint16_t*)q.t.data)[0] = 0;
     ((uint16_t*)k.t.data)[0] = test_f32_to_bf16(0.5f);
     ((uint16_t*)k.t.data)[1] = test_f32_to_bf16(-0.25f);
@@ -169,11 +180,7 @@ static void test_bf16_ties(void) {
         CHECK(got == expected, "bf16 ties: out[%d] = 0x%04x, expected 0x%04x (mean %.9g)", d, got,
               expected, mean);
     }
-    test_tensor_free(&q);
-    test_tensor_free(&k);
-    test_tensor_free(&v);
-    test_tensor_free(&o);
-    mfa_context_destroy(ctx);
+    free_call(ctx, &q, &k, &v, &o, NULL);
 }
 
 /* A row whose scores are all finite but far below any "nothing seen yet" floor still sees its
@@ -182,10 +189,8 @@ static void test_bf16_ties(void) {
 static void test_very_negative_scores(void) {
     mfa_context* ctx = test_context(MFA_BACKEND_METAL_SIM, NULL, "very negative scores");
     if (!ctx) return;
-    test_tensor q = test_tensor_make(MFA_DTYPE_F32, 1, 1, 1, 1, TEST_BHSD);
-    test_tensor k = test_tensor_make(MFA_DTYPE_F32, 1, 1, 3, 1, TEST_BHSD);
-    test_tensor v = test_tensor_make(MFA_DTYPE_F32, 1, 1, 3, 2, TEST_BHSD);
-    test_tensor o = test_tensor_make(MFA_DTYPE_F32, 1, 1, 1, 2, TEST_BHSD);
+    test_tensor q, k, v, o;
+    make_single_query(MFA_DTYPE_F32, 3, 1, 2, &q, &k, &v, &o);
     test_tensor lse = test_tensor_make(MFA_DTYPE_F32, 1, 1, 1, 1, TEST_BHSD);
     static const float keys[3] = {-1e30f, -3e30f, -2e30f};
     static const float values[6] = {0.25f, -0.5f, 7.0f, 8.0f, 9.0f, 10.0f};
@@ -204,12 +209,7 @@ static void test_very_negative_scores(void) {
               out[0], out[1], values[0], values[1]);
         CHECK(fabs(l - -1e30) <= 1e-6 * 1e30, "lse = %g, expected -1e30", l);
     }
-    test_tensor_free(&q);
-    test_tensor_free(&k);
-    test_tensor_free(&v);
-    test_tensor_free(&o);
-    test_tensor_free(&lse);
-    mfa_context_destroy(ctx);
+    free_call(ctx, &q, &k, &v, &o, &lse);
 }
 
 int main(int argc, char** argv) {
@@ -220,199 +220,31 @@ int main(int argc, char** argv) {
     const test_layout BHSD = TEST_BHSD, BSHD = TEST_BSHD, REVERSED = TEST_REVERSED;
     /* The inputs this suite has always drawn: its own seed for the shared generator. */
     test_rng_state = 0x243F6A8885A308D3ull;
+    /* One case a line, under the names of its columns. */
+    /* clang-format off */
     /* name, family, dtype, b, hq, hkv, nq, nk, d, dv, causal, align, wl, wr, scale,
        q layout, kv layout, lse, backward, seed */
     const attention_case cases[] = {
         {"plain_f32", A9, F32, 1, 2, 2, 37, 45, 40, 40, 0, BR, -1, -1, 0, BHSD, BHSD, 1, 1, 0},
         {"gqa_dv_f32", A7, F32, 2, 4, 2, 19, 33, 24, 16, 0, BR, -1, -1, 0.3f, BHSD, BHSD, 1, 1, 7},
         {"causal_br_f16", A9, F16, 1, 2, 1, 20, 50, 64, 64, 1, BR, -1, -1, 0, BSHD, BSHD, 1, 1, 0},
-        {"causal_br_empty_rows_bf16",
-         A8,
-         BF16,
-         1,
-         1,
-         1,
-         50,
-         20,
-         32,
-         32,
-         1,
-         BR,
-         -1,
-         -1,
-         0,
-         BHSD,
-         BHSD,
-         1,
-         1,
-         0},
-        {"causal_tl_bf16",
-         A9,
-         BF16,
-         1,
-         3,
-         1,
-         41,
-         23,
-         16,
-         24,
-         1,
-         TL,
-         -1,
-         -1,
-         0,
-         BHSD,
-         BSHD,
-         1,
-         1,
-         3},
+        {"causal_br_empty_rows_bf16", A8, BF16, 1, 1, 1, 50, 20, 32, 32, 1, BR, -1, -1, 0, BHSD, BHSD, 1, 1, 0},
+        {"causal_tl_bf16", A9, BF16, 1, 3, 1, 41, 23, 16, 24, 1, TL, -1, -1, 0, BHSD, BSHD, 1, 1, 3},
         {"window_d9_f32", A9, F32, 1, 1, 1, 70, 70, 9, 9, 0, BR, 5, 3, 0, BHSD, BHSD, 1, 1, 0},
-        {"window_diag_only_f16",
-         A7,
-         F16,
-         1,
-         2,
-         2,
-         33,
-         33,
-         8,
-         8,
-         0,
-         TL,
-         0,
-         0,
-         0,
-         BHSD,
-         BHSD,
-         1,
-         1,
-         0},
-        {"window_causal_mqa_f32",
-         A7,
-         F32,
-         1,
-         4,
-         1,
-         64,
-         80,
-         72,
-         72,
-         1,
-         BR,
-         17,
-         -1,
-         0,
-         REVERSED,
-         BHSD,
-         1,
-         1,
-         11},
+        {"window_diag_only_f16", A7, F16, 1, 2, 2, 33, 33, 8, 8, 0, TL, 0, 0, 0, BHSD, BHSD, 1, 1, 0},
+        {"window_causal_mqa_f32", A7, F32, 1, 4, 1, 64, 80, 72, 72, 1, BR, 17, -1, 0, REVERSED, BHSD, 1, 1, 11},
         {"no_lse_f16", A9, F16, 2, 1, 1, 9, 130, 33, 65, 0, BR, -1, -1, 0, BHSD, BHSD, 0, 0, 0},
-        {"wide_d300_f32",
-         A9,
-         F32,
-         1,
-         1,
-         1,
-         20,
-         21,
-         300,
-         300,
-         0,
-         BR,
-         -1,
-         -1,
-         0,
-         BHSD,
-         BHSD,
-         1,
-         1,
-         0},
-        {"wide_d260_dv136_bf16",
-         A7,
-         BF16,
-         1,
-         2,
-         1,
-         17,
-         12,
-         260,
-         136,
-         1,
-         TL,
-         -1,
-         -1,
-         0,
-         BSHD,
-         BHSD,
-         1,
-         1,
-         0},
+        {"wide_d300_f32", A9, F32, 1, 1, 1, 20, 21, 300, 300, 0, BR, -1, -1, 0, BHSD, BHSD, 1, 1, 0},
+        {"wide_d260_dv136_bf16", A7, BF16, 1, 2, 1, 17, 12, 260, 136, 1, TL, -1, -1, 0, BSHD, BHSD, 1, 1, 0},
         {"decode_gqa_f16", A9, F16, 2, 8, 2, 1, 77, 64, 64, 1, BR, -1, -1, 0, BSHD, BSHD, 1, 1, 13},
-        {"packed_window_split_bf16",
-         A7,
-         BF16,
-         1,
-         6,
-         1,
-         5,
-         40,
-         40,
-         200,
-         0,
-         TL,
-         3,
-         0,
-         0,
-         BHSD,
-         BSHD,
-         1,
-         1,
-         0},
-        {"packed_empty_rows_f32",
-         A9,
-         F32,
-         1,
-         4,
-         2,
-         9,
-         3,
-         16,
-         16,
-         1,
-         BR,
-         -1,
-         -1,
-         0,
-         REVERSED,
-         BHSD,
-         1,
-         1,
-         0},
+        {"packed_window_split_bf16", A7, BF16, 1, 6, 1, 5, 40, 40, 200, 0, TL, 3, 0, 0, BHSD, BSHD, 1, 1, 0},
+        {"packed_empty_rows_f32", A9, F32, 1, 4, 2, 9, 3, 16, 16, 1, BR, -1, -1, 0, REVERSED, BHSD, 1, 1, 0},
         {"tiny_d1_dv3_f16", A9, F16, 1, 1, 1, 1, 1, 1, 3, 0, BR, -1, -1, 0, BHSD, BHSD, 1, 1, 0},
         {"d2_causal_f32", A8, F32, 3, 2, 2, 5, 3, 2, 2, 1, BR, -1, -1, 2.5f, BSHD, BSHD, 1, 1, 9},
         {"d512_f16", A9, F16, 1, 1, 1, 9, 10, 512, 512, 0, BR, -1, -1, 0, BHSD, BHSD, 1, 1, 0},
-        {"d1024_dv1000_bf16",
-         A7,
-         BF16,
-         1,
-         2,
-         1,
-         7,
-         11,
-         1024,
-         1000,
-         1,
-         BR,
-         -1,
-         -1,
-         0,
-         BHSD,
-         BHSD,
-         1,
-         1,
-         5},
+        {"d1024_dv1000_bf16", A7, BF16, 1, 2, 1, 7, 11, 1024, 1000, 1, BR, -1, -1, 0, BHSD, BHSD, 1, 1, 5},
     };
+    /* clang-format on */
     const size_t count = sizeof cases / sizeof cases[0];
     const char* filter = argc > 1 ? argv[1] : NULL;
     for (size_t i = 0; i < count; ++i) {

@@ -45,16 +45,18 @@ static uint16_t test_f32_to_f16(float f) {
     if (rem > 0x1000u || (rem == 0x1000u && (half & 1))) ++half;
     return (uint16_t)(sign | half);
 }
+/* Bit for bit, unlike the library's conversion (which scales the significand), so that the
+ * two stay independent: a normal half's exponent rebiased (15 to 127) and its mantissa widened;
+ * a subnormal one is mant x 2^-24, exact in f32; NaN stays a (quiet) NaN. */
 static float test_f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ffu;
-    float mag;
-    if (exp == 0)
-        mag = ldexpf((float)mant, -24);
-    else if (exp == 31)
-        mag = mant ? NAN : INFINITY;
-    else
-        mag = ldexpf((float)(mant | 0x400u), (int)exp - 25);
-    return sign ? -mag : mag;
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu;
+    const uint32_t mant = h & 0x3ffu;
+    if (exp == 0) return (sign ? -1.0f : 1.0f) * (float)mant * 0x1p-24f;
+    const uint32_t bits = exp == 31 ? sign | 0x7f800000u | (mant ? 0x400000u : 0u)
+                                    : sign | ((exp + 112u) << 23) | (mant << 13);
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
 }
 static uint16_t test_f32_to_bf16(float f) {
     uint32_t x;

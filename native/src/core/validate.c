@@ -21,23 +21,22 @@ static const char* const default_dim_names[4] = {"batch", "heads", "seq", "head 
 #define SAME_FIELD(type, first, field)                                                             \
     (offsetof(type, field) == offsetof(first, field) &&                                            \
      sizeof(((type*)0)->field) == sizeof(((first*)0)->field))
-_Static_assert(SAME_FIELD(mfa_attention_params, mfa_attention_params_0_1_0, struct_size) &&
-                   SAME_FIELD(mfa_attention_params, mfa_attention_params_0_1_0, scale) &&
-                   SAME_FIELD(mfa_attention_params, mfa_attention_params_0_1_0, causal) &&
-                   SAME_FIELD(mfa_attention_params, mfa_attention_params_0_1_0, alignment) &&
-                   SAME_FIELD(mfa_attention_params, mfa_attention_params_0_1_0, window_left) &&
-                   SAME_FIELD(mfa_attention_params, mfa_attention_params_0_1_0, window_right),
+/* The first release's layout `first` ends with field `last`, at its struct_size: no padding. */
+#define ENDS_AT(first, last, first_size)                                                           \
+    ((first_size) == offsetof(first, last) + sizeof(((first*)0)->last))
+#define SAME_PARAMS_FIELD(field) SAME_FIELD(mfa_attention_params, mfa_attention_params_0_1_0, field)
+_Static_assert(SAME_PARAMS_FIELD(struct_size) && SAME_PARAMS_FIELD(scale) &&
+                   SAME_PARAMS_FIELD(causal) && SAME_PARAMS_FIELD(alignment) &&
+                   SAME_PARAMS_FIELD(window_left) && SAME_PARAMS_FIELD(window_right),
                "mfa_attention_params must start with the fields of its first release");
-_Static_assert(MFA_ATTENTION_PARAMS_FIRST_SIZE ==
-                   offsetof(mfa_attention_params_0_1_0, window_right) + sizeof(int64_t),
+_Static_assert(ENDS_AT(mfa_attention_params_0_1_0, window_right, MFA_ATTENTION_PARAMS_FIRST_SIZE),
                "the first mfa_attention_params layout ends in no padding");
-_Static_assert(SAME_FIELD(mfa_context_options, mfa_context_options_0_1_0, struct_size) &&
-                   SAME_FIELD(mfa_context_options, mfa_context_options_0_1_0, num_threads) &&
-                   SAME_FIELD(mfa_context_options, mfa_context_options_0_1_0, gpu_family) &&
-                   SAME_FIELD(mfa_context_options, mfa_context_options_0_1_0, sim_schedule_seed),
+#define SAME_OPTIONS_FIELD(field) SAME_FIELD(mfa_context_options, mfa_context_options_0_1_0, field)
+_Static_assert(SAME_OPTIONS_FIELD(struct_size) && SAME_OPTIONS_FIELD(num_threads) &&
+                   SAME_OPTIONS_FIELD(gpu_family) && SAME_OPTIONS_FIELD(sim_schedule_seed),
                "mfa_context_options must start with the fields of its first release");
-_Static_assert(MFA_CONTEXT_OPTIONS_FIRST_SIZE ==
-                   offsetof(mfa_context_options_0_1_0, sim_schedule_seed) + sizeof(uint64_t),
+_Static_assert(ENDS_AT(mfa_context_options_0_1_0, sim_schedule_seed,
+                       MFA_CONTEXT_OPTIONS_FIRST_SIZE),
                "the first mfa_context_options layout ends in no padding");
 #define SAME_ARGS_FIELD(field) SAME_FIELD(mfa_attention_args, mfa_attention_args_0_2_0, field)
 _Static_assert(SAME_ARGS_FIELD(struct_size) && SAME_ARGS_FIELD(softcap) &&
@@ -52,10 +51,12 @@ _Static_assert(SAME_ARGS_FIELD(struct_size) && SAME_ARGS_FIELD(softcap) &&
                    SAME_ARGS_FIELD(cache_seqlens) && SAME_ARGS_FIELD(k_new) &&
                    SAME_ARGS_FIELD(v_new),
                "mfa_attention_args must start with the fields of its first release");
-_Static_assert(MFA_ATTENTION_ARGS_FIRST_SIZE ==
-                   offsetof(mfa_attention_args_0_2_0, v_new) + sizeof(const mfa_array*),
+_Static_assert(ENDS_AT(mfa_attention_args_0_2_0, v_new, MFA_ATTENTION_ARGS_FIRST_SIZE),
                "the first mfa_attention_args layout ends in no padding");
 #undef SAME_ARGS_FIELD
+#undef SAME_OPTIONS_FIELD
+#undef SAME_PARAMS_FIELD
+#undef ENDS_AT
 #undef SAME_FIELD
 
 mfa_status mfa_read_input_struct(const void* given, void* resolved, size_t first_size,

@@ -1,59 +1,9 @@
 #include "cpu/thread_pool.h"
 
-#include <pthread.h>
-
 #include <algorithm>
 #include <new>
 
 namespace mfa_cpu {
-
-/* Every live pool, so that a fork() finds each one consistent: the prepare handler takes every
- * pool's lock (held only briefly, never while a task runs), the parent's handler gives them back,
- * and the child's makes them fresh and unlocked, with no jobs and no workers (the threads behind
- * both stayed in the parent). Allocated once and never destroyed, so that pools destroyed during
- * static destruction still find it. */
-struct ThreadPoolRegistry {
-    std::mutex mutex;
-    ThreadPool* first = nullptr;
-
-    static ThreadPoolRegistry& instance() {
-        static ThreadPoolRegistry* registry = [] {
-            auto* r = new ThreadPoolRegistry;
-            pthread_atfork(&prepare_fork, &after_fork_in_parent, &after_fork_in_child);
-            return r;
-        }();
-        return *registry;
-    }
-
-    static void prepare_fork() {
-        ThreadPoolRegistry& r = instance();
-        r.mutex.lock();
-        for (ThreadPool* pool = r.first; pool; pool = pool->next_) pool->mutex_.lock();
-    }
-
-    static void after_fork_in_parent() {
-        ThreadPoolRegistry& r = instance();
-        for (ThreadPool* pool = r.first; pool; pool = pool->next_) pool->mutex_.unlock();
-        r.mutex.unlock();
-    }
-
-    /* Fresh objects over the parent's (reusing storage without running destructors is well
-     * defined): a std::thread of a thread that does not exist here must never be joined, and a
-     * condition variable must not keep the parent's waiters. */
-    static void after_fork_in_child() {
-        ThreadPoolRegistry& r = instance();
-        for (ThreadPool* pool = r.first; pool; pool = pool->next_) {
-            for (std::thread& worker : pool->workers_) new (&worker) std::thread();
-            pool->workers_.clear();
-            pool->jobs_.clear();
-            pool->forked_ = true;
-            new (&pool->work_available_) std::condition_variable;
-            new (&pool->job_finished_) std::condition_variable;
-            new (&pool->mutex_) std::mutex;
-        }
-        new (&r.mutex) std::mutex;
-    }
-};
 
 ThreadPool::ThreadPool(int threads) : threads_(std::max(threads, 1)) {
     workers_.reserve(static_cast<size_t>(threads_ - 1));
@@ -63,21 +13,25 @@ ThreadPool::ThreadPool(int threads) : threads_(std::max(threads, 1)) {
         stop();
         throw;
     }
-    ThreadPoolRegistry& r = ThreadPoolRegistry::instance();
-    std::lock_guard<std::mutex> lock(r.mutex);
-    next_ = r.first;
-    if (next_) next_->prev_ = this;
-    r.first = this;
+    mfa::ForkRegistry<ThreadPool>::add(this);
 }
 
 ThreadPool::~ThreadPool() {
-    {
-        ThreadPoolRegistry& r = ThreadPoolRegistry::instance();
-        std::lock_guard<std::mutex> lock(r.mutex);
-        (prev_ ? prev_->next_ : r.first) = next_;
-        if (next_) next_->prev_ = prev_;
-    }
+    mfa::ForkRegistry<ThreadPool>::remove(this);
     stop();
+}
+
+/* Fresh objects over the parent's (reusing storage without running destructors is well
+ * defined): a std::thread of a thread that does not exist here must never be joined, and a
+ * condition variable must not keep the parent's waiters. */
+void ThreadPool::reset_in_fork_child() {
+    for (std::thread& worker : workers_) new (&worker) std::thread();
+    workers_.clear();
+    jobs_.clear();
+    forked_ = true;
+    new (&work_available_) std::condition_variable;
+    new (&job_finished_) std::condition_variable;
+    new (&mutex_) std::mutex;
 }
 
 void ThreadPool::start_workers() {

@@ -22,6 +22,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/fork_registry.h"
+
 namespace mfa_cpu {
 
 class ThreadPool {
@@ -43,7 +45,7 @@ class ThreadPool {
     void run(int64_t count, Task task, void* context);
 
   private:
-    friend struct ThreadPoolRegistry;
+    friend class mfa::ForkRegistry<ThreadPool>;
 
     struct Job {
         Task task;
@@ -60,6 +62,8 @@ class ThreadPool {
     void start_workers();
     /* Claims the next index of job, or returns false once all are claimed. Needs mutex_. */
     static bool claim(Job& job, int64_t& index);
+    /* In a fork child: no jobs and no workers (their threads stayed in the parent). */
+    void reset_in_fork_child();
 
     const int threads_;
     std::mutex mutex_;

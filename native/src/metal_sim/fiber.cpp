@@ -1,6 +1,5 @@
 #include "metal_sim/fiber.h"
 
-#include <pthread.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -177,75 +176,28 @@ namespace {
 std::atomic<size_t> process_stacks{0}; // stacks mapped by all pools
 } // namespace
 
-// Every live pool, so that fork() finds each one unlocked and consistent: the prepare handler
-// takes every pool's mutex (they are only ever held briefly, never while kernels run), the
-// parent's handler gives them back, and the child's makes them fresh, unlocked, with every set
-// free (the calls that held sets ran on threads that do not exist in the child) and no waiter
-// (ditto). Allocated once and never destroyed, so contexts destroyed during static destruction
-// still find it.
-struct FiberStackPoolRegistry {
-    std::mutex mutex;
-    FiberStackPool* first = nullptr;
-
-    static FiberStackPoolRegistry& instance() {
-        static FiberStackPoolRegistry* registry = [] {
-            auto* r = new FiberStackPoolRegistry;
-            pthread_atfork(&prepare_fork, &after_fork_in_parent, &after_fork_in_child);
-            return r;
-        }();
-        return *registry;
-    }
-
-    static void prepare_fork() {
-        FiberStackPoolRegistry& r = instance();
-        r.mutex.lock();
-        for (FiberStackPool* pool = r.first; pool; pool = pool->next_) pool->mutex_.lock();
-    }
-
-    static void after_fork_in_parent() {
-        FiberStackPoolRegistry& r = instance();
-        for (FiberStackPool* pool = r.first; pool; pool = pool->next_) pool->mutex_.unlock();
-        r.mutex.unlock();
-    }
-
-    // Fresh objects over the locked ones (reusing their storage without running destructors
-    // is well defined); a condition variable must not keep the parent's waiters either.
-    static void after_fork_in_child() {
-        FiberStackPoolRegistry& r = instance();
-        for (FiberStackPool* pool = r.first; pool; pool = pool->next_) {
-            for (auto& set : pool->sets_) {
-                set->reserved = false;
-                // Fibers may have been mid-call on any of them: their frames stay poisoned for
-                // AddressSanitizer, and ThreadSanitizer's contexts of the parent's fibers are
-                // left to it (not destroyed: it knows them as the parent's).
-                for (auto& stack : set->stacks) {
-                    stack->abandoned = true;
-                    stack->thread_sanitizer_fiber = nullptr;
-                }
-            }
-            new (&pool->given_back_) std::condition_variable;
-            new (&pool->mutex_) std::mutex;
-        }
-        new (&r.mutex) std::mutex;
-    }
-};
-
-FiberStackPool::FiberStackPool() {
-    FiberStackPoolRegistry& r = FiberStackPoolRegistry::instance();
-    std::lock_guard<std::mutex> lock(r.mutex);
-    next_ = r.first;
-    if (next_) next_->prev_ = this;
-    r.first = this;
-}
+FiberStackPool::FiberStackPool() { mfa::ForkRegistry<FiberStackPool>::add(this); }
 
 FiberStackPool::~FiberStackPool() {
-    {
-        FiberStackPoolRegistry& r = FiberStackPoolRegistry::instance();
-        std::lock_guard<std::mutex> lock(r.mutex);
-        (prev_ ? prev_->next_ : r.first) = next_;
-        if (next_) next_->prev_ = prev_;
-    }
+    mfa::ForkRegistry<FiberStackPool>::remove(this);
     for (auto& set : sets_) unmap(set.get());
+}
+
+// Fresh objects over the locked ones (reusing their storage without running destructors is
+// well defined); a condition variable must not keep the parent's waiters either.
+void FiberStackPool::reset_in_fork_child() {
+    for (auto& set : sets_) {
+        set->reserved = false;
+        // Fibers may have been mid-call on any of them: their frames stay poisoned for
+        // AddressSanitizer, and ThreadSanitizer's contexts of the parent's fibers are
+        // left to it (not destroyed: it knows them as the parent's).
+        for (auto& stack : set->stacks) {
+            stack->abandoned = true;
+            stack->thread_sanitizer_fiber = nullptr;
+        }
+    }
+    new (&given_back_) std::condition_variable;
+    new (&mutex_) std::mutex;
 }
 
 bool FiberStackPool::grow(WorkerSet* set, size_t count, bool beyond_process_bound) {

@@ -14,6 +14,8 @@
 #include <mutex>
 #include <vector>
 
+#include "core/fork_registry.h"
+
 namespace mfa::sim {
 
 // An mmap'ed stack with a PROT_NONE guard page below it, so an overflow faults instead of
@@ -91,7 +93,7 @@ class FiberStackPool {
 
   private:
     friend class FiberStackReservation;
-    friend struct FiberStackPoolRegistry;
+    friend class mfa::ForkRegistry<FiberStackPool>;
     struct WorkerSet {
         std::vector<std::unique_ptr<FiberStack>> stacks;
         bool reserved = false;
@@ -103,6 +105,9 @@ class FiberStackPool {
     // mapping says no.
     bool grow(WorkerSet* set, size_t count, bool beyond_process_bound);
     void unmap(WorkerSet* set);
+    // In a fork child: every set free (the calls that held sets ran on threads that do not
+    // exist there) and no waiter (ditto).
+    void reset_in_fork_child();
 
     std::mutex mutex_;
     std::condition_variable given_back_;

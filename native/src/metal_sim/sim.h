@@ -111,7 +111,7 @@ enum class ConstantType : uint8_t { Bool, Char, UChar, Short, UShort, Int, UInt,
 struct FunctionConstant {
     uint16_t index = 0;
     ConstantType type = ConstantType::Int;
-    union {
+    union Value {
         bool b;
         int32_t i;  // Char, Short, Int (range-checked against the declared type)
         uint32_t u; // UChar, UShort, UInt
@@ -119,36 +119,29 @@ struct FunctionConstant {
     } value = {};
 
     static FunctionConstant of_bool(uint16_t index, bool v) {
-        FunctionConstant c = typed(index, ConstantType::Bool);
-        c.value.b = v;
-        return c;
+        return typed(index, ConstantType::Bool, &Value::b, v);
     }
     static FunctionConstant of_int(uint16_t index, int32_t v) {
-        FunctionConstant c = typed(index, ConstantType::Int);
-        c.value.i = v;
-        return c;
+        return typed(index, ConstantType::Int, &Value::i, v);
     }
     static FunctionConstant of_uint(uint16_t index, uint32_t v) {
-        FunctionConstant c = typed(index, ConstantType::UInt);
-        c.value.u = v;
-        return c;
+        return typed(index, ConstantType::UInt, &Value::u, v);
     }
     static FunctionConstant of_float(uint16_t index, float v) {
-        FunctionConstant c = typed(index, ConstantType::Float);
-        c.value.f = v;
-        return c;
+        return typed(index, ConstantType::Float, &Value::f, v);
     }
     static FunctionConstant of_half(uint16_t index, float v) {
-        FunctionConstant c = typed(index, ConstantType::Half);
-        c.value.f = v;
-        return c;
+        return typed(index, ConstantType::Half, &Value::f, v);
     }
 
   private:
-    static FunctionConstant typed(uint16_t index, ConstantType type) {
+    // The constant at index of the given type, with the value in the union member it reads.
+    template <typename T>
+    static FunctionConstant typed(uint16_t index, ConstantType type, T Value::*member, T v) {
         FunctionConstant c;
         c.index = index;
         c.type = type;
+        c.value.*member = v;
         return c;
     }
 };
