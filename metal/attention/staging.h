@@ -185,25 +185,11 @@ inline simd_fragment staged_fragment(const threadgroup uchar* tile, uint row, ui
 
 // The 8x8 block at operand rows [row, row + 8), columns [col, col + 8), or its transpose, read
 // by each lane straight from device memory; zero at or past the operand's last row and column
-// col_end, tested only when `edge`. Untransposed, a lane's two elements are neighbours in a row:
-// one 2-element load where the operand's rows take vectors (col and fragment_col are even).
+// col_end, tested only when `edge`.
 inline simd_fragment device_fragment(staged_operand operand, int row, uint col, uint col_end,
                                      bool transpose, bool edge, ushort lane) {
     simd_fragment f;
     const uint r = fragment_row(lane), c = fragment_col(lane);
-    if (!edge && !transpose && operand.vectors) {
-        const long at = operand.at(row + int(r), col + c);
-        if (fc_element_size == 4) {
-            const float2 pair = *(device const float2*)((device const float*)operand.data + at);
-            f.thread_elements()[0] = pair.x;
-            f.thread_elements()[1] = pair.y;
-        } else {
-            const ushort2 pair = *(device const ushort2*)((device const ushort*)operand.data + at);
-            f.thread_elements()[0] = widen_bits(pair.x);
-            f.thread_elements()[1] = widen_bits(pair.y);
-        }
-        return f;
-    }
     for (ushort e = 0; e < 2; ++e) {
         const int element_row = row + int(transpose ? c + e : r);
         const uint element_col = col + (transpose ? r : c + e);
