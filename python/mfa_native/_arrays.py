@@ -349,9 +349,8 @@ class _TorchKind:
         if like is None:
             for shape, dtype in specs:
                 tensor = self.torch.empty(shape, dtype=self.from_numpy[dtype])
-                view = ArrayView(
-                    self, CPU, tensor.data_ptr(), 0, dtype, shape, tensor.stride(), True, tensor
-                )
+                address, strides = tensor.data_ptr(), _contiguous_strides(shape)
+                view = ArrayView(self, CPU, address, 0, dtype, shape, strides, True, tensor)
                 results.append((tensor, view))
             return results
         device = like.keepalive.device
@@ -408,17 +407,24 @@ class _MlxKind:
         # MLX hands out its buffer whatever the flags: from_buffer takes a strided one too.
         address = int(_dlpack.cast(_UINTPTR, _dlpack.from_buffer(array)))
         _check_alignment(name, address, itemsize)
-        strides = tuple(stride // itemsize for stride in memory.strides)
-        return ArrayView(self, CPU, address, 0, numpy_dtype, memory.shape, strides, False, array)
+        shape = memory.shape
+        strides = (
+            _contiguous_strides(shape)
+            if memory.c_contiguous
+            else tuple(stride // itemsize for stride in memory.strides)
+        )
+        return ArrayView(self, CPU, address, 0, numpy_dtype, shape, strides, False, array)
 
     def empty(self, specs, like=None):
         """New arrays in the memory MLX keeps every array in: CPU memory, or (where Metal is
         available) Metal buffers, exported as kDLMetal like the inputs (like: the call's
         first input, whose memory the results must share)."""
-        # An array made from host memory exists at once, where mx.zeros would need an
-        # evaluation: a round trip to MLX's stream thread that costs more than the copy of
-        # a small result, and a pass over memory as long as the copy's for a large one.
-        arrays = [self.mx.array(np.empty(shape, dtype)) for shape, dtype in specs]
+        # An array made from host memory exists at once, where one MLX allocates (mx.zeros,
+        # mx.empty) would need an evaluation: a round trip to MLX's stream thread that costs
+        # more than the copy of a small result, and a pass over memory as long as the copy's
+        # for a large one. (MLX makes no array of host memory in place: mx.from_dlpack(...,
+        # copy=False) refuses CPU memory.)
+        arrays = [self.mx.array(_uninitialized(shape, dtype)) for shape, dtype in specs]
         results = []
         for array, (shape, dtype) in zip(arrays, specs):
             if like is None:
@@ -438,6 +444,26 @@ class _MlxKind:
             view.writable = True
             results.append((array, view))
         return results
+
+
+# (shape, dtype) -> the numpy array that MLX results of that shape are copied from: never
+# written (its contents are garbage that the call overwrites), so shared by every thread; kept
+# for results up to _KEPT_BYTES, where allocating and faulting in a fresh source each call
+# would cost as much as the copy itself.
+_sources: dict[tuple[tuple[int, ...], np.dtype], np.ndarray] = {}
+_SOURCES_KEPT = 64
+_KEPT_BYTES = 2**20
+
+
+def _uninitialized(shape, dtype):
+    source = _sources.get((shape, dtype))
+    if source is None:
+        source = np.empty(shape, dtype)
+        if source.nbytes <= _KEPT_BYTES:
+            if len(_sources) >= _SOURCES_KEPT:
+                _sources.clear()
+            _sources[shape, dtype] = source
+    return source
 
 
 class _OtherKind:

@@ -525,7 +525,7 @@ def _read_offsets(call, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
 # ---- score modifiers ------------------------------------------------------------------------
 
 
-def _read_modifiers(call, dtype, sizes, *, mask, block_mask, softcap, alibi_slopes, sinks):
+def _read_modifiers(call, dtype, sizes, mask, block_mask, softcap, alibi_slopes, sinks):
     """The score modifiers of a call whose masks cover sizes = (B, Hq, Nq, Nk); returns the
     softcap for the C library (0 for none)."""
     batch, heads_q, seq_q, seq_k = sizes
@@ -842,22 +842,26 @@ def attention(
         mask, softcap, ALiBi, sinks, an initial state...) that the backend lacks, named (see
         :attr:`Context.capabilities`); or what it fails to run.
     """
+    return attend(
+        q, k, v, causal, causal_alignment, window, scale, mask, block_mask, softcap,
+        alibi_slopes, sinks, layout, return_lse, accumulate, backend, out, lse,
+    )  # fmt: skip
+
+
+def attend(
+    q, k, v, causal, causal_alignment, window, scale, mask, block_mask, softcap, alibi_slopes,
+    sinks, layout, return_lse, accumulate, backend, out, lse,
+):  # fmt: skip
+    """:func:`attention` with every argument given in its order: the adapters call it so,
+    without a keyword interface to bind (the same checks, in the same order)."""
     q, k, v, arrays = _read_inputs(q, k, v, layout)
     params = _params(causal, causal_alignment, window, scale)
     batch, heads_q, seq_q, _ = arrays.sizes(q)
     call = _Call()
     for name, view in (("q", q), ("k", k), ("v", v)):
         call.add(name, name, view, arrays.view(view))
-    cap = _read_modifiers(
-        call,
-        q.dtype,
-        (batch, heads_q, seq_q, arrays.size(k, _SEQ)),
-        mask=mask,
-        block_mask=block_mask,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-        sinks=sinks,
-    )
+    masked = (batch, heads_q, seq_q, arrays.size(k, _SEQ))
+    cap = _read_modifiers(call, q.dtype, masked, mask, block_mask, softcap, alibi_slopes, sinks)
     sizes = (batch, heads_q, seq_q, arrays.size(v, _DIM))
     return _forward(
         q, call, arrays, sizes, (params, cap, return_lse, accumulate, backend, out, lse)
@@ -948,15 +952,9 @@ layout, backend
     # The forward's order: operands, options, then modifiers (here after out, dout and lse).
     operands = (dout, out, lse, q_view, k_view, v_view)
     params = _params(causal, causal_alignment, window, scale)
+    masked = (batch, heads_q, seq_q, arrays.size(k_view, _SEQ))
     cap = _read_modifiers(
-        call,
-        q_view.dtype,
-        (batch, heads_q, seq_q, arrays.size(k_view, _SEQ)),
-        mask=mask,
-        block_mask=block_mask,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-        sinks=sinks,
+        call, q_view.dtype, masked, mask, block_mask, softcap, alibi_slopes, sinks
     )
     options = (params, cap, sinks, backend, dq, dk, dv, dsinks, return_dsinks)
     return _backward(arrays, sizes, call, operands, options)
@@ -1086,16 +1084,8 @@ def attention_varlen(
     )
     params = _params(causal, causal_alignment, window, scale)
     heads_q = q.shape[1]
-    cap = _read_modifiers(
-        call,
-        q.dtype,
-        (batch, heads_q, max_q, max_k),
-        mask=mask,
-        block_mask=block_mask,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-        sinks=sinks,
-    )
+    masked = (batch, heads_q, max_q, max_k)
+    cap = _read_modifiers(call, q.dtype, masked, mask, block_mask, softcap, alibi_slopes, sinks)
     sizes = (1, heads_q, q.shape[0], v.shape[2])
     options = (params, cap, return_lse, accumulate, backend, out, lse)
     extra = (("max_seqlen_q", max_q), ("max_seqlen_k", max_k))
@@ -1150,15 +1140,9 @@ def attention_varlen_backward(
     sizes = (1, heads_q, q_view.shape[0], v_view.shape[2])
     operands = (dout, out, lse, q_view, k_view, v_view)
     params = _params(causal, causal_alignment, window, scale)
+    masked = (batch, heads_q, max_q, max_k)
     cap = _read_modifiers(
-        call,
-        q_view.dtype,
-        (batch, heads_q, max_q, max_k),
-        mask=mask,
-        block_mask=block_mask,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-        sinks=sinks,
+        call, q_view.dtype, masked, mask, block_mask, softcap, alibi_slopes, sinks
     )
     options = (params, cap, sinks, backend, dq, dk, dv, dsinks, return_dsinks)
     extra = (("max_seqlen_q", max_q), ("max_seqlen_k", max_k))
@@ -1322,16 +1306,8 @@ def attention_with_kvcache(
         call.add("k_new", "k", k_new, arrays.view(k_new))
         call.add("v_new", "v", v_new, arrays.view(v_new))
     params = _params(causal, causal_alignment, window, scale)
-    cap = _read_modifiers(
-        call,
-        q.dtype,
-        (batch, heads_q, seq_q, table.shape[1] * block_size),
-        mask=mask,
-        block_mask=block_mask,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-        sinks=sinks,
-    )
+    masked = (batch, heads_q, seq_q, table.shape[1] * block_size)
+    cap = _read_modifiers(call, q.dtype, masked, mask, block_mask, softcap, alibi_slopes, sinks)
     sizes = (batch, heads_q, seq_q, arrays.size(v_cache, _DIM))
     return _forward(
         q, call, arrays, sizes, (params, cap, return_lse, accumulate, backend, out, lse)

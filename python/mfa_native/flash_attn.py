@@ -125,11 +125,12 @@ def _translate(
     }
 
 
-def _results(out: Tensor, softmax_lse: Tensor, return_attn_probs: Any) -> Result:
+def _results(out: Tensor, softmax_lse: Tensor | None, return_attn_probs: Any) -> Result:
     """out, or flash-attn's (out, softmax_lse, S_dmask): S_dmask exists to test the dropout
     pattern, and flash-attn returns an empty tensor in its place without dropout, as does this."""
     if not _flag("return_attn_probs", return_attn_probs):
         return out
+    assert softmax_lse is not None  # computed where return_attn_probs asks for it
     return out, softmax_lse, out.new_empty((0,))
 
 
@@ -137,8 +138,10 @@ def _flash_attn(q: Tensor, k: Tensor, v: Tensor, return_attn_probs: Any, *flash:
     """The shared body of the three dense functions once q, k and v are separate [B, N, H, D]
     tensors (views into a packed tensor for the packed functions); flash: dropout_p,
     softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic."""
-    out, softmax_lse = _attend(q, k, v, _options(**_translate(*flash), layout="bshd"))
-    return _results(out, softmax_lse, return_attn_probs)
+    options = _options(**_translate(*flash), layout="bshd")
+    probabilities = _flag("return_attn_probs", return_attn_probs)
+    out, softmax_lse = _attend(q, k, v, options, probabilities)
+    return _results(out, softmax_lse, probabilities)
 
 
 @keyword_hints(_FLASH_ATTN_NAMES)

@@ -14,10 +14,19 @@ softcap, ALiBi, sinks). Both are ``mx.custom_function``s whose VJP is mfa's fuse
 which MLX's own attention lacks (it differentiates an unfused composition that materialises
 the scores); the sinks get their gradient too, masks and ALiBi slopes are constants.
 
-The computation is eager: the inputs are evaluated when the function is called, and the
-result is an evaluated array, so these functions cannot run inside ``mx.compile`` or
-``mx.vmap``. Arrays are float32, float16 or bfloat16, read in place (never copied), with any
-strides; the dtypes of q, k and v must match (MLX would promote them).
+The computation is eager: the inputs are evaluated when the function is called and mfa
+computes the result then, so these functions cannot run inside ``mx.compile`` or ``mx.vmap``.
+The arrays returned hold their values already but reach the caller through
+``mx.custom_function``'s primitives, which share their buffers when the caller's next
+``mx.eval`` evaluates them (no computation, but evaluating them alone costs a round trip to
+MLX's stream thread). Arrays are float32, float16 or bfloat16, read in place (never copied),
+with any strides; the dtypes of q, k and v must match (MLX would promote them). On the CPU the
+results are copies: MLX makes no array of host memory in place (``mx.from_dlpack(...,
+copy=False)`` refuses CPU memory), and an array it allocates itself (``mx.zeros``) exists
+only once evaluated, a round trip to its stream thread (and a pass writing zeros) that costs
+more than copying a result of the sizes where the copy shows; so the results are new arrays
+copied from a never-written host buffer, then written by mfa through MLX's buffer protocol
+(writable, as MLX documents for numpy views of its arrays) before anything else can see them.
 
 What ran where: MLX's CPU device (``pip install "mlx[cpu]"``, Linux), forward and mx.grad, on
 every CI run. On an Apple GPU the arrays (MLX's Metal buffers, DLPack kDLMetal: the
@@ -43,14 +52,40 @@ from ._keywords import keyword_hints
 __all__ = ["attention", "scaled_dot_product_attention"]
 
 
+# The score options of a call, the arguments of mfa_native._attention.attend from causal to
+# alibi_slopes (masks and slopes among them: constants of the function), named by _SCORES.
+_Scores = tuple[Any, Any, Any, Any, Any, Any, Any, Any]
+_SCORES = (
+    "causal", "causal_alignment", "window", "scale", "mask", "block_mask", "softcap",
+    "alibi_slopes",
+)  # fmt: skip
+
+
+class _Options:
+    """A call's options, the scores and the backend. mx.custom_function hands its keyword
+    arguments on to the VJP one by one (some 0.8 us a call each); this one object it passes as
+    it is."""
+
+    __slots__ = ("scores", "backend")
+
+    def __init__(self, scores: _Scores, backend: str) -> None:
+        self.scores = scores
+        self.backend = backend
+
+
 def _forward(
-    q: mx.array, k: mx.array, v: mx.array, sinks: mx.array | None, options: dict[str, Any]
+    q: mx.array, k: mx.array, v: mx.array, sinks: mx.array | None, options: _Options
 ) -> tuple[mx.array, mx.array]:
-    return _attention.attention(q, k, v, **options, sinks=sinks, return_lse=True)
+    return cast(
+        "tuple[mx.array, mx.array]",
+        _attention.attend(
+            q, k, v, *options.scores, sinks, "bhsd", True, False, options.backend, None, None
+        ),
+    )
 
 
 def _backward(
-    primals: Any, cotangents: Any, outputs: Any, sinks: mx.array | None, options: dict[str, Any]
+    primals: Any, cotangents: Any, outputs: Any, sinks: mx.array | None, options: _Options
 ) -> tuple[mx.array, ...]:
     """mfa's backward with the forward's very options; lse is returned through
     mx.stop_gradient, so its cotangent is 0 and only dout counts."""
@@ -58,33 +93,36 @@ def _backward(
     dout, _ = cotangents
     out, lse = outputs
     gradients = _attention.attention_backward(
-        dout, q, k, v, out, lse, **options, sinks=sinks, return_dsinks=sinks is not None
-    )
+        dout, q, k, v, out, lse, **dict(zip(_SCORES, options.scores)), sinks=sinks,
+        backend=options.backend, return_dsinks=sinks is not None,
+    )  # fmt: skip
     return cast("tuple[mx.array, ...]", gradients)
 
 
 # Two custom functions, as MLX differentiates positional arguments only and takes no None
 # among them: without sinks (three primals) and with them (four, dsinks the fourth gradient).
-# The keyword arguments (the options, masks and slopes among them) are constants of both.
+# The options are a constant of both.
 @mx.custom_function
-def _attention_with_lse(q: mx.array, k: mx.array, v: mx.array, **options: Any) -> Any:
+def _attention_with_lse(q: mx.array, k: mx.array, v: mx.array, *, options: _Options) -> Any:
     return _forward(q, k, v, None, options)
 
 
 @_attention_with_lse.vjp
-def _attention_vjp(primals: Any, cotangents: Any, outputs: Any, **options: Any) -> Any:
+def _attention_vjp(primals: Any, cotangents: Any, outputs: Any, *, options: _Options) -> Any:
     return _backward(primals, cotangents, outputs, None, options)
 
 
 @mx.custom_function
 def _attention_with_sinks(
-    q: mx.array, k: mx.array, v: mx.array, sinks: mx.array, **options: Any
+    q: mx.array, k: mx.array, v: mx.array, sinks: mx.array, *, options: _Options
 ) -> Any:
     return _forward(q, k, v, sinks, options)
 
 
 @_attention_with_sinks.vjp
-def _attention_with_sinks_vjp(primals: Any, cotangents: Any, outputs: Any, **options: Any) -> Any:
+def _attention_with_sinks_vjp(
+    primals: Any, cotangents: Any, outputs: Any, *, options: _Options
+) -> Any:
     return _backward(primals, cotangents, outputs, primals[3], options)
 
 
@@ -176,23 +214,31 @@ def attention(
     constants (their gradient is zero). With ``return_lse=True`` the float32 log-sum-exp
     ``[B, Hq, Nq]`` is returned too, through ``mx.stop_gradient``: it carries no gradient.
     """
-    backend = _backend_of(stream)
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
-    options = {
-        "causal": causal, "causal_alignment": causal_alignment, "window": window,
-        "scale": scale, "mask": mask, "block_mask": block_mask, "softcap": softcap,
-        "alibi_slopes": alibi_slopes, "backend": backend,
-    }  # fmt: skip
+    scores = (causal, causal_alignment, window, scale, mask, block_mask, softcap, alibi_slopes)
+    out, lse = _attend(q, k, v, scores, sinks, stream)
+    return (out, mx.stop_gradient(lse)) if return_lse else out
+
+
+def _attend(
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    scores: _Scores,
+    sinks: mx.array | None,
+    stream: None | mx.Stream | mx.Device,
+) -> tuple[mx.array, mx.array]:
+    """(out, lse) through the custom function that fits: with sinks or without."""
+    options = _Options(scores, _backend_of(stream))
     if sinks is None:
-        result = _attention_with_lse(q, k, v, **options)
+        result = _attention_with_lse(q, k, v, options=options)
     else:
         if isinstance(sinks, mx.array) and sinks.dtype != mx.float32:
             # mfa's sinks are float32; the cast is differentiated by MLX (dsinks cast back).
             sinks = sinks.astype(mx.float32)
-        result = _attention_with_sinks(q, k, v, sinks, **options)
-    out, lse = cast("tuple[mx.array, mx.array]", result)
-    return (out, mx.stop_gradient(lse)) if return_lse else out
+        result = _attention_with_sinks(q, k, v, sinks, options=options)
+    return cast("tuple[mx.array, mx.array]", result)
 
 
 _SDPA_NAMES = {
@@ -259,9 +305,8 @@ def scaled_dot_product_attention(
         raise TypeError(f"force_fused must be a bool, got {type(force_fused).__name__}")
     if q.ndim != 4:
         raise ValueError(f"q must have rank 4 (B, H, N, D), as in MLX, got shape {q.shape}")
-    return attention(
-        q, k, v, causal=causal, scale=scale, mask=array_mask, sinks=sinks, stream=stream
-    )
+    scores = (causal, "bottom_right", None, scale, array_mask, None, None, None)
+    return _attend(q, k, v, scores, sinks, stream)[0]
 
 
 # Ring attention over mx.distributed, defined in mfa_native.mlx_ring and reached from here too.

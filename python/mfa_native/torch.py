@@ -128,15 +128,23 @@ _SINKS = _Options._fields.index("sinks")
 
 
 def _forward_kernel(q: Tensor, k: Tensor, v: Tensor, *options: Any) -> tuple[Tensor, Tensor]:
-    return _forward(q, k, v, _Options(*options))
+    return cast("tuple[Tensor, Tensor]", _forward(q, k, v, _Options(*options)))
 
 
-def _forward(q: Tensor, k: Tensor, v: Tensor, given: _Options) -> tuple[Tensor, Tensor]:
+def _forward(
+    q: Tensor, k: Tensor, v: Tensor, given: _Options, return_lse: bool = True
+) -> tuple[Tensor, Tensor | None]:
+    """(out, lse) by mfa_native's functions; lse None where it is not asked for."""
     if given.cu_seqlens_q is not None:
         return _attention.attention_varlen(
             q, k, v, *given.packed(), **given.keywords(), return_lse=True
         )
-    return _attention.attention(q, k, v, **given.keywords(), layout=given.layout, return_lse=True)
+    result = _attention.attend(
+        q, k, v, given.causal, given.causal_alignment, (given.window_left, given.window_right),
+        given.scale, given.mask, given.block_mask, given.softcap, given.alibi_slopes,
+        given.sinks, given.layout, return_lse, False, given.backend, None, None,
+    )  # fmt: skip
+    return result if return_lse else (result, None)
 
 
 def _backward_kernel(
@@ -193,8 +201,12 @@ def _backward_fake(
 def _save(
     ctx: Any, q: Tensor, k: Tensor, v: Tensor, options: Sequence[Any], out: Tensor, lse: Tensor
 ) -> None:
-    ctx.save_for_backward(q, k, v, out, lse, *options[:_TENSOR_OPTIONS])
-    ctx.options = tuple(options[_TENSOR_OPTIONS:])
+    # The options as one attribute (each costs some 0.4 us a call); the tensors among them are
+    # saved too, so that autograd checks that they did not change before the backward: those
+    # given only, as each saved entry, None included, costs as much.
+    ctx.options = options
+    given = [tensor for tensor in options[:_TENSOR_OPTIONS] if tensor is not None]
+    ctx.save_for_backward(q, k, v, out, lse, *given)
     ctx.mark_non_differentiable(lse)
 
 
@@ -205,8 +217,10 @@ def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tens
 
 def _backward(ctx: Any, dout: Tensor, _dlse: Tensor | None) -> tuple[Tensor | None, ...]:
     """Gradients of q, k, v and the sinks; the masks, slopes and offsets are constants."""
-    q, k, v, out, lse, *tensors = ctx.saved_tensors
-    options = (*tensors, *ctx.options)
+    q, k, v, out, lse, *saved = ctx.saved_tensors
+    given = iter(saved)
+    tensors = [None if tensor is None else next(given) for tensor in ctx.options[:_TENSOR_OPTIONS]]
+    options = (*tensors, *ctx.options[_TENSOR_OPTIONS:])
     dq, dk, dv, dsinks = _backward_op(dout, q, k, v, out, lse, *options)
     sinks_gradient = dsinks if _Options(*options).sinks is not None else None
     return (dq, dk, dv, None, None, None, sinks_gradient) + (None,) * (len(options) - 4)
@@ -245,32 +259,37 @@ class _Attention(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any, q: Tensor, k: Tensor, v: Tensor, sinks: Tensor | None, options: _Options
+        ctx: Any,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        sinks: Tensor | None,
+        options: _Options,
+        direct: bool,
     ) -> Any:
         # The options travel as one object (an argument of apply() costs about 0.25 us); the
         # sinks, which options holds too, are an input of their own for autograd to see.
-        out, lse = _forward_below_autograd(q, k, v, options)
+        # direct: _reaches_kernel_unchanged(q, k, v, options), as the caller found.
+        if direct:
+            out, lse = cast("tuple[Tensor, Tensor]", _forward(q, k, v, options))
+        else:
+            with torch._C._AutoDispatchBelowAutograd():
+                out, lse = _forward_op(q, k, v, *options)
         _save(ctx, q, k, v, options, out, lse)
         return out, lse
 
     @staticmethod
     def backward(ctx: Any, *gradients: Any) -> Any:
         dq, dk, dv, *option_gradients = _backward(ctx, *gradients)
-        return dq, dk, dv, option_gradients[_SINKS], None
+        return dq, dk, dv, option_gradients[_SINKS], None, None
 
 
-def _forward_below_autograd(
-    q: Tensor, k: Tensor, v: Tensor, options: _Options
-) -> tuple[Tensor, Tensor]:
-    """The forward operator without its autograd wrapper, where nothing is to be recorded
-    (as that wrapper itself redispatches then, but some 8 us a call sooner): every other
-    dispatch key (CPU, MPS, Meta, fake tensors, dispatch modes) still applies. Plain CPU and
-    MPS tensors outside every mode go to the kernel directly, as the dispatcher would send
-    them, without its conversion of the arguments (some 10 us a call)."""
-    if _reaches_kernel_unchanged(q, k, v, options):
-        return _forward(q, k, v, options)
-    with torch._C._AutoDispatchBelowAutograd():
-        return cast("tuple[Tensor, Tensor]", _forward_op(q, k, v, *options))
+# torch.autograd.Function.apply without its Python layer, which binds default arguments for
+# setup_context-style functions (_Attention has none), hands calls under functorch transforms
+# to functorch, and unwraps functorch's dead wrappers (tensors whose dispatch keys are not
+# plain): some 3 us a call. _attend calls it where none of these can apply.
+_apply_attention = super(torch.autograd.Function, _Attention).apply
+_functorch_active = torch._C._are_functorch_transforms_active
 
 
 def _plain_keys() -> frozenset[int]:
@@ -285,12 +304,16 @@ def _plain_keys() -> frozenset[int]:
 
 _PLAIN_KEYS = _plain_keys()
 _dispatch_keys = torch._C._dispatch_keys
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_function_modes = torch._C._is_torch_function_mode_enabled
 
 
 def _reaches_kernel_unchanged(q: Tensor, k: Tensor, v: Tensor, options: _Options) -> bool:
     """Whether the dispatcher would hand these arguments to _forward_kernel as they are: no
-    dispatch or function mode is active and every tensor is a plain CPU or MPS tensor."""
-    if torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled():
+    dispatch or function mode is active and every tensor is a plain CPU or MPS tensor. Such
+    calls go to the kernel directly, as the dispatcher would send them, without its conversion
+    of the arguments (some 10 us a call)."""
+    if _dispatch_modes() or _function_modes():
         return False
     for tensor in (q, k, v, *options[:_TENSOR_OPTIONS]):
         if tensor is not None and (
@@ -300,11 +323,15 @@ def _reaches_kernel_unchanged(q: Tensor, k: Tensor, v: Tensor, options: _Options
     return True
 
 
-def _attend(q: Tensor, k: Tensor, v: Tensor, options: _Options) -> tuple[Tensor, Tensor]:
-    """(out, lse) from the forward operator, recording autograd when a gradient is wanted."""
+def _attend(
+    q: Tensor, k: Tensor, v: Tensor, options: _Options, return_lse: bool = True
+) -> tuple[Tensor, Tensor | None]:
+    """(out, lse) from the forward operator, recording autograd when a gradient is wanted; lse
+    is None where return_lse is False and nothing needs it."""
     if torch.compiler.is_compiling():
         # Dynamo traces the operator, autograd formula included.
         return cast("tuple[Tensor, Tensor]", _forward_op(q, k, v, *options))
+    direct = _reaches_kernel_unchanged(q, k, v, options)
     sinks = options.sinks
     if torch.is_grad_enabled() and (
         q.requires_grad
@@ -312,10 +339,19 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, options: _Options) -> tuple[Tensor,
         or v.requires_grad
         or (sinks is not None and sinks.requires_grad)
     ):
+        if direct and not _functorch_active():
+            result = _apply_attention(q, k, v, sinks, options, True)  # type: ignore[no-untyped-call]
+            return cast("tuple[Tensor, Tensor]", result)
         # Function.apply is unannotated in torch (it forwards to forward()'s signature).
-        out, lse = _Attention.apply(q, k, v, sinks, options)  # type: ignore[no-untyped-call]
+        out, lse = _Attention.apply(q, k, v, sinks, options, direct)  # type: ignore[no-untyped-call]
         return out, lse
-    return _forward_below_autograd(q, k, v, options)
+    if direct:
+        return _forward(q, k, v, options, return_lse)
+    # Below autograd, where nothing is to be recorded (as the operator's autograd wrapper
+    # itself redispatches then, but some 8 us a call sooner): every other dispatch key (CPU,
+    # MPS, Meta, fake tensors, dispatch modes) still applies.
+    with torch._C._AutoDispatchBelowAutograd():
+        return cast("tuple[Tensor, Tensor]", _forward_op(q, k, v, *options))
 
 
 def _window_bounds(window: Any) -> tuple[int, int]:
@@ -476,8 +512,10 @@ def attention(
         mask=mask, block_mask=block_mask, softcap=softcap, alibi_slopes=alibi_slopes,
         sinks=sinks, layout=layout, backend=backend,
     )  # fmt: skip
-    out, lse = _attend(q, k, v, options)
-    return (out, lse) if return_lse else out
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
+    out, lse = _attend(q, k, v, options, return_lse)
+    return (out, cast(Tensor, lse)) if return_lse else out
 
 
 @keyword_hints(_TORCH_NAMES)
@@ -521,7 +559,7 @@ def attention_varlen(
         packed=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
     )  # fmt: skip
     out, lse = _attend(q, k, v, options)
-    return (out, lse) if return_lse else out
+    return (out, cast(Tensor, lse)) if return_lse else out
 
 
 _SDPA_NAMES = {
@@ -602,7 +640,7 @@ def scaled_dot_product_attention(
             "enable_gqa=True for grouped-query attention"
         )
     options = _options(causal=is_causal, causal_alignment="top_left", scale=scale, mask=attn_mask)
-    out, _ = _attend(query, key, value, options)
+    out, _ = _attend(query, key, value, options, False)
     return out
 
 

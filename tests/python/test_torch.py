@@ -551,6 +551,17 @@ def test_tensors_the_dispatcher_must_transform_do_not_take_the_direct_path():
     expected = reference.attention_forward(-q.numpy(), q.numpy(), q.numpy())[0]
     # float32 softmax of 8 keys: a few ulps of values of order 1.
     assert_close("out", mfa_torch.attention(q._neg_view(), q, q).numpy(), expected, 1e-5)
+    # Recording autograd likewise: the operator below autograd, then its gradient through the
+    # view's negation (the reference's dq of -q, negated).
+    leaf = q.clone().requires_grad_()
+    out = mfa_torch.attention(leaf._neg_view(), q, q)
+    assert_close("out", out.detach().numpy(), expected, 1e-5)
+    dout = torch.ones_like(out)
+    out.backward(dout)
+    dq = reference.attention_backward(dout.numpy(), -q.numpy(), q.numpy(), q.numpy())[0]
+    assert_close("dq", leaf.grad.numpy(), -dq, 1e-5)
+    with pytest.raises(TypeError, match="^return_lse must be a bool, got int"):
+        mfa_torch.attention(q, q, q, return_lse=1)
 
 
 def test_an_mps_tensor_is_read_as_its_buffer_and_byte_offset():
@@ -632,7 +643,7 @@ def _count_calls(monkeypatch, name):
 
 def test_multihead_attention_runs_through_mfa_when_routed(monkeypatch):
     """torch.nn.MultiheadAttention looks the function up at call time."""
-    calls = _count_calls(monkeypatch, "attention")
+    calls = _count_calls(monkeypatch, "attend")
     torch.manual_seed(0)
     layer = torch.nn.MultiheadAttention(16, 4, batch_first=True)
     x = torch.randn(2, 7, 16)

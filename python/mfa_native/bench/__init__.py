@@ -10,7 +10,8 @@ of the machine measured in the same run.
 
 The package: ``cases`` (a problem and the named grids), ``peers`` (mfa and what it is compared
 with), ``timing`` (interleaved rounds, agreement, memory), ``roof`` (the native probes),
-``report`` (progress line, table, plot), ``features`` (the studies below), ``naive`` (the naive
+``report`` (progress line, table, plot), ``features`` (the studies below; ``adapters``, the
+front ends' overhead), ``naive`` (the naive
 numpy attention, shared with ``python -m mfa_native demo``) and ``cli``.
 
 Grids (``--grid``, several allowed; ``cases.GRIDS``):
@@ -42,6 +43,10 @@ varlen
     8 packed sequences (8k tokens) against the 8 dense calls (within 10 %) and padding.
 paged
     paged decoding against the dense decode at the same lengths (within 15 %).
+adapters
+    what the front ends for torch (the operator, with and without autograd, its SDPA,
+    flash_attn_func) and MLX (arrays, its SDPA) add to a call over the raw numpy call at
+    N 128 and decoding (under 20 us), in CPU time with the kernel skipped (``adapters``).
 
 ``--dtypes``, ``--seq`` (key rows, and query rows), ``--seq-q``, ``--head-dims``, ``--batch``,
 ``--heads``, ``--kv-heads``, ``--causal`` and ``--window`` replace the grids' own values. These

@@ -30,6 +30,10 @@ varlen
 paged
     paged decoding (``attention_with_kvcache``, blocks of 256 keys in a shuffled table) against
     the dense decode at the same lengths (Hq 32, Hkv 8, D 128, Nq 1): target within 15 %.
+adapters
+    what the torch, flash-attn and MLX front ends add to a call over the raw numpy call at
+    N 128 and decoding (Nq 1, Nk 128), B 1, H 8, D 64: target under 20 us per call, measured
+    in CPU time with the kernel skipped (``adapters`` says how).
 
 ``--quick`` runs each study at one small shape (f32, D 64 or 128, N 2048 / Nk 4096, B 1).
 """
@@ -43,7 +47,7 @@ import mfa_native
 from mfa_native.bench.cases import Case
 from mfa_native.bench.peers import TorchPeer, inputs, numpy_dtype
 
-__all__ = ["STUDIES", "Study", "interleave", "run", "table"]
+__all__ = ["STUDIES", "Study", "agreement", "interleave", "result_row", "run", "table"]
 
 
 def _settle_seconds(name):
@@ -87,7 +91,7 @@ def _difference(got, expected):
 _AGREEMENT = {"f32": 1e-4, "bf16": 3e-2}
 
 
-def _agreement(dtype, got, expected):
+def agreement(dtype, got, expected):
     """The measure of two variants that must give one result: their difference and whether it
     is within the dtype's tolerance."""
     difference = _difference(got, expected)
@@ -118,10 +122,12 @@ class Setup:
     warmups: int
     quick: bool
     flex: bool
-    shrink: int = 1  # every sequence length divided by it (the tests run the studies tiny)
+    # Every sequence length divided by it, and the adapters study's rounds (the tests run the
+    # studies tiny).
+    shrink: int = 1
 
 
-def _row(study, label, seconds, measures):
+def result_row(study, label, seconds, measures):
     """A result row: every variant's median ms and the measures (name -> (value, target text,
     met or None))."""
     return {
@@ -243,7 +249,7 @@ def _modifiers_case(setup, case):
         if name in seconds:
             mine = name.split()[1]
             measures[f"x {name}"] = (paired_ratio(seconds, name, mine), "", None)
-    row = _row("modifiers", case.label(), seconds, measures)
+    row = result_row("modifiers", case.label(), seconds, measures)
     row["errors"] = failures
     return row
 
@@ -313,7 +319,7 @@ def _block_mask_case(setup, seq, dtype):
     for name in ("documents", "documents + summary"):
         speedup = paired_ratio(seconds, "all-true mask", name)
         measures[f"speedup, {name}"] = (speedup, ">= 4", speedup >= 4.0)
-    measures["summary changes nothing"] = _agreement(
+    measures["summary changes nothing"] = agreement(
         dtype, results["documents + summary"], results["documents"]
     )
     for name in ("torch documents", "flex documents"):
@@ -323,7 +329,7 @@ def _block_mask_case(setup, seq, dtype):
                 "",
                 None,
             )
-    row = _row("block-mask", f"{case.label()} 8 documents", seconds, measures)
+    row = result_row("block-mask", f"{case.label()} 8 documents", seconds, measures)
     row["errors"] = failures
     return row
 
@@ -376,7 +382,7 @@ def _decode_case(setup, case):
     measures = {}
     if "mfa 1 thread" in results:
         # Split differently over the keys, so equal within float32 roundings only.
-        measures["1 thread = 2"] = _agreement(case.dtype, results["mfa 1 thread"], results["mfa"])
+        measures["1 thread = 2"] = agreement(case.dtype, results["mfa 1 thread"], results["mfa"])
     if "torch" in seconds:
         speedup = paired_ratio(seconds, "torch", "mfa")
         measures["x torch"] = (speedup, ">= 2", speedup >= 2.0)
@@ -387,7 +393,7 @@ def _decode_case(setup, case):
         measures["of read roof"] = (fraction, ">= 0.60", fraction >= 0.6)
     if "mfa 1 thread" in seconds:
         measures["1 thread / 2"] = (paired_ratio(seconds, "mfa 1 thread", "mfa"), "~2", None)
-    return _row("decode-roof", case.label(), seconds, measures)
+    return result_row("decode-roof", case.label(), seconds, measures)
 
 
 # Mixed lengths of 8 sequences, 8192 tokens in all (4096 under --quick).
@@ -449,7 +455,7 @@ def _varlen_case(setup, lengths, dtype):
     measures = {
         "varlen / separate": (within, "<= 1.10", within <= 1.10),
         "padded / varlen": (paired_ratio(seconds, "padded", "varlen"), "", None),
-        "varlen = separate": _agreement(dtype, results["varlen"], separate),
+        "varlen = separate": agreement(dtype, results["varlen"], separate),
     }
     if "torch separate" in seconds:
         measures["x torch separate"] = (
@@ -458,7 +464,7 @@ def _varlen_case(setup, lengths, dtype):
             None,
         )
     label = f"{dtype} {len(lengths)} seqs {total} tokens H{heads} D{dim} causal"
-    return _row("varlen", label, seconds, measures)
+    return result_row("varlen", label, seconds, measures)
 
 
 _PAGE = 256
@@ -494,9 +500,15 @@ def _paged_case(setup, case):
     ratio = paired_ratio(seconds, "paged", "dense")
     measures = {
         "paged / dense": (ratio, "<= 1.15", ratio <= 1.15),
-        "paged = dense": _agreement(case.dtype, results["paged"], results["dense"]),
+        "paged = dense": agreement(case.dtype, results["paged"], results["dense"]),
     }
-    return _row("paged", f"{case.label()} pages of {_PAGE}", seconds, measures)
+    return result_row("paged", f"{case.label()} pages of {_PAGE}", seconds, measures)
+
+
+def _adapters(setup):
+    from mfa_native.bench import adapters  # imports torch and MLX where installed
+
+    return adapters.run(setup)
 
 
 STUDIES = {
@@ -507,6 +519,7 @@ STUDIES = {
         Study("decode-roof", "decode against torch SDPA and the read roof", _decode_roof),
         Study("varlen", "8 packed sequences against 8 dense calls, padding", _varlen),
         Study("paged", "paged decode against dense decode", _paged),
+        Study("adapters", "the torch and MLX front ends' cost over the numpy call", _adapters),
     )
 }
 
