@@ -70,10 +70,17 @@ typedef struct mfa_kernel_params {
     int32_t split_keys;     /* keys of each split, a multiple of block_traversal */
     int32_t batch;          /* rows of the sink gradient: batch x rows_per_batch per head */
     int32_t rows_per_batch; /* (packed: 1 x total_q) */
+    /* Bit MFA_OPERAND_x: operand x's rows may be read MFA_VECTOR_ELEMENTS elements at a time
+     * (one 8- or 16-byte load): its features are contiguous and every row starts at an address
+     * that is a multiple of MFA_VECTOR_ELEMENTS elements (mfa_plan_*). */
+    uint32_t vector_operands;
 } mfa_kernel_params;
 
 /* C and MSL must agree on the layout; both sides assert this size. */
-#define MFA_KERNEL_PARAMS_SIZE 1008
+#define MFA_KERNEL_PARAMS_SIZE 1016
+
+/* Elements per vector load of a staged row: a half4/bfloat4 (8 bytes) or a float4 (16). */
+#define MFA_VECTOR_ELEMENTS 4
 
 /* The operands of the attention kernels, the first ten numbered as in MFA. Operand x is bound at
  * [[buffer(MFA_OPERAND_x)]]; the planner, the Metal host and metal-sim all index by these. */
@@ -137,10 +144,11 @@ typedef struct mfa_kernel_params {
 #define MFA_FC_INITIAL_STATE  (MFA_FC_ATTENTION + 19) /* bool: fold in the (O, L) read on entry */
 #define MFA_FC_SPLIT_KEYS                                                                          \
     (MFA_FC_ATTENTION + 20) /* bool: forward writes per-split partials; combine merges them */
-/* bool: each lane reads its fragments of the traversed operand (K and V, or Q and dO) straight
- * from device memory instead of from tiles staged in threadgroup memory (Apple9, whose device
- * loads go through the same cache as threadgroup memory); never with MFA_FC_PAGED. */
-#define MFA_FC_DIRECT_TRAVERSAL (MFA_FC_ATTENTION + 21)
+/* bool: each lane reads its fragments of every operand (the traversed ones, K and V or Q and dO,
+ * and the parallel slab, cached or not) straight from device memory instead of from tiles staged
+ * in threadgroup memory (Apple9, whose device loads go through the same cache as threadgroup
+ * memory): the kernels stage nothing and need no barrier; never with MFA_FC_PAGED. */
+#define MFA_FC_DIRECT_LOADS (MFA_FC_ATTENTION + 21)
 
 /* Values of MFA_FC_DTYPE and MFA_FC_MASK_DTYPE; equal to mfa_dtype's. */
 #define MFA_KERNEL_DTYPE_F32  0
@@ -164,18 +172,17 @@ typedef struct mfa_kernel_params {
 /* Threadgroup memory of the tiled kernels. Staged tiles hold the operands in their own precision
  * (element_size 4 for f32, 2 for f16 and bf16, which stay 16-bit), each row padded by 16 bytes
  * as MLX pads its tiles, so that the rows a transposed fragment load touches start in different
- * banks. In order: the [block_parallel x block_head] tile of the parallel operands, the
- * [staged_traversal x block_head] tile of the traversed ones (block_traversal rows, or none
- * where MFA_FC_DIRECT_TRAVERSAL reads them from device memory), then per_row_vectors 4-byte
- * entries per traversed row: for backward-key-value the rows' L and delta, for a forward over a
- * paged cache each key's block and row in it. Shared by kernels and planner so the two can
- * never disagree. */
+ * banks. In order: the [staged_parallel x block_head] tile of the parallel operands and the
+ * [staged_traversal x block_head] tile of the traversed ones (block_parallel and block_traversal
+ * rows, or none where MFA_FC_DIRECT_LOADS reads every fragment from device memory), then
+ * per_row_vectors 4-byte entries per traversed row (a forward over a paged cache: each key's
+ * block and row in it). Shared by kernels and planner so the two can never disagree. */
 #define MFA_STAGING_PITCH(block_head, element_size) ((block_head) + 16 / (element_size))
 
-static inline uint32_t mfa_staging_bytes(uint32_t block_parallel, uint32_t staged_traversal,
+static inline uint32_t mfa_staging_bytes(uint32_t staged_parallel, uint32_t staged_traversal,
                                          uint32_t block_traversal, uint32_t block_head,
                                          uint32_t element_size, uint32_t per_row_vectors) {
-    return (block_parallel + staged_traversal) * MFA_STAGING_PITCH(block_head, element_size) *
+    return (staged_parallel + staged_traversal) * MFA_STAGING_PITCH(block_head, element_size) *
                element_size +
            4 * per_row_vectors * block_traversal;
 }

@@ -17,8 +17,6 @@ inline void attention_backward_key_value(device const uchar* q, device const uch
                                          uint3 group, ushort thread_index, ushort simd_index,
                                          ushort lane) {
     const staging_areas areas = staging_areas_of(staging);
-    threadgroup float* query_lse = (threadgroup float*)areas.row_vectors;
-    threadgroup float* query_delta = query_lse + fc_block_traversal;
 
     const uint kv_head = group.y, batch = group.z;
     const attention_sequence s = sequence_of(p, batch, x.cu_seqlens_q, x.cu_seqlens_k, nullptr);
@@ -29,8 +27,10 @@ inline void attention_backward_key_value(device const uchar* q, device const uch
     const column_range dk_cols = output_columns(rows.out_block, fc_head_dim);
     const column_range dv_cols = output_columns(rows.out_block, fc_head_dim_v);
 
-    const staged_operand keys = key_side_rows(k, p.k, s, kv_head, key0, fc_head_dim);
-    const staged_operand values = key_side_rows(v, p.v, s, kv_head, key0, fc_head_dim_v);
+    const staged_operand keys =
+        key_side_rows(k, p.k, s, kv_head, key0, fc_head_dim, vector_rows(p, MFA_OPERAND_K));
+    const staged_operand values =
+        key_side_rows(v, p.v, s, kv_head, key0, fc_head_dim_v, vector_rows(p, MFA_OPERAND_V));
 
     simd_fragment k_cache[MFA_CACHED_FRAGMENTS];
     simd_fragment v_cache[MFA_CACHED_FRAGMENTS];
@@ -44,8 +44,10 @@ inline void attention_backward_key_value(device const uchar* q, device const uch
 
     const block_range blocks = query_blocks_for_keys(s, key0, key_last, int(fc_block_traversal));
     for (uint head = kv_head * uint(p.group); head < (kv_head + 1) * uint(p.group); ++head) {
-        staged_operand queries = query_side_rows(q, p.q, s, head, 0, fc_head_dim);
-        staged_operand grads = query_side_rows(dout, p.dout, s, head, 0, fc_head_dim_v);
+        staged_operand queries =
+            query_side_rows(q, p.q, s, head, 0, fc_head_dim, vector_rows(p, MFA_OPERAND_Q));
+        staged_operand grads = query_side_rows(dout, p.dout, s, head, 0, fc_head_dim_v,
+                                               vector_rows(p, MFA_OPERAND_DOUT));
         const operand_slice l_slice = slice_from_row(p.l, s.batch, head, s.q_row0);
         const operand_slice delta_slice = slice_from_row(p.delta, s.batch, head, s.q_row0);
         const score_modifiers modifiers = modifiers_for(p, x.alibi, batch, head);
@@ -61,21 +63,12 @@ inline void attention_backward_key_value(device const uchar* q, device const uch
             grads.row0 = query0;
             const bool edge = !block_fully_visible(s, query0, query_end, key0, key_last);
 
-            // The block's L and delta, read by every simdgroup; the barrier keeps the previous
-            // block's readers ahead of these writes. Queries past the end read as rows that saw
-            // no key: every probability 0.
-            threadgroup_barrier(mem_flags::mem_threadgroup);
-            for (uint i = thread_index; i < fc_block_traversal; i += fc_threads) {
-                const int query = query0 + int(i);
-                const bool real = query < s.seq_q;
-                query_lse[i] =
-                    real ? l[l_slice.at(query, 0)] : as_type<float>(kEmptyRowLogSumExpBits);
-                query_delta[i] = real ? delta[delta_slice.at(query, 0)] : 0.0f;
-            }
-            // compute_scores's barriers order these writes before the reads below, unless it
-            // stages nothing (K in registers, Q read from device memory).
-            if (fc_cache_parallel && fc_direct_traversal)
-                threadgroup_barrier(mem_flags::mem_threadgroup);
+            // The block's L and delta; queries past the end read as rows that saw no key: every
+            // probability 0.
+            const query_columns query_lse = load_query_columns(
+                l, l_slice, query0, s.seq_q, as_type<float>(kEmptyRowLogSumExpBits), lane);
+            const query_columns query_delta =
+                load_query_columns(delta, delta_slice, query0, s.seq_q, 0.0f, lane);
 
             // P^T = exp(S^T - L): rows are keys, columns queries.
             simd_fragment probs[MFA_TRAVERSAL_FRAGMENTS];
@@ -84,7 +77,7 @@ inline void attention_backward_key_value(device const uchar* q, device const uch
                            areas.traversal_tile, queries, thread_index, simd_index, lane);
             to_scores(probs, softcap_derivative, p, s, edge, read_mask, modifiers, x.mask,
                       score_orientation::key_rows, min(key, key_last), query0, lane);
-            to_probabilities(probs, 0.0f, query_lse, lane);
+            to_probabilities(probs, 0.0f, &query_lse, lane);
 
             // dP^T = V dO^T
             simd_fragment dprobs[MFA_TRAVERSAL_FRAGMENTS];
@@ -95,7 +88,7 @@ inline void attention_backward_key_value(device const uchar* q, device const uch
                                dv_cols.end, thread_index, lane);
 
             // dS^T = P^T * (dP^T - delta) (* softcap's derivative), in place of dP^T.
-            to_score_gradients(dprobs, probs, softcap_derivative, 0.0f, query_delta, lane);
+            to_score_gradients(dprobs, probs, softcap_derivative, 0.0f, &query_delta, lane);
             accumulate_product(dk_acc, dprobs, areas.traversal_tile, queries, dk_cols.begin,
                                dk_cols.end, thread_index, lane);
         }

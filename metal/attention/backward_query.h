@@ -29,18 +29,41 @@ inline float output_gradient_dot(device const uchar* o, operand_slice o_slice,
     return row_sum(partial);
 }
 
-// The backward's per-element terms of a tile, in place. Each takes a per-query value (the stored
-// lse, delta): one per lane row where queries are the rows (backward-query: row_value), one per
-// column, from threadgroup memory, where they are the columns (backward-key-value:
-// column_values, null otherwise).
-inline float query_value(float row_value, const threadgroup float* column_values, uint t, ushort e,
+// The per-query values (the stored lse, delta) of a block of traversed queries, where queries
+// are the columns of every tile (backward-key-value): lane i of each simdgroup holds those of
+// queries query0 + i, query0 + 32 + i, ..., and the lanes of a fragment's column take theirs by
+// shuffle, so a block's values cost each simdgroup one device read per query and no threadgroup
+// memory or barrier. Queries past the end hold past_end.
+struct query_columns {
+    float lanes[MFA_TRAVERSAL_FRAGMENTS / 4];
+};
+
+inline query_columns load_query_columns(device const float* values, operand_slice slice, int query0,
+                                        int seq_q, float past_end, ushort lane) {
+    query_columns q;
+#pragma clang loop unroll(full)
+    for (uint g = 0; g * 32 < fc_block_traversal; ++g) {
+        const uint i = g * 32 + lane;
+        const int query = query0 + int(i);
+        q.lanes[g] =
+            i < fc_block_traversal && query < seq_q ? values[slice.at(query, 0)] : past_end;
+    }
+    return q;
+}
+
+// The backward's per-element terms of a tile, in place. Each takes a per-query value: one per
+// lane row where queries are the rows (backward-query: row_value), one per column where they are
+// the columns (backward-key-value: columns, null otherwise).
+inline float query_value(float row_value, const thread query_columns* columns, uint t, ushort e,
                          ushort lane) {
-    return column_values ? column_values[t * 8 + fragment_col(lane) + e] : row_value;
+    if (!columns) return row_value;
+    // Column fragment_col + e of fragment t is query 8 t + fragment_col + e of the block.
+    return simd_shuffle(columns->lanes[t / 4], ushort((t % 4) * 8 + fragment_col(lane) + e));
 }
 
 // P = exp(S - L) with the forward's log-sum-exp, in place of S: no running statistics needed.
 inline void to_probabilities(thread simd_fragment* scores, float row_lse,
-                             const threadgroup float* column_lse, ushort lane) {
+                             const thread query_columns* column_lse, ushort lane) {
 #pragma clang loop unroll(full)
     for (uint t = 0; t < fc_traversal_fragments; ++t)
         for (ushort e = 0; e < 2; ++e)
@@ -51,7 +74,7 @@ inline void to_probabilities(thread simd_fragment* scores, float row_lse,
 // dS = P * (dP - delta) (* softcap's derivative), in place of dP.
 inline void to_score_gradients(thread simd_fragment* dprobs, const thread simd_fragment* probs,
                                const thread simd_fragment* softcap_derivative, float row_delta,
-                               const threadgroup float* column_delta, ushort lane) {
+                               const thread query_columns* column_delta, ushort lane) {
 #pragma clang loop unroll(full)
     for (uint t = 0; t < fc_traversal_fragments; ++t)
         for (ushort e = 0; e < 2; ++e) {
@@ -99,10 +122,14 @@ inline void attention_backward_query(device const uchar* q, device const uchar* 
     if (rows.first >= s.seq_q) return;
     const int row0 = rows.first, row_last = rows.last, row = rows.row;
 
-    const staged_operand queries = query_side_rows(q, p.q, s, head, row0, fc_head_dim);
-    const staged_operand grads = query_side_rows(dout, p.dout, s, head, row0, fc_head_dim_v);
-    staged_operand keys = key_side_rows(k, p.k, s, kv_head, 0, fc_head_dim);
-    staged_operand values = key_side_rows(v, p.v, s, kv_head, 0, fc_head_dim_v);
+    const staged_operand queries =
+        query_side_rows(q, p.q, s, head, row0, fc_head_dim, vector_rows(p, MFA_OPERAND_Q));
+    const staged_operand grads = query_side_rows(dout, p.dout, s, head, row0, fc_head_dim_v,
+                                                 vector_rows(p, MFA_OPERAND_DOUT));
+    staged_operand keys =
+        key_side_rows(k, p.k, s, kv_head, 0, fc_head_dim, vector_rows(p, MFA_OPERAND_K));
+    staged_operand values =
+        key_side_rows(v, p.v, s, kv_head, 0, fc_head_dim_v, vector_rows(p, MFA_OPERAND_V));
     const column_range out_cols = output_columns(rows.out_block, fc_head_dim);
     const score_modifiers modifiers = modifiers_for(p, x.alibi, batch, head);
 

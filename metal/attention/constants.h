@@ -29,7 +29,7 @@ constant bool fc_varlen [[function_constant(MFA_FC_VARLEN)]];
 constant bool fc_paged [[function_constant(MFA_FC_PAGED)]];
 constant bool fc_initial_state [[function_constant(MFA_FC_INITIAL_STATE)]];
 constant bool fc_split_keys [[function_constant(MFA_FC_SPLIT_KEYS)]];
-constant bool fc_direct_traversal [[function_constant(MFA_FC_DIRECT_TRAVERSAL)]];
+constant bool fc_direct_loads [[function_constant(MFA_FC_DIRECT_LOADS)]];
 
 // One simdgroup per 8 rows of the parallel block.
 constant uint fc_threads = fc_block_parallel / 8 * 32;
@@ -38,7 +38,9 @@ constant uint fc_threads = fc_block_parallel / 8 * 32;
 // (mfa_staging_bytes).
 constant uint fc_element_size = fc_dtype == MFA_KERNEL_DTYPE_F32 ? 4 : 2;
 constant uint fc_staging_pitch = MFA_STAGING_PITCH(fc_block_head, fc_element_size);
-// Rows of the traversed operand's staging tile: none when its fragments come from device memory.
-constant uint fc_staged_traversal = fc_direct_traversal ? 0 : fc_block_traversal;
+// Rows of the parallel and traversed operands' staging tiles: none when every fragment comes
+// from device memory.
+constant uint fc_staged_parallel = fc_direct_loads ? 0 : fc_block_parallel;
+constant uint fc_staged_traversal = fc_direct_loads ? 0 : fc_block_traversal;
 
 #endif

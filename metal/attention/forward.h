@@ -74,19 +74,20 @@ inline void attention_forward(device const uchar* q, device const uchar* k, devi
         head_last = first_head + uint(row_last / s.seq_q);
     }
 
-    staged_operand queries = single_head_rows(q, slice_from_row(p.q, s.batch, first_head, s.q_row0),
-                                              row0, row_count, fc_head_dim);
+    staged_operand queries =
+        single_head_rows(q, slice_from_row(p.q, s.batch, first_head, s.q_row0), row0, row_count,
+                         fc_head_dim, vector_rows(p, MFA_OPERAND_Q));
     queries.rows_per_head = rows_per_head;
     queries.head_stride = p.q.stride[1];
     staged_operand keys, values;
     if (fc_paged) {
         keys = paged_rows(k, slice_of(p.k, 0, kv_head), p.k.stride[0], s.seq_k, fc_head_dim,
-                          page_blocks, page_rows);
+                          vector_rows(p, MFA_OPERAND_K), page_blocks, page_rows);
         values = paged_rows(v, slice_of(p.v, 0, kv_head), p.v.stride[0], s.seq_k, fc_head_dim_v,
-                            page_blocks, page_rows);
+                            vector_rows(p, MFA_OPERAND_V), page_blocks, page_rows);
     } else {
-        keys = key_side_rows(k, p.k, s, kv_head, 0, fc_head_dim);
-        values = key_side_rows(v, p.v, s, kv_head, 0, fc_head_dim_v);
+        keys = key_side_rows(k, p.k, s, kv_head, 0, fc_head_dim, vector_rows(p, MFA_OPERAND_K));
+        values = key_side_rows(v, p.v, s, kv_head, 0, fc_head_dim_v, vector_rows(p, MFA_OPERAND_V));
     }
     const column_range out_cols = output_columns(out_block, fc_head_dim_v);
     const score_modifiers modifiers = modifiers_for(p, x.alibi, batch, head);

@@ -2,9 +2,10 @@
 //   compute_scores      S  = slab x traversed^T   (reduction over the head dimension)
 //   accumulate_product  out += weights x traversed (over this threadgroup's output columns)
 // where the slab is this simdgroup's 8 rows of a parallel operand (Q, dO, K or V), either held
-// in registers for the whole kernel or re-staged chunk by chunk, and the traversed operand is
-// the current block of rows of the other side, staged chunk by chunk or, with
-// fc_direct_traversal, read fragment by fragment from device memory (no staging, no barrier).
+// in registers for the whole kernel or reloaded chunk by chunk, and the traversed operand is
+// the current block of rows of the other side, loaded chunk by chunk. Both are staged through
+// threadgroup memory or, with fc_direct_loads, read fragment by fragment from device memory (no
+// staging, no barrier).
 #ifndef MFA_ATTENTION_ROWS_H
 #define MFA_ATTENTION_ROWS_H
 
@@ -12,7 +13,7 @@
 #include "tiles.h"
 
 // The tiled kernels' threadgroup memory, carved as mfa_staging_bytes counts it: the parallel
-// operands' tile, the traversed operands' tile (empty with fc_direct_traversal), then 4-byte
+// operands' tile, the traversed operands' tile (both empty with fc_direct_loads), then 4-byte
 // entries per traversed row (row_vectors).
 struct staging_areas {
     threadgroup uchar* parallel_tile;
@@ -24,7 +25,7 @@ inline staging_areas staging_areas_of(threadgroup float* staging) {
     const uint row_bytes = fc_staging_pitch * fc_element_size;
     staging_areas a;
     a.parallel_tile = (threadgroup uchar*)staging;
-    a.traversal_tile = a.parallel_tile + fc_block_parallel * row_bytes;
+    a.traversal_tile = a.parallel_tile + fc_staged_parallel * row_bytes;
     a.row_vectors = a.traversal_tile + fc_staged_traversal * row_bytes;
     return a;
 }
@@ -33,16 +34,16 @@ inline staging_areas staging_areas_of(threadgroup float* staging) {
 // key-side ones (K, V: key/value head `kv_head`), `width` features each.
 inline staged_operand query_side_rows(device const uchar* data, constant mfa_operand_layout& layout,
                                       thread const attention_sequence& s, uint head, int row0,
-                                      uint width) {
+                                      uint width, bool vectors) {
     return single_head_rows(data, slice_from_row(layout, s.batch, head, s.q_row0), row0, s.seq_q,
-                            width);
+                            width, vectors);
 }
 
 inline staged_operand key_side_rows(device const uchar* data, constant mfa_operand_layout& layout,
                                     thread const attention_sequence& s, uint kv_head, int row0,
-                                    uint width) {
+                                    uint width, bool vectors) {
     return single_head_rows(data, slice_from_row(layout, s.batch, kv_head, s.k_row0), row0, s.seq_k,
-                            width);
+                            width, vectors);
 }
 
 // Loads this simdgroup's rows of `operand` (block_parallel rows from row0) into registers, where
@@ -57,10 +58,13 @@ inline void cache_slab(bool cached, thread simd_fragment* cache, threadgroup uch
 #pragma clang loop unroll(full)
     for (uint c = 0; c * 8 < operand.width; c += fc_head_fragments) {
         const uint d0 = c * 8;
-        stage_tile(parallel_tile, operand, fc_block_parallel, d0, operand.width, thread_index);
-        threadgroup_barrier(mem_flags::mem_threadgroup);
-        load_slab(cache + c, parallel_tile, simd_index, fragments_in(operand.width - d0), lane);
-        threadgroup_barrier(mem_flags::mem_threadgroup);
+        if (!fc_direct_loads) {
+            stage_tile(parallel_tile, operand, fc_block_parallel, d0, operand.width, thread_index);
+            threadgroup_barrier(mem_flags::mem_threadgroup);
+        }
+        load_slab(cache + c, parallel_tile, operand, d0, simd_index,
+                  fragments_in(operand.width - d0), lane);
+        if (!fc_direct_loads) threadgroup_barrier(mem_flags::mem_threadgroup);
     }
 }
 
@@ -78,25 +82,26 @@ inline void cache_parallel_operands(thread simd_fragment* first_cache,
 }
 
 // One feature chunk [d0, d0 + block_head) of compute_scores. The barriers order the chunk's
-// staging before its reads and its reads before the next chunk's staging; with nothing staged
-// (a cached slab against a traversed operand read from device memory) there is nothing to order.
+// staging before its reads and its reads before the next chunk's staging; with fc_direct_loads
+// nothing is staged and there is nothing to order.
 inline void accumulate_score_chunk(thread simd_fragment* scores, const thread simd_fragment* cache,
                                    bool cached, threadgroup uchar* parallel_tile,
                                    staged_operand slab, threadgroup uchar* traversal_tile,
                                    staged_operand traversed, uint d0, ushort thread_index,
                                    ushort simd_index, ushort lane) {
-    const bool staged = !cached || !fc_direct_traversal;
-    if (!cached) stage_tile(parallel_tile, slab, fc_block_parallel, d0, slab.width, thread_index);
-    if (!fc_direct_traversal)
+    if (!fc_direct_loads) {
+        if (!cached)
+            stage_tile(parallel_tile, slab, fc_block_parallel, d0, slab.width, thread_index);
         stage_tile(traversal_tile, traversed, fc_block_traversal, d0, traversed.width,
                    thread_index);
-    if (staged) threadgroup_barrier(mem_flags::mem_threadgroup);
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+    }
     const uint fragments = fragments_in(slab.width - d0);
     simd_fragment chunk[MFA_HEAD_FRAGMENTS];
-    if (!cached) load_slab(chunk, parallel_tile, simd_index, fragments, lane);
+    if (!cached) load_slab(chunk, parallel_tile, slab, d0, simd_index, fragments, lane);
     multiply_chunk(scores, cached ? cache + d0 / 8 : chunk,
                    chunk_of(traversal_tile, traversed, d0, traversed.width), true, fragments, lane);
-    if (staged) threadgroup_barrier(mem_flags::mem_threadgroup);
+    if (!fc_direct_loads) threadgroup_barrier(mem_flags::mem_threadgroup);
 }
 
 // scores = slab x traversed^T over the full width (slab and traversed share it).
@@ -129,13 +134,13 @@ inline void accumulate_product(thread simd_fragment* out, const thread simd_frag
     for (uint offset = 0; offset < fc_block_out; offset += fc_block_head) {
         const uint d0 = out_begin + offset;
         if (d0 >= out_end) continue; // uniform across the threadgroup
-        if (!fc_direct_traversal) {
+        if (!fc_direct_loads) {
             stage_tile(traversal_tile, traversed, fc_block_traversal, d0, out_end, thread_index);
             threadgroup_barrier(mem_flags::mem_threadgroup);
         }
         multiply_chunk(out + offset / 8, weights, chunk_of(traversal_tile, traversed, d0, out_end),
                        false, fragments_in(out_end - d0), lane);
-        if (!fc_direct_traversal) threadgroup_barrier(mem_flags::mem_threadgroup);
+        if (!fc_direct_loads) threadgroup_barrier(mem_flags::mem_threadgroup);
     }
 }
 

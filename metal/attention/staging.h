@@ -1,6 +1,6 @@
 // Operand tiles: cooperative copies from device memory into threadgroup memory, in the
 // operands' own precision (16-bit operands move as 16-bit bits), and the 8x8 fragments the
-// matrix products read from such a tile or, with fc_direct_traversal, straight from device
+// matrix products read from such a tile or, with fc_direct_loads, straight from device
 // memory. Everything outside the operand (rows past the sequence, columns past the head
 // dimension) reads as zero, so partial tiles need no special case in the matrix products: zero
 // rows and columns contribute nothing, which is how D % 8 != 0 avoids a slow path. The bounds
@@ -29,6 +29,7 @@ struct staged_operand {
     long block_stride;
     threadgroup const int* page_blocks;
     threadgroup const int* page_rows;
+    bool vectors; // rows may be read MFA_VECTOR_ELEMENTS at a time (vector_operands)
 
     // Only a forward over a paged cache, or one packing a GQA group, has such rows: the
     // function constants keep every other variant's addressing to one multiply-add per index.
@@ -43,9 +44,14 @@ struct staged_operand {
     }
 };
 
+// Whether operand `operand`'s rows may be read MFA_VECTOR_ELEMENTS elements at a time.
+inline bool vector_rows(constant mfa_kernel_params& p, uint operand) {
+    return (p.vector_operands >> operand) & 1u;
+}
+
 // The rows of a single (batch, head) slice.
 inline staged_operand single_head_rows(device const uchar* data, operand_slice slice, int row0,
-                                       int row_count, uint width) {
+                                       int row_count, uint width, bool vectors) {
     staged_operand rows;
     rows.data = data;
     rows.slice = slice;
@@ -58,14 +64,16 @@ inline staged_operand single_head_rows(device const uchar* data, operand_slice s
     rows.block_stride = 0;
     rows.page_blocks = nullptr;
     rows.page_rows = nullptr;
+    rows.vectors = vectors;
     return rows;
 }
 
 // The keys of one sequence in a paged cache: slice is the cache's (block 0, kv head) slice.
 inline staged_operand paged_rows(device const uchar* data, operand_slice slice, long block_stride,
-                                 int row_count, uint width, threadgroup const int* page_blocks,
+                                 int row_count, uint width, bool vectors,
+                                 threadgroup const int* page_blocks,
                                  threadgroup const int* page_rows) {
-    staged_operand rows = single_head_rows(data, slice, 0, row_count, width);
+    staged_operand rows = single_head_rows(data, slice, 0, row_count, width, vectors);
     rows.paged = true;
     rows.block_stride = block_stride;
     rows.page_blocks = page_blocks;
@@ -99,10 +107,29 @@ inline bool edge_tile(staged_operand operand, int row0, uint rows, uint col0, ui
 
 // Row r, column c of tile = operand(row0 + r, col0 + c) for r < rows, c < block_head (rows of
 // fc_staging_pitch elements), zero outside the operand and at or past column col_end. A copy of
-// the element's bits: the precision is kept, and a fragment load widens it.
+// the element's bits: the precision is kept, and a fragment load widens it. An interior tile of
+// an operand whose rows allow it (`vectors`) moves MFA_VECTOR_ELEMENTS elements per load and
+// store (block_head and the pitch are multiples of it, so a vector never leaves a row); an edge
+// tile, or a misaligned operand, one element at a time.
 inline void stage_tile(threadgroup uchar* tile, staged_operand operand, uint rows, uint col0,
                        uint col_end, ushort thread_index) {
     const bool edge = edge_tile(operand, operand.row0, rows, col0, fc_block_head, col_end);
+    if (!edge && operand.vectors) {
+        const uint row_vectors = fc_block_head / MFA_VECTOR_ELEMENTS;
+        for (uint e = thread_index; e < rows * row_vectors; e += fc_threads) {
+            const uint r = e / row_vectors;
+            const uint c = e % row_vectors * MFA_VECTOR_ELEMENTS;
+            const long from = operand.at(operand.row0 + int(r), col0 + c);
+            const uint at = r * fc_staging_pitch + c;
+            if (fc_element_size == 4)
+                *(threadgroup float4*)((threadgroup float*)tile + at) =
+                    *(device const float4*)((device const float*)operand.data + from);
+            else
+                *(threadgroup ushort4*)((threadgroup ushort*)tile + at) =
+                    *(device const ushort4*)((device const ushort*)operand.data + from);
+        }
+        return;
+    }
     for (uint e = thread_index; e < rows * fc_block_head; e += fc_threads) {
         const uint r = e / fc_block_head;
         const uint c = e % fc_block_head;

@@ -1,5 +1,5 @@
-// Matrix products of a simdgroup's 8-row slab against a traversed tile, staged in threadgroup
-// memory or read from device memory (fc_direct_traversal). Register arrays are sized for the
+// Matrix products of a simdgroup's 8-row slab against a traversed tile, both staged in
+// threadgroup memory or both read from device memory (fc_direct_loads). Register arrays are sized for the
 // largest variant; loop bounds are function constants, so once a pipeline is specialised the
 // unrolled loops index registers with constants and Metal keeps only the fragments that variant
 // uses.
@@ -35,7 +35,7 @@ inline void scale_fragments(thread simd_fragment* f, uint count, float factor) {
 
 // One feature chunk of the traversed operand: the block_traversal rows from operand.row0,
 // columns [col0, col0 + block_head), the columns at or past col_end reading as zero. Staged in
-// `tile`, or with fc_direct_traversal read from the operand itself.
+// `tile`, or with fc_direct_loads read from the operand itself.
 struct traversed_chunk {
     const threadgroup uchar* tile;
     staged_operand operand;
@@ -57,7 +57,7 @@ inline traversed_chunk chunk_of(const threadgroup uchar* tile, staged_operand op
 
 inline simd_fragment traversed_fragment(traversed_chunk chunk, uint row, uint col, bool transpose,
                                         ushort lane) {
-    if (fc_direct_traversal)
+    if (fc_direct_loads)
         return device_fragment(chunk.operand, chunk.operand.row0 + int(row), chunk.col0 + col,
                                chunk.col_end, transpose, chunk.edge, lane);
     return staged_fragment(chunk.tile, row, col, transpose, lane);
@@ -89,13 +89,20 @@ inline void multiply_chunk(thread simd_fragment* acc, const thread simd_fragment
     }
 }
 
-// The fragments of this simdgroup's 8 rows in a staged [block_parallel x block_head] tile.
-inline void load_slab(thread simd_fragment* slab, const threadgroup uchar* tile, ushort simd_index,
-                      uint fragments, ushort lane) {
+// The fragments of this simdgroup's 8 rows of the slab operand, columns [d0, d0 + block_head):
+// from the staged [block_parallel x block_head] tile, or with fc_direct_loads from the operand
+// itself (zero past its rows and width, tested only when the 8 rows reach past them).
+inline void load_slab(thread simd_fragment* slab, const threadgroup uchar* tile,
+                      staged_operand operand, uint d0, ushort simd_index, uint fragments,
+                      ushort lane) {
+    const int row = operand.row0 + int(simd_index) * 8;
+    const bool edge = edge_tile(operand, row, 8, d0, fc_block_head, operand.width);
 #pragma clang loop unroll(full)
     for (uint k = 0; k < fc_head_fragments; ++k) {
         if (k >= fragments) continue;
-        slab[k] = staged_fragment(tile, uint(simd_index) * 8, k * 8, false, lane);
+        slab[k] = fc_direct_loads
+                      ? device_fragment(operand, row, d0 + k * 8, operand.width, false, edge, lane)
+                      : staged_fragment(tile, uint(simd_index) * 8, k * 8, false, lane);
     }
 }
 

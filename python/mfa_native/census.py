@@ -8,6 +8,8 @@ kernel:
 
 - threadgroup bytes (read + written) per useful FMA,
 - device bytes (read + written) per useful FMA,
+- device accesses (loads and stores, a vector load counting as one) per useful FMA: what the
+  staging copies' vector loads cut, four elements a load on interior tiles,
 - barriers per traversal block (per threadgroup),
 - simdgroup matrix products per useful FMA x 512 (one 8x8x8 product is 512 FMAs; 1.0 means no
   wasted products).
@@ -120,6 +122,7 @@ def _rows(
                     dispatch["device_bytes_read"] + dispatch["device_bytes_written"]
                 )
                 / fmas,
+                "device_accesses_per_fma": dispatch["device_accesses"] / fmas,
                 "barriers_per_block": dispatch["barriers"] / (groups * blocks),
                 "products_per_useful": products * 512 / fmas,
                 "multiplies": dispatch["multiplies"],
@@ -130,14 +133,15 @@ def _rows(
 
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
     lines = [
-        "| family | dtype | D | kernel | threadgroup B/FMA | device B/FMA | barriers/block "
-        "| MMA work/useful |",
-        "|---|---|---|---|---|---|---|---|",
+        "| family | dtype | D | kernel | threadgroup B/FMA | device B/FMA | device accesses/FMA "
+        "| barriers/block | MMA work/useful |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['family']} | {r['dtype']} | {r['D']} | {r['kernel']} "
             f"| {r['threadgroup_bytes_per_fma']:.3f} | {r['device_bytes_per_fma']:.3f} "
+            f"| {r['device_accesses_per_fma']:.4f} "
             f"| {r['barriers_per_block']:.2f} | {r['products_per_useful']:.2f} |"
         )
     peers = ", ".join(f"{k} {v}" for k, v in PEER_FORWARD_THREADGROUP_BYTES_PER_FMA.items())

@@ -37,15 +37,15 @@ static void check_pass(const mfa_problem* p, const mfa_pass_plan* pass, uint32_t
           pass->threadgroup_memory_length);
     CHECK(pass->threadgroup_memory_length % 16 == 0, "tg %u", pass->threadgroup_memory_length);
     int found;
-    /* Without a staged traversal tile the kernels carve less; a paged cache is always staged. */
-    const uint32_t direct = constant_value(pass, MFA_FC_DIRECT_TRAVERSAL, &found);
-    CHECK(found == 1, "direct_traversal present %d times", found);
+    /* With direct loads the kernels stage nothing; a paged cache is always staged. */
+    const uint32_t direct = constant_value(pass, MFA_FC_DIRECT_LOADS, &found);
+    CHECK(found == 1, "direct_loads present %d times", found);
     CHECK(!direct || p->layout != MFA_LAYOUT_PAGED, "a paged cache read from device memory");
     CHECK(pass->threadgroup_memory_length >=
-              mfa_staging_bytes(pass->block_parallel, direct ? 0 : pass->block_traversal,
-                                pass->block_traversal, pass->block_head,
-                                p->dtype == MFA_DTYPE_F32 ? 4 : 2,
-                                pass->kind == MFA_PASS_BACKWARD_KEY_VALUE ? 2 : 0),
+              mfa_staging_bytes(
+                  direct ? 0 : pass->block_parallel, direct ? 0 : pass->block_traversal,
+                  pass->block_traversal, pass->block_head, p->dtype == MFA_DTYPE_F32 ? 4 : 2,
+                  pass->kind == MFA_PASS_FORWARD && p->layout == MFA_LAYOUT_PAGED ? 2 : 0),
           "tg memory below the kernel's carve-up");
     CHECK(pass->threads_per_threadgroup == pass->block_parallel / 8 * 32, "threads %u",
           pass->threads_per_threadgroup);
@@ -362,6 +362,45 @@ static void test_strided_bindings(void) {
     }
 }
 
+/* Which operands' rows the kernels may read four elements at a time: contiguous features, the
+ * origin and the strides of axes longer than 1 a multiple of 4 elements, and element 0 at an
+ * address that is one too. */
+static void test_vector_operands(void) {
+    static _Alignas(16) char memory[1 << 16];
+    mfa_problem p = make_problem(MFA_DTYPE_F16, 2, 2, 1, 16, 16, 8, 8, 1);
+    p.q.data = memory;     /* aligned, contiguous */
+    p.k.data = memory + 8; /* 4 f16 elements in: aligned */
+    p.v.data = memory + 2; /* 1 element in */
+    p.dout.data = memory;  /* rows of 10 elements */
+    p.dout.stride[2] = 10;
+    p.dout.stride[1] = 16 * 10;
+    p.dout.stride[0] = 2 * 16 * 10;
+    p.out.data = memory; /* features strided */
+    p.out.stride[3] = 2;
+    p.out.stride[2] = 16;
+    p.out.stride[1] = 16 * 16;
+    p.out.stride[0] = 2 * 16 * 16;
+    p.dq.data = memory; /* a batch stride of 6, but one batch: never used */
+    p.dq.stride[0] = 6;
+    p.batch = 1;
+    p.k.stride[0] = p.v.stride[0] = 0;
+    p.k.stride[1] = p.v.stride[1] = 0;
+    mfa_plan plan;
+    CHECK(mfa_plan_backward(&p, MFA_GPU_FAMILY_APPLE7, 1024, &plan) == MFA_OK, "%s",
+          mfa_last_error());
+    const uint32_t expected = 1u << MFA_OPERAND_Q | 1u << MFA_OPERAND_K | 1u << MFA_OPERAND_DQ;
+    const uint32_t checked =
+        expected | 1u << MFA_OPERAND_V | 1u << MFA_OPERAND_DOUT | 1u << MFA_OPERAND_O;
+    for (uint32_t i = 0; i < plan.num_passes; ++i) {
+        const uint32_t bits = plan.passes[i].params.vector_operands;
+        uint32_t bound = 0;
+        for (uint32_t j = 0; j < plan.passes[i].num_bindings; ++j)
+            bound |= 1u << plan.passes[i].bindings[j].operand;
+        CHECK((bits & checked & bound) == (expected & bound), "pass %u: vector_operands %#x", i,
+              bits);
+    }
+}
+
 static void test_limits_and_errors(void) {
     mfa_problem p = make_problem(MFA_DTYPE_F32, 1, 1, 1, 64, 64, 64, 64, 0);
     mfa_plan plan;
@@ -466,6 +505,7 @@ int main(void) {
     test_coverage();
     test_band();
     test_strided_bindings();
+    test_vector_operands();
     test_limits_and_errors();
     test_split_keys_and_row_passes();
     return test_finish("planner tests");

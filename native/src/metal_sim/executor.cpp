@@ -163,6 +163,8 @@ struct TrackedRange {
 struct Census {
     uint64_t threadgroup_read = 0, threadgroup_written = 0;
     uint64_t device_read = 0, device_written = 0;
+    // Loads and stores, whatever their width: a vector access is one operation.
+    uint64_t threadgroup_accesses = 0, device_accesses = 0;
     uint64_t barriers = 0;
     uint64_t multiplies[3][3] = {}; // [a type][b type], mfa_sim_abi::MatrixType
 
@@ -171,6 +173,8 @@ struct Census {
         threadgroup_written += o.threadgroup_written;
         device_read += o.device_read;
         device_written += o.device_written;
+        threadgroup_accesses += o.threadgroup_accesses;
+        device_accesses += o.device_accesses;
         barriers += o.barriers;
         for (int a = 0; a < 3; ++a)
             for (int b = 0; b < 3; ++b) multiplies[a][b] += o.multiplies[a][b];
@@ -560,10 +564,13 @@ void Worker::access(KernelThread* thread, uintptr_t address, unsigned size, bool
 void Worker::track(KernelThread* thread, const TrackedRange& range, uintptr_t address,
                    unsigned size, bool write, uintptr_t code) {
     const uintptr_t end = std::min<uintptr_t>(address + size, range.end);
-    if (range.device)
+    if (range.device) {
         (write ? census.device_written : census.device_read) += end - address;
-    else
+        ++census.device_accesses;
+    } else {
         (write ? census.threadgroup_written : census.threadgroup_read) += end - address;
+        ++census.threadgroup_accesses;
+    }
     if (!run->check_races) return;
     const uint64_t phase = phase_of(range);
     const unsigned me = thread->acting_for;
@@ -831,6 +838,8 @@ bool append_census(const char* path, const Dispatch& d, const Census& c) {
     field("threadgroup_bytes_written", c.threadgroup_written);
     field("device_bytes_read", c.device_read);
     field("device_bytes_written", c.device_written);
+    field("threadgroup_accesses", c.threadgroup_accesses);
+    field("device_accesses", c.device_accesses);
     field("barriers", c.barriers);
     static const char* const type_names[3] = {"float", "half", "bfloat"};
     line += ", \"multiplies\": {";

@@ -190,6 +190,24 @@ static mfa_operand_layout* layout_of(mfa_kernel_params* params, mfa_operand oper
  * layout's origin locates element (0,0,0,0) inside it. A scratch operand is contiguous over its
  * shape, `copies` times over (the splits of partial results; 1 otherwise), *copy_stride
  * elements apart. */
+/* Whether the kernels may read this operand's rows MFA_VECTOR_ELEMENTS elements at a time
+ * (vector_operands): features contiguous, the origin and every other stride (of an axis longer
+ * than 1) a multiple of the vector, and element (0, 0, 0, 0) at an address that is one too. The
+ * address is the view's in host memory, which devices bind in place or through pages (keeping
+ * it modulo a page) or copy to the start of a fresh buffer (which the origin's alignment then
+ * keeps aligned), and its byte offset in a device buffer, which devices bind from the buffer's
+ * start. */
+static int rows_take_vectors(const mfa_operand_view* view, const int64_t shape[4],
+                             const int64_t stride[4], int64_t origin) {
+    const int64_t vector_bytes = MFA_VECTOR_ELEMENTS * view->element_size;
+    if (view->view == NULL || stride[3] != 1 || origin % MFA_VECTOR_ELEMENTS != 0) return 0;
+    for (int axis = 0; axis < 3; ++axis)
+        if (shape[axis] > 1 && stride[axis] % MFA_VECTOR_ELEMENTS != 0) return 0;
+    const uint64_t address = view->view->buffer != NULL ? (uint64_t)view->view->byte_offset
+                                                        : (uint64_t)(uintptr_t)view->view->data;
+    return address % (uint64_t)vector_bytes == 0;
+}
+
 static mfa_status bind_operand(const mfa_problem* problem, mfa_pass_plan* pass, mfa_operand operand,
                                int writable, int64_t copies, int64_t* copy_stride) {
     mfa_operand_view view;
@@ -225,6 +243,8 @@ static mfa_status bind_operand(const mfa_problem* problem, mfa_pass_plan* pass, 
     mfa_operand_layout* layout = layout_of(&pass->params, operand);
     layout->origin = -e.lowest;
     memcpy(layout->stride, stride, sizeof stride);
+    if (rows_take_vectors(&view, shape, stride, layout->origin))
+        pass->params.vector_operands |= 1u << operand;
     mfa_buffer_binding* binding = &pass->bindings[pass->num_bindings++];
     binding->index = operand; /* operands are bound at their own number */
     binding->operand = operand;
@@ -296,21 +316,18 @@ static mfa_status choose_blocks(const mfa_problem* problem, mfa_gpu_family famil
         if (cache_second) pass->cached_operands |= 1u << MFA_OPERAND_DOUT;
     }
     pass->threads_per_threadgroup = parallel / 8 * 32;
-    /* Backward-key-value keeps each traversed query row's L and delta; a forward over a paged
-     * cache each traversed key's block and row. */
+    /* A forward over a paged cache keeps each traversed key's block and row. */
     const uint32_t per_row_vectors =
-        kind == MFA_PASS_BACKWARD_KEY_VALUE ||
-                (kind == MFA_PASS_FORWARD && problem->layout == MFA_LAYOUT_PAGED)
-            ? 2
-            : 0;
-    /* Apple9 rows read the traversed operand from device memory; a paged cache's rows are
-     * staged anyway, since each lookup through its block table would cost a threadgroup read. */
-    const int direct = row->direct_traversal && problem->layout != MFA_LAYOUT_PAGED;
+        kind == MFA_PASS_FORWARD && problem->layout == MFA_LAYOUT_PAGED ? 2 : 0;
+    /* Apple9 rows read every operand from device memory; a paged cache's rows are staged
+     * anyway, since each lookup through its block table would cost a threadgroup read. */
+    const int direct = row->direct_loads && problem->layout != MFA_LAYOUT_PAGED;
     const uint32_t element_size = problem->dtype == MFA_DTYPE_F32 ? 4 : 2;
     const uint32_t bytes =
-        mfa_staging_bytes(parallel, direct ? 0 : row->block_traversal, row->block_traversal, head,
-                          element_size, per_row_vectors);
-    pass->threadgroup_memory_length = round_up(bytes, 16);
+        mfa_staging_bytes(direct ? 0 : parallel, direct ? 0 : row->block_traversal,
+                          row->block_traversal, head, element_size, per_row_vectors);
+    /* A kernel that stages nothing still declares its threadgroup buffer: one 16-byte granule. */
+    pass->threadgroup_memory_length = bytes > 0 ? round_up(bytes, 16) : 16;
     if (pass->threadgroup_memory_length > MFA_PLAN_THREADGROUP_MEMORY_LIMIT)
         return mfa_set_error(MFA_ERROR_INTERNAL,
                              "metal planner: table row for D=%lld needs %u bytes of threadgroup "
@@ -324,7 +341,7 @@ static mfa_status choose_blocks(const mfa_problem* problem, mfa_gpu_family famil
     add_constant(pass, MFA_FC_BLOCK_OUT, MFA_CONSTANT_TYPE_UINT, out);
     add_constant(pass, MFA_FC_CACHE_PARALLEL, MFA_CONSTANT_TYPE_BOOL, (uint32_t)cache_first);
     add_constant(pass, MFA_FC_CACHE_PARALLEL2, MFA_CONSTANT_TYPE_BOOL, (uint32_t)cache_second);
-    add_constant(pass, MFA_FC_DIRECT_TRAVERSAL, MFA_CONSTANT_TYPE_BOOL, (uint32_t)direct);
+    add_constant(pass, MFA_FC_DIRECT_LOADS, MFA_CONSTANT_TYPE_BOOL, (uint32_t)direct);
     return MFA_OK;
 }
 

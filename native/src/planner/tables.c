@@ -10,11 +10,18 @@
  *   - Staged tiles hold f16/bf16 operands as 16-bit (half the threadgroup memory and bytes of
  *     f32 staging), but fragments are widened to f32 at load, so a register operand costs twice
  *     MFA's registers: the 16-bit tables cache only up to D = 96 (MFA: up to 224).
- *   - Apple9 rows read the traversed operand (K and V, or Q and dO) straight from device memory
- *     (direct = 1), as MFA does on Apple9, whose device loads share a cache with threadgroup
- *     memory: only the parallel operand is staged, and its 16 rows per threadgroup (MFA's) cost
- *     nothing in traversed-tile traffic, which no longer depends on how many simdgroups share a
- *     tile. Apple7/8 stage both (their device loads bypass that cache).
+ *   - Apple9 rows read every operand straight from device memory (direct = 1), as MFA reads K
+ *     and V (and an uncached Q or dO, reloaded per block) there: Apple9's device loads share a
+ *     cache with threadgroup memory, so a tile staged for the simdgroups to share saves no
+ *     memory traffic and costs a copy and two barriers. The parallel slab is each simdgroup's
+ *     own 8 rows, never shared, so staging it only ever served coalescing; the cached operands,
+ *     loaded once, go the same way (MFA async-copies them, a copy engine these kernels do not
+ *     use). A dense Apple9 kernel so stages nothing and has no barrier: block_head is only the
+ *     width of each unrolled load-and-multiply step, and the 16 rows per threadgroup (MFA's)
+ *     cost no traffic, which no longer depends on how many simdgroups would share a tile.
+ *     Apple7/8 stage both operands (their device loads bypass that cache).
+ *   - Backward-key-value's per-query L and delta are read into lanes and shuffled to the
+ *     fragments' columns on every family: no threadgroup memory beside the tiles.
  * Rows are {max D, block_parallel, block_traversal, block_head, cache first, cache second,
  * direct}. The tables have not been measured on hardware for these kernels yet. To retune on a
  * Mac: edit rows here, run planner_unit (every row must fit 32 KB of threadgroup memory and the
@@ -29,17 +36,18 @@
 
 /* One table a line, its rows in order of D, so that each reads as one unit beside its reasons. */
 /* clang-format off */
-/* ---- Apple9 (M3, M4, A17 Pro and later): direct traversal throughout ---- */
+/* ---- Apple9 (M3, M4, A17 Pro and later): direct loads throughout, so no row needs
+ * threadgroup memory; what bounds a row is its registers (the caches beside the accumulators). */
 /* f32 forward: Q cached while 8 rows x D of f32 fit beside S and O (D <= 48); the block_head of
  * each row is MFA's head block. */
 static const mfa_block_row apple9_forward_f32[] = {{8, 16, 128, 16, 1, 0, 1}, {16, 16, 64, 16, 1, 0, 1}, {48, 16, 32, 8, 1, 0, 1}, {192, 16, 64, 16, 0, 0, 1}, {384, 16, 128, 16, 0, 0, 1}};
-/* 16-bit forward: Q cached up to D = 96 (see above), then staged in chunks of 32 columns. */
+/* 16-bit forward: Q cached up to D = 96 (see above), then reloaded per block, 32 columns a step. */
 static const mfa_block_row apple9_forward_16bit[] = {{32, 16, 128, 16, 1, 0, 1}, {96, 16, 128, 32, 1, 0, 1}, {384, 16, 128, 32, 0, 0, 1}};
 /* Backward-query: Q (and dO for the smallest D) cached while they fit beside dQ, P and dP. */
 static const mfa_block_row apple9_backward_query_f32[] = {{16, 16, 64, 8, 1, 1, 1}, {32, 16, 64, 16, 1, 0, 1}, {192, 16, 64, 32, 1, 0, 1}, {384, 16, 128, 16, 0, 0, 1}};
 static const mfa_block_row apple9_backward_query_16bit[] = {{80, 16, 64, 8, 1, 1, 1}, {192, 16, 64, 32, 0, 0, 1}, {384, 16, 128, 32, 0, 0, 1}};
 /* Backward-key-value: K and V cached for small D, V alone up to 64 (80 for 16-bit), then both
- * staged; 16 rows per threadgroup as MFA. */
+ * reloaded per block; 16 rows per threadgroup as MFA. */
 static const mfa_block_row apple9_backward_key_value_f32[] = {{16, 16, 64, 8, 1, 1, 1}, {32, 16, 32, 16, 1, 1, 1}, {64, 16, 32, 16, 0, 1, 1}, {128, 16, 128, 16, 0, 0, 1}, {384, 16, 128, 16, 0, 0, 1}};
 static const mfa_block_row apple9_backward_key_value_16bit[] = {{56, 16, 64, 8, 1, 1, 1}, {80, 16, 32, 16, 0, 1, 1}, {144, 16, 128, 16, 0, 0, 1}, {384, 16, 128, 32, 0, 0, 1}};
 

@@ -19,7 +19,7 @@ typedef struct mfa_block_row {
     uint32_t block_head;      /* multiple of 8 */
     uint8_t cache_parallel;   /* Q (forward, backward-query) or K (backward-key-value) */
     uint8_t cache_parallel2;  /* dO (backward-query) or V (backward-key-value) */
-    uint8_t direct_traversal; /* the traversed operand read from device memory, not staged */
+    uint8_t direct_loads;     /* every operand read from device memory, nothing staged */
 } mfa_block_row;
 
 typedef struct mfa_block_table {
