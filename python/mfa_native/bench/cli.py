@@ -350,9 +350,9 @@ def main(argv=None):
     print(
         f"timing: {arguments.warmups} warm-up call(s), then {arguments.repeats} interleaved "
         f"rounds of {arguments.dispatches} call(s) per peer, the order rotating each round; "
-        "medians; x peer = median over the rounds of the peer's time / mfa's; after a call "
-        "of a peer whose threads spin on (torch, numpy's BLAS) the next call waits for them "
-        f"({settles or 'none here'})"
+        "medians; x peer = median over the rounds of the peer's time / mfa's; every call "
+        "is followed by the same pause, the longest that a peer's threads spin on after a "
+        f"call ({settles or 'none here'})"
     )
     torch_peer = any(peer.name == "torch" for peer in peers)
     print(

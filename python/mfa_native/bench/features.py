@@ -56,16 +56,18 @@ __all__ = ["STUDIES", "Study", "agreement", "interleave", "result_row", "run", "
 
 def _settle_seconds(name):
     """How long torch's threads (the "torch ..." and "flex ..." variants) may keep spinning after
-    a call: the next call waits that long (TorchPeer.settle_seconds says why)."""
+    a call (TorchPeer.settle_seconds says why)."""
     return TorchPeer.settle_seconds if name.startswith(("torch", "flex")) else 0.0
 
 
 def interleave(functions, repeats, warmups=1, keep=()):
     """({name: [seconds per round]}, {name: result of its first call} for the names in keep)
     of every function, timed once per round in an order that rotates by one each round, after
-    ``warmups`` (at least 1) untimed calls of each; after a torch call the next one waits for
-    torch's threads to sleep."""
+    ``warmups`` (at least 1) untimed calls of each; every call is followed by the same pause,
+    long enough for torch's threads to sleep when a torch variant is among them (the grids'
+    timing, ``bench.timing``, says why)."""
     names = list(functions)
+    pause = max((_settle_seconds(name) for name in names), default=0.0)
     results = {}
     for name in names:
         for index in range(max(warmups, 1)):
@@ -73,7 +75,7 @@ def interleave(functions, repeats, warmups=1, keep=()):
             if index == 0 and name in keep:
                 results[name] = result
             del result
-        time.sleep(_settle_seconds(name))
+        time.sleep(pause)
     seconds = {name: [] for name in names}
     for round_index in range(repeats):
         shift = round_index % len(names)
@@ -81,7 +83,7 @@ def interleave(functions, repeats, warmups=1, keep=()):
             start = time.perf_counter()
             functions[name]()
             seconds[name].append(time.perf_counter() - start)
-            time.sleep(_settle_seconds(name))
+            time.sleep(pause)
     return seconds, results
 
 

@@ -77,8 +77,8 @@ class Peer:
     """
 
     name = None
-    # Seconds the peer's runtime keeps CPU threads busy after a call returns; the benchmark waits
-    # that long before the next peer's call, so that it does not run slowed by them.
+    # Seconds the peer's runtime keeps CPU threads busy after a call returns; the benchmark
+    # pauses the longest of its peers' after every call (bench.timing says why).
     settle_seconds = 0.0
 
     @property

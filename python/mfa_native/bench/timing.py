@@ -9,9 +9,12 @@ Per case and pass:
 2. timed rounds, interleaved: each of ``repeats`` rounds runs one trial of every peer, in an
    order that rotates by one peer each round (A B C, B C A, C A B, ...), so a burst of load
    from elsewhere lands on every peer alike and no peer always runs right after the same one.
-   A trial is ``dispatches`` calls in a row; its time is their mean. After a call of a peer
-   whose runtime keeps threads spinning (``Peer.settle_seconds``: OpenBLAS, under numpy), the
-   next call waits for them to sleep.
+   A trial is ``dispatches`` calls in a row; its time is their mean. Every call, whichever
+   peer made it, is followed by the same pause: the longest ``Peer.settle_seconds`` of the
+   peers (torch's OpenMP threads and OpenBLAS's, under numpy, spin on after a call), so that no
+   call runs beside another peer's spinning threads, and every trial starts from idle threads
+   alike (on a virtual machine an idle virtual CPU can take milliseconds to wake: a pause
+   after one peer only made the other peer's small calls look fast beside it).
 3. memory: with ``memory``, one more untimed call per peer for the peak extra resident memory.
 
 Reported per peer: the median trial time, the best trial's GPU time where recorded (MFA's
@@ -137,6 +140,8 @@ def _measure_pass(case, which, peers, runners, settings, progress):
         if peer in active:
             active.remove(peer)
 
+    pause = max((peer.settle_seconds for peer in active), default=0.0)
+
     # 1. Warm-up, the first call observed and its result compared with mfa's (the first peer's)
     #    at once, so that only mfa's stays in memory.
     reference = None
@@ -158,7 +163,7 @@ def _measure_pass(case, which, peers, runners, settings, progress):
                 functions[peer.name]()
         except Exception as error:
             fail(peer, error)
-        time.sleep(peer.settle_seconds)
+        time.sleep(pause)
 
     # 2. Interleaved rounds, the order rotating by one peer each round.
     walls = {peer.name: [] for peer in active}
@@ -180,7 +185,7 @@ def _measure_pass(case, which, peers, runners, settings, progress):
             busy[peer.name].append(cpu / wall if wall > 0 else 0.0)
             if gpu is not None:
                 gpus[peer.name].append(gpu)
-            time.sleep(peer.settle_seconds)
+            time.sleep(pause)
 
     # 3. Results and memory.
     del reference
