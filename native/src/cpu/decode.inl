@@ -113,12 +113,28 @@ static const int kDecodeAccumulators = 8;
 struct row_prefetch {
     const char* const* rows;
     int64_t count, bytes, next;
+    int64_t line; /* spread: the next line of row `next` */
 
     void step(int64_t n) {
         const int64_t end = min64(next + n, count);
         for (; next < end; ++next)
             for (int64_t line = 0; line < bytes; line += 64)
                 __builtin_prefetch(rows[next] + line, 0, 2);
+    }
+
+    /* The lines to bring per step so that `steps` steps bring all of them. */
+    int64_t lines_per(int64_t steps) const {
+        const int64_t lines = (count - next) * ((bytes + 63) / 64);
+        return (lines + steps - 1) / steps;
+    }
+
+    /* n lines, in order: for loops that can spread the rows' lines evenly over their steps. */
+    void spread(int64_t n) {
+        for (; n > 0 && next < count; --n) {
+            __builtin_prefetch(rows[next] + line, 0, 2);
+            line += 64;
+            if (line >= bytes) line = 0, ++next;
+        }
     }
 };
 
@@ -241,12 +257,14 @@ static inline void dot_lanes(const float* qt, const char* const* key, int64_t ke
     /* Reduction steps per pass over the keys: their queries stay in registers, and each key's
      * address is loaded once for all of them (KEYS addresses do not fit the registers). */
     enum { kSteps = 4 };
+    const int64_t passes = depth / (kSteps * Lanes::step);
+    const int64_t lines = ahead->lines_per(keys / KEYS * passes + 1);
     int64_t j = 0;
     for (; j + KEYS <= keys && depth % (kSteps * Lanes::step) == 0; j += KEYS) {
-        ahead->step(KEYS);
         vf acc[KEYS];
         for (int c = 0; c < KEYS; ++c) acc[c] = vsplat(0.0f);
         for (int64_t x = 0; x < depth; x += kSteps * Lanes::step) {
+            ahead->spread(lines);
             vf query[kSteps];
             for (int u = 0; u < kSteps; ++u) query[u] = vload(qt + (x / Lanes::step + u) * W);
             for (int c = 0; c < KEYS; ++c) {
@@ -257,8 +275,8 @@ static inline void dot_lanes(const float* qt, const char* const* key, int64_t ke
         }
         for (int c = 0; c < KEYS; ++c) vstore(s + (j + c) * W, acc[c]);
     }
+    ahead->step(ahead->count);
     for (; j < keys; ++j) {
-        ahead->step(1);
         vf acc = vsplat(0.0f);
         for (int64_t x = 0; x < depth; x += Lanes::step)
             acc = Lanes::mac(acc, vload(qt + x / Lanes::step * W), key[j] + x * Lanes::size);
@@ -358,18 +376,20 @@ template <class Lanes>
 static void accumulate_lanes(const float* p, const char* const* value, int64_t count, int64_t width,
                              float* ot, row_prefetch* ahead) {
     enum { kCols = kDecodeAccumulators };
+    const int64_t lines = ahead->lines_per(width / kCols * count + 1);
     int64_t x0 = 0;
     for (; x0 + kCols <= width; x0 += kCols) {
         vf acc[kCols];
         for (int c = 0; c < kCols; ++c) acc[c] = vload(ot + (x0 + c) * W);
         for (int64_t j = 0; j < count; ++j) {
-            ahead->step(1);
+            ahead->spread(lines);
             const vf weights = vload(p + j * W);
             const char* row = value[j] + 4 * x0;
             for (int c = 0; c < kCols; ++c) acc[c] = Lanes::mac(acc[c], weights, row + 4 * c);
         }
         for (int c = 0; c < kCols; ++c) vstore(ot + (x0 + c) * W, acc[c]);
     }
+    ahead->step(ahead->count);
     for (; x0 < width; ++x0) {
         vf acc = vload(ot + x0 * W);
         for (int64_t j = 0; j < count; ++j)
@@ -549,7 +569,7 @@ static void decode_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
         }
         if (any_visible && lanes) {
             values.addresses(j0, n, t.value_rows);
-            row_prefetch values_ahead = {t.value_rows, n, value_bytes, 0};
+            row_prefetch values_ahead = {t.value_rows, n, value_bytes, 0, 0};
             if (!lanes_in_place) convert_rows<Storage>(key_rows, n, keys.elem_step, d, t.k, ld);
             enum { kLaneKeys = kDecodeAccumulators };
 #if MFA_CPU_BF16_DOT
@@ -576,7 +596,7 @@ static void decode_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
             const vf block_max = lanes_scores_for(mods[0].kinds | (any_bias ? kBias : 0))(
                 t.s, n, lane_mods, distance, t.bias, begin, end, full);
             lanes_softmax(t.s, n, block_max, t.row_max, t.row_sum, t.o, ldv);
-            row_prefetch keys_ahead = {next_key_rows, next_n, key_bytes, 0};
+            row_prefetch keys_ahead = {next_key_rows, next_n, key_bytes, 0, 0};
 #if MFA_CPU_BF16_DOT
             if (pairs) {
                 round_pairs_across_rows(t.s, n, W, t.p_pairs);
@@ -595,7 +615,7 @@ static void decode_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
             }
         } else if (any_visible) {
             values.addresses(j0, n, t.value_rows);
-            row_prefetch values_ahead = {t.value_rows, n, value_bytes, 0};
+            row_prefetch values_ahead = {t.value_rows, n, value_bytes, 0, 0};
             if (pairs) {
 #if MFA_CPU_BF16_DOT
                 decode_products<bf16_pair_rows>(t.qt, rows, ld / 2, key_rows, d, n, t.s, bk,
@@ -621,7 +641,7 @@ static void decode_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
                 online_softmax_row(s, n_pad, block_max, t.row_max + r, t.row_sum + r, t.o + r * ldv,
                                    ldv);
             }
-            row_prefetch keys_ahead = {next_key_rows, next_n, key_bytes, 0};
+            row_prefetch keys_ahead = {next_key_rows, next_n, key_bytes, 0, 0};
             if (in_place) {
                 decode_accumulate<Direct>(t.s, rows, bk, t.value_rows, dv, n, t.o, ldv,
                                           &keys_ahead);
