@@ -9,18 +9,19 @@
  * combines through their log-sum-exps (merge.h). Sinks and an initial state enter the first
  * range's rows only.
  *
- * A unit of at most W / 2 rows (one new token per head, small groups) is bandwidth-bound: its
- * scores are dot products (rows of Q against rows of K, reduced across the vector), softmax row by
- * row, and out as broadcasts (P times rows of V). A unit of more rows (query groups: Nq 4 with
- * 4 query heads per KV head is 16 rows) does 16 FMAs per key element and is compute-bound that way;
- * it keeps its rows in the lanes of one vector through the whole block instead: scores K times Q
- * transposed (one broadcast key element per FMA, no reduction), the softmax on W rows per
- * instruction, and P V as a register-blocked product with the rows' probabilities broadcast from
- * the lanes. f32 and bf16 rows with adjacent elements are read in place, bf16 widened in registers;
- * on a bf16 dot-product build both products multiply bf16 pairs instead (keys as they lie; V
- * interleaved a block at a time as pairs of rows, P rounded to bf16 as the forward pass rounds
- * it); anything else is converted a block at a time into the task's tiles first. Each products
- * pass prefetches the rows the next pass reads (row_prefetch).
+ * A unit of few rows (at most W / 2: one new token per head, small groups) is bandwidth-bound:
+ * its scores are dot products (rows of Q against rows of K, reduced across the vector), its
+ * softmax runs row by row, and out is broadcasts (P times rows of V). A unit of more rows, up to
+ * W (query groups: 4 new tokens of 4 query heads per KV head are 16 rows), multiplies every
+ * element of K and V into each of its rows, which is compute-bound done that way; it keeps its
+ * rows in the lanes of one vector through the whole block instead: scores K times Q transposed
+ * (one broadcast key element per FMA for all rows, no reduction), the softmax on all rows per
+ * instruction, and O transposed += P V, one broadcast V element per FMA. f32 and bf16 rows with
+ * adjacent elements are read in place, bf16 widened in registers; on a bf16 dot-product build
+ * the products multiply bf16 pairs instead (keys as they lie; in the lanes V interleaved a block
+ * at a time as pairs of rows and P rounded to bf16, as the forward pass rounds it); anything else
+ * is converted a block at a time into the task's tiles first. Each products pass prefetches the
+ * rows the next pass reads (row_prefetch).
  */
 #ifndef MFA_CPU_DECODE_INL
 #define MFA_CPU_DECODE_INL
