@@ -40,6 +40,13 @@ def test_interleave_rotates_and_ratios_are_paired():
     seconds, results = features.interleave(functions, repeats=3, warmups=1, keep=("b",))
     assert order == list("abc") + list("abc") + list("bca") + list("cab")
     assert results == {"b": "b"} and all(len(times) == 3 for times in seconds.values())
+    # A trial of 2 dispatches is 2 calls in a row: a a b b, then b b a a.
+    order.clear()
+    seconds, _ = features.interleave(
+        {name: functions[name] for name in "ab"}, repeats=2, warmups=1, dispatches=2
+    )
+    assert order == list("ab") + list("aabb") + list("bbaa")
+    assert all(len(times) == 2 for times in seconds.values())
     paired = {"x": [2.0, 9.0, 4.0], "y": [1.0, 1.0, 4.0]}
     assert features.paired_ratio(paired, "x", "y") == 2.0  # median of 2, 9, 1
 
