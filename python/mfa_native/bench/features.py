@@ -29,9 +29,7 @@ decode-roof
     The threads busy are measured twice: over the timed trials, each after an idle pause, and
     over mfa's calls in a row for 0.2 s (the second half of them), as a decoding loop makes
     them; the target is on the second, since some virtual machines run the first milliseconds
-    of work after an idle pause on one virtual CPU (``bench.timing`` says more). Calls in a row
-    also give mfa's time and its fraction of the read's, the read timed in a row too (target
-    >= 60 % at every Nk: at Nk 4k k and v may stay in the last-level cache for both).
+    of work after an idle pause on one virtual CPU (``bench.timing`` says more).
 varlen
     8 packed sequences of mixed lengths (8k tokens, H 8, D 64, causal) in one
     ``attention_varlen`` call against the 8 dense calls one after the other (target: within
@@ -468,10 +466,6 @@ def _decode_case(setup, case):
     )
     ms, held = _in_a_row(functions["mfa"], 0.2 / setup.shrink)
     measures["mfa ms in a row"] = (ms, "", None)
-    if read_bytes:
-        read_ms, _ = _in_a_row(functions["read k, v"], 0.2 / setup.shrink)
-        fraction = read_ms / ms * case.bytes("fwd") / read_bytes
-        measures["of reading k, v in a row"] = (fraction, ">= 0.60", fraction >= 0.6)
     wanted = 0.9 * threads
     measures["threads busy in a row"] = (
         held,
