@@ -64,31 +64,31 @@ def _settle_seconds(name):
     return TorchPeer.settle_seconds if name.startswith(("torch", "flex")) else 0.0
 
 
-def interleave(functions, repeats, warmups=1, keep=(), dispatches=1):
+def interleave(functions, setup, keep=()):
     """({name: [seconds per call, per round]}, {name: result of its first call} for the names in
-    keep) of every function, timed once per round in an order that rotates by one each round,
-    after ``warmups`` (at least 1) untimed calls of each; a round's trial of a function is
-    ``dispatches`` calls in a row, timed by their mean. Every trial is followed by the same
-    pause, long enough for torch's threads to sleep when a torch variant is among them (the
-    grids' timing, ``bench.timing``, says why)."""
+    keep) of every function, timed once in each of ``setup.repeats`` rounds in an order that
+    rotates by one each round, after ``setup.warmups`` (at least 1) untimed calls of each; a
+    round's trial of a function is ``setup.dispatches`` calls in a row, timed by their mean.
+    Every trial is followed by the same pause, long enough for torch's threads to sleep when a
+    torch variant is among them (the grids' timing, ``bench.timing``, says why)."""
     names = list(functions)
     pause = max((_settle_seconds(name) for name in names), default=0.0)
     results = {}
     for name in names:
-        for index in range(max(warmups, 1)):
+        for index in range(max(setup.warmups, 1)):
             result = functions[name]()
             if index == 0 and name in keep:
                 results[name] = result
             del result
         time.sleep(pause)
     seconds = {name: [] for name in names}
-    for round_index in range(repeats):
+    for round_index in range(setup.repeats):
         shift = round_index % len(names)
         for name in names[shift:] + names[:shift]:
             start = time.perf_counter()
-            for _ in range(dispatches):
+            for _ in range(setup.dispatches):
                 functions[name]()
-            seconds[name].append((time.perf_counter() - start) / dispatches)
+            seconds[name].append((time.perf_counter() - start) / setup.dispatches)
             time.sleep(pause)
     return seconds, results
 
@@ -248,7 +248,7 @@ def _modifiers_case(setup, case):
                         return go
 
                     _try(failures, functions, name, make)
-    seconds, _ = interleave(functions, setup.repeats, setup.warmups, dispatches=setup.dispatches)
+    seconds, _ = interleave(functions, setup)
     measures = {}
     for name in ("softcap", "alibi", "sinks"):
         overhead = paired_ratio(seconds, name, "plain")
@@ -326,13 +326,7 @@ def _block_mask_case(setup, seq, dtype):
                     return go
 
                 _try(failures, functions, "flex documents", make)
-    seconds, results = interleave(
-        functions,
-        setup.repeats,
-        setup.warmups,
-        keep=("documents", "documents + summary"),
-        dispatches=setup.dispatches,
-    )
+    seconds, results = interleave(functions, setup, keep=("documents", "documents + summary"))
     measures = {}
     for name in ("documents", "documents + summary"):
         speedup = paired_ratio(seconds, "all-true mask", name)
@@ -432,13 +426,7 @@ def _decode_case(setup, case):
                 return attend(tq, tk, tv, enable_gqa=True)
 
         functions["torch"] = sdpa
-    seconds, results = interleave(
-        functions,
-        setup.repeats,
-        setup.warmups,
-        keep=("mfa", "mfa 1 thread"),
-        dispatches=setup.dispatches,
-    )
+    seconds, results = interleave(functions, setup, keep=("mfa", "mfa 1 thread"))
     measures = {}
     if "mfa 1 thread" in results:
         # Split differently over the keys, so equal within float32 roundings only.
@@ -528,13 +516,7 @@ def _varlen_case(setup, lengths, dtype):
                 return [attend(*piece, is_causal=True) for piece in torch_pieces]
 
         functions["torch separate"] = sdpa
-    seconds, results = interleave(
-        functions,
-        setup.repeats,
-        setup.warmups,
-        keep=("varlen", "separate"),
-        dispatches=setup.dispatches,
-    )
+    seconds, results = interleave(functions, setup, keep=("varlen", "separate"))
     within = paired_ratio(seconds, "varlen", "separate")
     separate = np.concatenate([out[0].transpose(1, 0, 2) for out in results["separate"]])
     measures = {
@@ -581,13 +563,7 @@ def _paged_case(setup, case):
             q, caches[0], caches[1], table, lengths, backend=setup.context
         ),
     }
-    seconds, results = interleave(
-        functions,
-        setup.repeats,
-        setup.warmups,
-        keep=("dense", "paged"),
-        dispatches=setup.dispatches,
-    )
+    seconds, results = interleave(functions, setup, keep=("dense", "paged"))
     ratio = paired_ratio(seconds, "paged", "dense")
     measures = {
         "paged / dense": (ratio, "<= 1.15", ratio <= 1.15),
