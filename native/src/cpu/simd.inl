@@ -173,8 +173,8 @@ static inline void hsums(vf* v, float* out) {
 
 /* A W x W block of 32-bit values, row i in v[i], transposed in place: log2(W) rounds of the
  * perfect shuffle, each interleaving rows i and i + W / 2 into rows 2i and 2i + 1; after them
- * v[i] holds column i. W / 2 * 2 two-source shuffles per round (vpermt2ps on AVX-512, zip1/zip2
- * on NEON), so a W x W block costs W log2(W) shuffles where element by element it would cost W^2
+ * v[i] holds column i. W two-source shuffles per round (vpermt2ps on AVX-512, zip1/zip2 on
+ * NEON), so a W x W block costs W log2(W) shuffles where element by element it would cost W^2
  * scalar stores. */
 #define MFA_CPU_ZIP_LOW(i)  ((i) % 2 ? W + (i) / 2 : (i) / 2)
 #define MFA_CPU_ZIP_HIGH(i) ((i) % 2 ? W + W / 2 + (i) / 2 : W / 2 + (i) / 2)
@@ -205,8 +205,8 @@ static inline vf vload_bf16(const char* p) {
 }
 
 /* 2^x for x <= 127, relative error below 1.1e-7 (at most 0.95 ulp of the result with FMAs,
- * 1.22 without, over 7e8 floats spread over [-126, 127]); exactly 0 below -126 (so -inf gives 0); NaN stays NaN, so a
- * non-finite input is never turned into a finite probability.
+ * 1.22 without, over 7e8 floats spread over [-126, 127]); exactly 0 below -126 (so -inf gives
+ * 0); NaN stays NaN, so a non-finite input is never turned into a finite probability.
  * x = n + f with n = round(x), |f| <= 1/2: 2^f from the degree-6 polynomial with the smallest
  * largest relative error over [-1/2, 1/2] (Remez exchange; 1.9e-9 before f32 rounding), times
  * 2^n. One FMA fewer than the degree-7 Taylor series it replaces, at the same accuracy. */
