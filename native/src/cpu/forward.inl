@@ -3,8 +3,9 @@
  * compute task runs FlashAttention's online softmax for one block of query rows over the visible
  * key blocks (skipping the tiles a mask hides entirely). Scores are the dot products through
  * the modifiers (scores.inl), in natural units; the statistics and the O accumulator are f32
- * whatever the operands are. Sinks and an initial state enter each row's state before its first
- * key (start_row).
+ * whatever the operands are (plain scores, with no modifier, are scaled inside the exponent
+ * instead: plain_softmax_row). Sinks and an initial state enter each row's state before its
+ * first key (start_row).
  */
 #ifndef MFA_CPU_FORWARD_INL
 #define MFA_CPU_FORWARD_INL
