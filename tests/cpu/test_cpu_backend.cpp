@@ -625,6 +625,14 @@ static const Case cases[] = {
      kCheckGradients, true},
     {"decode NaN key, split keys", MFA_DTYPE_F32, 1, 4, 2, 1, 2000, 16, 16, -1, -1, true, 0, false,
      1, 1, 0, kCheckGradients, true},
+    /* Plain scores spread wide (logits of standard deviation ~20) over several key blocks: a
+     * row's max moves by more than the forward's rescaling lag in some blocks and by less in
+     * others, so both its rescaled and its kept-max paths run, beside the causal diagonal's
+     * strips. */
+    {"wide logits over many key blocks, causal", MFA_DTYPE_F32, 1, 2, 1, 300, 700, 16, 16, -1, 0,
+     true, 0, false, 4, 4},
+    {"bf16 wide logits over many key blocks", MFA_DTYPE_BF16, 1, 2, 2, 140, 600, 32, 32, -1, -1,
+     true, 1, false, 3, 3},
     /* Score modifiers, pairwise over mask kind and broadcast x summary x causal / window x GQA x
      * softcap x ALiBi (both alignments, both slope shapes) x sinks x dtype x path. */
     modified(
