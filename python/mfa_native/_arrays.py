@@ -427,24 +427,23 @@ class _MlxKind:
         # more than the copy of a small result, and a pass over memory as long as the copy's
         # for a large one. (MLX makes no array of host memory in place: mx.from_dlpack(...,
         # copy=False) refuses CPU memory.)
-        arrays = [self.mx.array(_uninitialized(shape, dtype)) for shape, dtype in specs]
         results = []
-        for array, (shape, dtype) in zip(arrays, specs):
+        for shape, dtype in specs:
+            array = self.mx.array(_uninitialized(shape, dtype))
             if like is None:
                 # In CPU memory: the buffer protocol gives the address, in a tenth of the
                 # time of a DLPack export (a fresh array is C-contiguous).
                 address = int(_dlpack.cast(_UINTPTR, _dlpack.from_buffer(array)))
                 strides = _contiguous_strides(shape)
                 view = ArrayView(self, CPU, address, 0, dtype, shape, strides, True, array)
-                results.append((array, view))
-                continue
-            view = _read_dlpack(self, "result", array, dtype)
-            if view.device != like.device:
-                raise ValueError(
-                    f"MLX made a result in {device_name(view.device)} memory for arrays in "
-                    f"{device_name(like.device)} memory: pass out= (and lse=) explicitly"
-                )
-            view.writable = True
+            else:
+                view = _read_dlpack(self, "result", array, dtype)
+                if view.device != like.device:
+                    raise ValueError(
+                        f"MLX made a result in {device_name(view.device)} memory for arrays "
+                        f"in {device_name(like.device)} memory: pass out= (and lse=) explicitly"
+                    )
+                view.writable = True
             results.append((array, view))
         return results
 
