@@ -68,7 +68,7 @@ class _Options:
     argument, which MLX, as it is not an array, hands on as it is to the forward and the VJP
     (keyword arguments cost more: MLX flattens and rebuilds their dict for each call). The lse
     travels here rather than as a second output: each output of a custom function is one more
-    array that MLX wraps and then shares the buffer of (some 2 us a call)."""
+    array that MLX wraps and then shares the buffer of (some 1-2 us a call)."""
 
     __slots__ = ("scores", "backend", "lse")
 
