@@ -71,6 +71,9 @@ class _Options:
     array that MLX wraps and then shares the buffer of (some 1-2 us a call)."""
 
     __slots__ = ("scores", "backend", "lse")
+    scores: _Scores
+    backend: str
+    lse: mx.array  # set by the forward
 
     def __init__(self, scores: _Scores, backend: str) -> None:
         self.scores = scores
