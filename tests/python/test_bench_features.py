@@ -2,6 +2,8 @@
 variants that must agree do, every ratio is a paired median, and the command line runs them
 beside the shape grids. No test asserts on a time."""
 
+from types import SimpleNamespace
+
 import mfa_native
 import numpy as np
 import pytest
@@ -37,9 +39,16 @@ def contexts():
 def test_interleave_rotates_and_ratios_are_paired():
     order = []
     functions = {name: (lambda name=name: order.append(name) or name) for name in "abc"}
-    seconds, results = features.interleave(functions, repeats=3, warmups=1, keep=("b",))
+    rounds = SimpleNamespace(repeats=3, warmups=1, dispatches=1)
+    seconds, results = features.interleave(functions, rounds, keep=("b",))
     assert order == list("abc") + list("abc") + list("bca") + list("cab")
     assert results == {"b": "b"} and all(len(times) == 3 for times in seconds.values())
+    # A trial of 2 dispatches is 2 calls in a row: a a b b, then b b a a.
+    order.clear()
+    rounds = SimpleNamespace(repeats=2, warmups=1, dispatches=2)
+    seconds, _ = features.interleave({name: functions[name] for name in "ab"}, rounds)
+    assert order == list("ab") + list("aabb") + list("bbaa")
+    assert all(len(times) == 2 for times in seconds.values())
     paired = {"x": [2.0, 9.0, 4.0], "y": [1.0, 1.0, 4.0]}
     assert features.paired_ratio(paired, "x", "y") == 2.0  # median of 2, 9, 1
 

@@ -350,7 +350,7 @@ def main(argv=None):
     print(
         f"timing: {arguments.warmups} warm-up call(s), then {arguments.repeats} interleaved "
         f"rounds of {arguments.dispatches} call(s) per peer, the order rotating each round; "
-        "medians; x peer = median over the rounds of the peer's time / mfa's; every call "
+        "medians; x peer = median over the rounds of the peer's time / mfa's; every trial "
         "is followed by the same pause, the longest that a peer's threads spin on after a "
         f"call ({settles or 'none here'})"
     )
@@ -384,6 +384,7 @@ def main(argv=None):
             warmups=arguments.warmups,
             quick=arguments.quick,
             flex=arguments.flex,
+            dispatches=arguments.dispatches,
         )
         study_rows = features.run(studies, setup)
         single.close()

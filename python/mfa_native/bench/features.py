@@ -26,6 +26,10 @@ decode-roof
     time, target >= 0.9 x threads at B 1); and mfa on one thread against two at B 1. The last
     two need a quiet machine: where Linux groups processes by session (autogroup, as on a
     shared login), a busy session next to another gets half the CPUs, so two threads read 1.00.
+    The threads busy are measured twice: over the timed trials, each after an idle pause, and
+    over mfa's calls in a row for 0.2 s (the second half of them), as a decoding loop makes
+    them; the target is on the second, since some virtual machines run the first milliseconds
+    of work after an idle pause on one virtual CPU (``bench.timing`` says more).
 varlen
     8 packed sequences of mixed lengths (8k tokens, H 8, D 64, causal) in one
     ``attention_varlen`` call against the 8 dense calls one after the other (target: within
@@ -60,29 +64,31 @@ def _settle_seconds(name):
     return TorchPeer.settle_seconds if name.startswith(("torch", "flex")) else 0.0
 
 
-def interleave(functions, repeats, warmups=1, keep=()):
-    """({name: [seconds per round]}, {name: result of its first call} for the names in keep)
-    of every function, timed once per round in an order that rotates by one each round, after
-    ``warmups`` (at least 1) untimed calls of each; every call is followed by the same pause,
-    long enough for torch's threads to sleep when a torch variant is among them (the grids'
-    timing, ``bench.timing``, says why)."""
+def interleave(functions, setup, keep=()):
+    """({name: [seconds per call, per round]}, {name: result of its first call} for the names in
+    keep) of every function, timed once in each of ``setup.repeats`` rounds in an order that
+    rotates by one each round, after ``setup.warmups`` (at least 1) untimed calls of each; a
+    round's trial of a function is ``setup.dispatches`` calls in a row, timed by their mean.
+    Every trial is followed by the same pause, long enough for torch's threads to sleep when a
+    torch variant is among them (the grids' timing, ``bench.timing``, says why)."""
     names = list(functions)
     pause = max((_settle_seconds(name) for name in names), default=0.0)
     results = {}
     for name in names:
-        for index in range(max(warmups, 1)):
+        for index in range(max(setup.warmups, 1)):
             result = functions[name]()
             if index == 0 and name in keep:
                 results[name] = result
             del result
         time.sleep(pause)
     seconds = {name: [] for name in names}
-    for round_index in range(repeats):
+    for round_index in range(setup.repeats):
         shift = round_index % len(names)
         for name in names[shift:] + names[:shift]:
             start = time.perf_counter()
-            functions[name]()
-            seconds[name].append(time.perf_counter() - start)
+            for _ in range(setup.dispatches):
+                functions[name]()
+            seconds[name].append((time.perf_counter() - start) / setup.dispatches)
             time.sleep(pause)
     return seconds, results
 
@@ -128,6 +134,8 @@ class Setup:
     warmups: int
     quick: bool
     flex: bool
+    # Calls in a row per trial (``--dispatches``).
+    dispatches: int = 1
     # Every sequence length divided by it, and the adapters study's rounds (the tests run the
     # studies tiny).
     shrink: int = 1
@@ -240,7 +248,7 @@ def _modifiers_case(setup, case):
                         return go
 
                     _try(failures, functions, name, make)
-    seconds, _ = interleave(functions, setup.repeats, setup.warmups)
+    seconds, _ = interleave(functions, setup)
     measures = {}
     for name in ("softcap", "alibi", "sinks"):
         overhead = paired_ratio(seconds, name, "plain")
@@ -318,9 +326,7 @@ def _block_mask_case(setup, seq, dtype):
                     return go
 
                 _try(failures, functions, "flex documents", make)
-    seconds, results = interleave(
-        functions, setup.repeats, setup.warmups, keep=("documents", "documents + summary")
-    )
+    seconds, results = interleave(functions, setup, keep=("documents", "documents + summary"))
     measures = {}
     for name in ("documents", "documents + summary"):
         speedup = paired_ratio(seconds, "all-true mask", name)
@@ -376,6 +382,24 @@ def _busy(function, samples):
     return timed
 
 
+def _in_a_row(function, seconds):
+    """(median ms, median threads busy) of function's calls made one after another for
+    ``seconds``, over the calls of the second half (the first half lets the machine leave its
+    idle state)."""
+    samples, starts, ends = [], [], []
+    timed = _busy(function, samples)
+    begin = time.perf_counter()
+    while time.perf_counter() - begin < seconds or len(samples) < 4:
+        starts.append(time.perf_counter() - begin)
+        timed()
+        ends.append(time.perf_counter() - begin)
+    steady = [i for i, start in enumerate(starts) if start >= seconds / 2] or list(
+        range(len(samples) // 2, len(samples))
+    )
+    ms = float(np.median([(ends[i] - starts[i]) * 1e3 for i in steady]))
+    return ms, float(np.median([samples[i] for i in steady]))
+
+
 def _decode_case(setup, case):
     threads = setup.context.capabilities["num_threads"]
     q, k, v, _ = inputs(case, backward=False)
@@ -402,9 +426,7 @@ def _decode_case(setup, case):
                 return attend(tq, tk, tv, enable_gqa=True)
 
         functions["torch"] = sdpa
-    seconds, results = interleave(
-        functions, setup.repeats, setup.warmups, keep=("mfa", "mfa 1 thread")
-    )
+    seconds, results = interleave(functions, setup, keep=("mfa", "mfa 1 thread"))
     measures = {}
     if "mfa 1 thread" in results:
         # Split differently over the keys, so equal within float32 roundings only.
@@ -424,10 +446,16 @@ def _decode_case(setup, case):
     read = setup.roofs.get("read")
     if read is not None:
         measures["of read roof"] = (rate / read.rate, "", None)
-    # The threads a call keeps busy, over its timed rounds (the warm-ups left out).
-    held = float(np.median(busy[-setup.repeats :]))
+    # The threads a call keeps busy, over its timed calls (the warm-ups left out), and in a row.
+    measures["threads busy after a pause"] = (
+        float(np.median(busy[-setup.repeats * setup.dispatches :])),
+        "",
+        None,
+    )
+    ms, held = _in_a_row(functions["mfa"], 0.2 / setup.shrink)
+    measures["mfa ms in a row"] = (ms, "", None)
     wanted = 0.9 * threads
-    measures["threads busy"] = (
+    measures["threads busy in a row"] = (
         held,
         f">= {wanted:.1f} of {threads} at B 1",
         held >= wanted if case.batch == 1 else None,
@@ -488,9 +516,7 @@ def _varlen_case(setup, lengths, dtype):
                 return [attend(*piece, is_causal=True) for piece in torch_pieces]
 
         functions["torch separate"] = sdpa
-    seconds, results = interleave(
-        functions, setup.repeats, setup.warmups, keep=("varlen", "separate")
-    )
+    seconds, results = interleave(functions, setup, keep=("varlen", "separate"))
     within = paired_ratio(seconds, "varlen", "separate")
     separate = np.concatenate([out[0].transpose(1, 0, 2) for out in results["separate"]])
     measures = {
@@ -537,7 +563,7 @@ def _paged_case(setup, case):
             q, caches[0], caches[1], table, lengths, backend=setup.context
         ),
     }
-    seconds, results = interleave(functions, setup.repeats, setup.warmups, keep=("dense", "paged"))
+    seconds, results = interleave(functions, setup, keep=("dense", "paged"))
     ratio = paired_ratio(seconds, "paged", "dense")
     measures = {
         "paged / dense": (ratio, "<= 1.15", ratio <= 1.15),

@@ -9,12 +9,15 @@ Per case and pass:
 2. timed rounds, interleaved: each of ``repeats`` rounds runs one trial of every peer, in an
    order that rotates by one peer each round (A B C, B C A, C A B, ...), so a burst of load
    from elsewhere lands on every peer alike and no peer always runs right after the same one.
-   A trial is ``dispatches`` calls in a row; its time is their mean. Every call, whichever
+   A trial is ``dispatches`` calls in a row; its time is their mean. Every trial, whichever
    peer made it, is followed by the same pause: the longest ``Peer.settle_seconds`` of the
    peers (torch's OpenMP threads and OpenBLAS's, under numpy, spin on after a call), so that no
-   call runs beside another peer's spinning threads, and every trial starts from idle threads
-   alike (on a virtual machine an idle virtual CPU can take milliseconds to wake: a pause
-   after one peer only made the other peer's small calls look fast beside it).
+   trial runs beside another peer's spinning threads, and every trial starts from idle threads
+   alike (a pause after one peer only made the other peer's small calls look fast beside it).
+   Some virtual machines run the first milliseconds of work after an idle pause on one virtual
+   CPU (a scheduler that packs threads while the machine is lightly loaded); there a trial of
+   one call under ~25 ms measures that as much as the peer, and ``dispatches`` > 1 times calls
+   as a model's layers make them, one after another.
 3. memory: with ``memory``, one more untimed call per peer for the peak extra resident memory.
 
 Reported per peer: the median trial time, the best trial's GPU time where recorded (MFA's
