@@ -14,19 +14,20 @@ softcap, ALiBi, sinks). Both are ``mx.custom_function``s whose VJP is mfa's fuse
 which MLX's own attention lacks (it differentiates an unfused composition that materialises
 the scores); the sinks get their gradient too, masks and ALiBi slopes are constants.
 
-The computation is eager: the inputs are evaluated when the function is called and mfa
-computes the result then, so these functions cannot run inside ``mx.compile`` or ``mx.vmap``.
-The arrays returned hold their values already but reach the caller through
-``mx.custom_function``'s primitives, which share their buffers when the caller's next
-``mx.eval`` evaluates them (no computation, but evaluating them alone costs a round trip to
-MLX's stream thread). Arrays are float32, float16 or bfloat16, read in place (never copied),
-with any strides; the dtypes of q, k and v must match (MLX would promote them). On the CPU the
-results are copies: MLX makes no array of host memory in place (``mx.from_dlpack(...,
-copy=False)`` refuses CPU memory), and an array it allocates itself (``mx.zeros``) exists
-only once evaluated, a round trip to its stream thread (and a pass writing zeros) that costs
-more than copying a result of the sizes where the copy shows; so the results are new arrays
-copied from a never-written host buffer, then written by mfa through MLX's buffer protocol
-(writable, as MLX documents for numpy views of its arrays) before anything else can see them.
+The computation is eager: the inputs are evaluated when the function is called and mfa computes
+the result then, so these functions cannot run inside ``mx.compile`` or ``mx.vmap``. The result
+holds its values already but reaches the caller through ``mx.custom_function``'s primitives,
+which share its buffer when the caller's next ``mx.eval`` evaluates it (no computation, but
+evaluating it alone costs a round trip to MLX's stream thread); the log-sum-exp that
+:func:`attention` returns on request is the array mfa wrote. Arrays are float32, float16 or
+bfloat16, read in place (never copied), with any strides; the dtypes of q, k and v must match
+(MLX would promote them). On the CPU the results are copies: MLX makes no array of host memory
+in place (``mx.from_dlpack(..., copy=False)`` refuses CPU memory), and an array it allocates
+itself (``mx.zeros``) exists only once evaluated, a round trip to its stream thread (and a pass
+writing zeros) that costs more than copying a result of the sizes where the copy shows; so the
+results are new arrays copied from a never-written host buffer, then written by mfa through
+MLX's buffer protocol (writable, as MLX documents for numpy views of its arrays) before
+anything else can see them.
 
 What ran where: MLX's CPU device (``pip install "mlx[cpu]"``, Linux), forward and mx.grad, on
 every CI run. On an Apple GPU the arrays (MLX's Metal buffers, DLPack kDLMetal: the
@@ -62,11 +63,14 @@ _SCORES = (
 
 
 class _Options:
-    """A call's options, the scores and the backend. mx.custom_function hands its keyword
-    arguments on to the VJP one by one (some 0.8 us a call each); this one object it passes as
-    it is."""
+    """A call's options (the scores, the backend) and, once its forward has run, its
+    log-sum-exp: the residual its VJP reads. It is the custom functions' last positional
+    argument, which MLX, as it is not an array, hands on as it is to the forward and the VJP
+    (keyword arguments cost more: MLX flattens and rebuilds their dict for each call). The lse
+    travels here rather than as a second output: each output of a custom function is one more
+    array that MLX wraps and then shares the buffer of (some 1-2 us a call)."""
 
-    __slots__ = ("scores", "backend")
+    __slots__ = ("scores", "backend", "lse")
 
     def __init__(self, scores: _Scores, backend: str) -> None:
         self.scores = scores
@@ -75,55 +79,49 @@ class _Options:
 
 def _forward(
     q: mx.array, k: mx.array, v: mx.array, sinks: mx.array | None, options: _Options
-) -> tuple[mx.array, mx.array]:
-    return cast(
-        "tuple[mx.array, mx.array]",
-        _attention.attend(
-            q, k, v, *options.scores, sinks, "bhsd", True, False, options.backend, None, None
-        ),
+) -> mx.array:
+    out, options.lse = _attention.attend(
+        q, k, v, *options.scores, sinks, "bhsd", True, False, options.backend, None, None
     )
+    return cast("mx.array", out)
 
 
 def _backward(
-    primals: Any, cotangents: Any, outputs: Any, sinks: mx.array | None, options: _Options
+    primals: Any, dout: mx.array, out: mx.array, sinks: mx.array | None, options: _Options
 ) -> tuple[mx.array, ...]:
-    """mfa's backward with the forward's very options; lse is returned through
-    mx.stop_gradient, so its cotangent is 0 and only dout counts."""
+    """mfa's backward with the forward's very options and lse; the gradients of q, k, v (and
+    the sinks), then None for the options, as MLX wants the primals' structure back."""
     q, k, v = primals[:3]
-    dout, _ = cotangents
-    out, lse = outputs
     gradients = _attention.attention_backward(
-        dout, q, k, v, out, lse, **dict(zip(_SCORES, options.scores)), sinks=sinks,
+        dout, q, k, v, out, options.lse, **dict(zip(_SCORES, options.scores)), sinks=sinks,
         backend=options.backend, return_dsinks=sinks is not None,
     )  # fmt: skip
-    return cast("tuple[mx.array, ...]", gradients)
+    return (*gradients, None)
 
 
 # Two custom functions, as MLX differentiates positional arguments only and takes no None
 # among them: without sinks (three primals) and with them (four, dsinks the fourth gradient).
 # The options are a constant of both.
 @mx.custom_function
-def _attention_with_lse(q: mx.array, k: mx.array, v: mx.array, *, options: _Options) -> Any:
+def _attention_out(q: mx.array, k: mx.array, v: mx.array, options: _Options) -> mx.array:
     return _forward(q, k, v, None, options)
 
 
-@_attention_with_lse.vjp
-def _attention_vjp(primals: Any, cotangents: Any, outputs: Any, *, options: _Options) -> Any:
-    return _backward(primals, cotangents, outputs, None, options)
+@_attention_out.vjp
+def _attention_vjp(primals: Any, dout: mx.array, out: mx.array) -> Any:
+    return _backward(primals, dout, out, None, primals[3])
 
 
 @mx.custom_function
 def _attention_with_sinks(
-    q: mx.array, k: mx.array, v: mx.array, sinks: mx.array, *, options: _Options
-) -> Any:
+    q: mx.array, k: mx.array, v: mx.array, sinks: mx.array, options: _Options
+) -> mx.array:
     return _forward(q, k, v, sinks, options)
 
 
 @_attention_with_sinks.vjp
-def _attention_with_sinks_vjp(
-    primals: Any, cotangents: Any, outputs: Any, *, options: _Options
-) -> Any:
-    return _backward(primals, cotangents, outputs, primals[3], options)
+def _attention_with_sinks_vjp(primals: Any, dout: mx.array, out: mx.array) -> Any:
+    return _backward(primals, dout, out, primals[3], primals[4])
 
 
 def _backend_of(stream: Any) -> str:
@@ -212,13 +210,14 @@ def attention(
     device) picks mfa's backend: cpu for MLX's CPU device or stream, metal for its GPU.
     ``sinks`` (``[Hq]``, float32 or cast to it) get their gradient; masks and slopes are
     constants (their gradient is zero). With ``return_lse=True`` the float32 log-sum-exp
-    ``[B, Hq, Nq]`` is returned too, through ``mx.stop_gradient``: it carries no gradient.
+    ``[B, Hq, Nq]`` is returned too, the array mfa wrote: a constant, outside the graph of
+    the custom function, so it carries no gradient.
     """
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
     scores = (causal, causal_alignment, window, scale, mask, block_mask, softcap, alibi_slopes)
     out, lse = _attend(q, k, v, scores, sinks, stream)
-    return (out, mx.stop_gradient(lse)) if return_lse else out
+    return (out, lse) if return_lse else out
 
 
 def _attend(
@@ -229,16 +228,17 @@ def _attend(
     sinks: mx.array | None,
     stream: None | mx.Stream | mx.Device,
 ) -> tuple[mx.array, mx.array]:
-    """(out, lse) through the custom function that fits: with sinks or without."""
+    """(out, lse) through the custom function that fits: with sinks or without. lse is the
+    array mfa wrote, outside the custom function's graph: a constant, with no gradient."""
     options = _Options(scores, _backend_of(stream))
     if sinks is None:
-        result = _attention_with_lse(q, k, v, options=options)
+        out = _attention_out(q, k, v, options)
     else:
         if isinstance(sinks, mx.array) and sinks.dtype != mx.float32:
             # mfa's sinks are float32; the cast is differentiated by MLX (dsinks cast back).
             sinks = sinks.astype(mx.float32)
-        result = _attention_with_sinks(q, k, v, sinks, options=options)
-    return cast("tuple[mx.array, mx.array]", result)
+        out = _attention_with_sinks(q, k, v, sinks, options)
+    return cast("mx.array", out), options.lse
 
 
 _SDPA_NAMES = {

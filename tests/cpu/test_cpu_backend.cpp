@@ -625,6 +625,14 @@ static const Case cases[] = {
      kCheckGradients, true},
     {"decode NaN key, split keys", MFA_DTYPE_F32, 1, 4, 2, 1, 2000, 16, 16, -1, -1, true, 0, false,
      1, 1, 0, kCheckGradients, true},
+    /* Plain scores spread wide (logits of standard deviation ~20) over several key blocks: a
+     * row's max moves by more than the forward's rescaling lag in some blocks and by less in
+     * others, so both its rescaled and its kept-max paths run, beside the causal diagonal's
+     * strips. */
+    {"wide logits over many key blocks, causal", MFA_DTYPE_F32, 1, 2, 1, 300, 700, 16, 16, -1, 0,
+     true, 0, false, 4, 4},
+    {"bf16 wide logits over many key blocks", MFA_DTYPE_BF16, 1, 2, 2, 140, 600, 32, 32, -1, -1,
+     true, 1, false, 3, 3},
     /* Score modifiers, pairwise over mask kind and broadcast x summary x causal / window x GQA x
      * softcap x ALiBi (both alignments, both slope shapes) x sinks x dtype x path. */
     modified(
@@ -684,6 +692,24 @@ static const Case cases[] = {
     modified({"decode f32 16 rows, bool mask, softcap", MFA_DTYPE_F32, 1, 4, 1, 4, 1800, 128, 32,
               -1, -1, true, 0, false},
              with(with_mask(kBoolMask, kOneQuery, kSummary), 6.0f, 0, false)),
+    /* The rows in the lanes through the whole block (more than W / 2 rows): per-head masks that
+     * make some rows' blocks hidden, some plain and some biased at once, per-row ALiBi slopes and
+     * visible ends, odd key counts (a bf16 pair of keys with one missing), rows that see nothing,
+     * converted f16 and strided f32 rows, and a NaN that must reach its group's rows. Forward
+     * only: decoding is a forward path (the backward of these shapes is covered above). */
+    modified({"decode 16 rows in lanes: additive mask, ALiBi, causal", MFA_DTYPE_BF16, 1, 8, 2, 4,
+              999, 128, 128, -1, 0, true, 0, false, 1, 1, 0, kNoGradients},
+             with(with_mask(kAdditiveF32), 0.0f, 1, false)),
+    modified({"decode f16 16 rows converted, window, softcap, sinks", MFA_DTYPE_F16, 1, 8, 1, 2,
+              701, 40, 24, 100, 0, true, 1, false, 1, 1, 0, kNoGradients},
+             with(kPlain, 5.0f, 0, true)),
+    modified({"decode 16 rows, Nq > Nk causal, bool mask", MFA_DTYPE_F32, 1, 4, 1, 4, 3, 64, 64, -1,
+              0, true, 0, false, 1, 1, 0, kNoGradients},
+             with_mask(kBoolMask)),
+    {"decode f32 16 rows strided, MQA", MFA_DTYPE_F32, 1, 16, 1, 1, 701, 64, 32, -1, -1, true, 2,
+     false, 1, 1, 0, kNoGradients},
+    {"decode NaN key, 16 rows in lanes", MFA_DTYPE_BF16, 1, 8, 2, 4, 700, 64, 64, -1, -1, true, 0,
+     false, 1, 1, 0, kNoGradients, true},
 };
 
 /* The reference problem of a dense case, as the core resolves it. */
@@ -859,6 +885,9 @@ static const VarlenCase varlen_cases[] = {
      {2000, 700, 300, 1}, -1, 0, true, 0, with(kPlain, 0.0f, 1, true)},
     {"varlen decode f32, lying summary", MFA_DTYPE_F32, 4, 4, 32, 32, {3, 1}, {1500, 2100}, -1, -1,
      true, 1, with_mask(kBoolMask, 0, kLyingSummary)},
+    /* 16 rows in the lanes for one sequence, 8 (rows path at W 16) for another. */
+    {"varlen decode 16 and 8 rows, ALiBi", MFA_DTYPE_BF16, 16, 2, 64, 64, {2, 1, 0}, {1500, 333, 50},
+     -1, 0, true, 0, with(kPlain, 0.0f, 1, false)},
 };
 /* clang-format on */
 
@@ -963,6 +992,10 @@ static const PagedCase paged_cases[] = {
      {1999, 700, 0, 4095}, 1, 16, -1, 0, true, Modifiers()},
     {"paged decode f32, block 24, sinks, ALiBi", MFA_DTYPE_F32, 4, 4, 2, 32, 16, {300, 1000}, 2, 24,
      -1, 0, true, with(kPlain, 0.0f, 2, true)},
+    {"paged decode 16 rows in lanes, block 48, appended keys", MFA_DTYPE_BF16, 16, 4, 4, 64, 64,
+     {999, 2100}, 4, 48, -1, 0, true, with(kPlain, 0.0f, 1, false)},
+    {"paged decode f32 16 rows, block 40", MFA_DTYPE_F32, 16, 1, 1, 128, 64, {1000, 77}, 1, 40, -1,
+     0, true, Modifiers()},
     {"paged decode f16, no new keys, bool mask + summary", MFA_DTYPE_F16, 2, 1, 3, 16, 16,
      {130, 517, 64}, 0, 8, -1, -1, true, with_mask(kBoolMask, kOneHead, kSummary)},
     {"paged chunked prefill, causal, softcap", MFA_DTYPE_F32, 4, 2, 40, 32, 32, {100, 0, 250}, 40,

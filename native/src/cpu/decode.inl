@@ -9,13 +9,19 @@
  * combines through their log-sum-exps (merge.h). Sinks and an initial state enter the first
  * range's rows only.
  *
- * Products are f32 FMAs: scores either as dot products (rows of Q against rows of K, reduced
- * across the vector) or, when the rows fill most of a vector, with the rows in the lanes
- * (K times Q transposed: no reduction at all), and out as broadcasts (P times rows of V). f32
- * and bf16 rows with adjacent elements are read in place, bf16 widened in registers (on a bf16
- * dot-product build, the scores multiply bf16 keys as pairs instead); anything else is converted
- * a block at a time into the task's tiles first. Each products pass prefetches the rows the next
- * pass reads (row_prefetch).
+ * A unit of few rows (at most W / 2: one new token per head, small groups) is bandwidth-bound:
+ * its scores are dot products (rows of Q against rows of K, reduced across the vector), its
+ * softmax runs row by row, and out is broadcasts (P times rows of V). A unit of more rows, up to
+ * W (query groups: 4 new tokens of 4 query heads per KV head are 16 rows), multiplies every
+ * element of K and V into each of its rows, which is compute-bound done that way; it keeps its
+ * rows in the lanes of one vector through the whole block instead: scores K times Q transposed
+ * (one broadcast key element per FMA for all rows, no reduction), the softmax on all rows per
+ * instruction, and O transposed += P V, one broadcast V element per FMA. f32 and bf16 rows with
+ * adjacent elements are read in place, bf16 widened in registers; on a bf16 dot-product build
+ * the products multiply bf16 pairs instead (keys as they lie; in the lanes V interleaved a block
+ * at a time as pairs of rows and P rounded to bf16, as the forward pass rounds it); anything else
+ * is converted a block at a time into the task's tiles first. Each products pass prefetches the
+ * rows the next pass reads (row_prefetch).
  */
 #ifndef MFA_CPU_DECODE_INL
 #define MFA_CPU_DECODE_INL
@@ -108,12 +114,28 @@ static const int kDecodeAccumulators = 8;
 struct row_prefetch {
     const char* const* rows;
     int64_t count, bytes, next;
+    int64_t line; /* spread: the next line of row `next` */
 
     void step(int64_t n) {
         const int64_t end = min64(next + n, count);
         for (; next < end; ++next)
             for (int64_t line = 0; line < bytes; line += 64)
                 __builtin_prefetch(rows[next] + line, 0, 2);
+    }
+
+    /* The lines to bring per step so that `steps` steps bring all of them. */
+    int64_t lines_per(int64_t steps) const {
+        const int64_t lines = (count - next) * ((bytes + 63) / 64);
+        return (lines + steps - 1) / steps;
+    }
+
+    /* n lines, in order: for loops that can spread the rows' lines evenly over their steps. */
+    void spread(int64_t n) {
+        for (; n > 0 && next < count; --n) {
+            __builtin_prefetch(rows[next] + line, 0, 2);
+            line += 64;
+            if (line >= bytes) line = 0, ++next;
+        }
     }
 };
 
@@ -208,10 +230,10 @@ static void decode_products(const float* q, int64_t rows, int64_t ldq, const cha
 }
 
 /* The scores with the rows in the lanes (S^T = K Q^T), for a unit of more than W / 2 and at
- * most W rows: no horizontal sums at all. qt holds the queries transposed, one vector per
- * reduction step: qt[x * W + r] = q_r[x] (f32 keys), or unit u * W + r = the bf16 pair
- * (q_r[2u], q_r[2u + 1]) (bf16 keys on a dot-product build); every key element (or pair) is
- * broadcast from memory into one FMA (or dot product) for all rows. */
+ * most W rows: s[j * W + r] = q_r . key_j, no horizontal sums at all. qt holds the queries
+ * transposed, one vector per reduction step: qt[x * W + r] = q_r[x] (f32 keys), or unit
+ * u * W + r = the bf16 pair (q_r[2u], q_r[2u + 1]) (bf16 keys on a dot-product build); every key
+ * element (or pair) is broadcast from memory into one FMA (or dot product) for all rows. */
 struct f32_lanes {
     enum { size = 4, step = 1 };
     static vf mac(vf acc, vf query, const char* key) {
@@ -232,28 +254,104 @@ struct bf16_pair_lanes {
 
 template <int KEYS, class Lanes>
 static inline void dot_lanes(const float* qt, const char* const* key, int64_t keys, int64_t depth,
-                             int64_t rows, float* s, int64_t lds, row_prefetch* ahead) {
+                             float* s, row_prefetch* ahead) {
+    /* Reduction steps per pass over the keys: their queries stay in registers, and each key's
+     * address is loaded once for all of them (KEYS addresses do not fit the registers). */
+    enum { kSteps = 4 };
+    const int64_t passes = depth / (kSteps * Lanes::step);
+    const int64_t lines = ahead->lines_per(keys / KEYS * passes + 1);
     int64_t j = 0;
-    for (; j < keys; j += KEYS) {
-        const int count = (int)min64(KEYS, keys - j);
-        ahead->step(count);
+    for (; j + KEYS <= keys && depth % (kSteps * Lanes::step) == 0; j += KEYS) {
         vf acc[KEYS];
         for (int c = 0; c < KEYS; ++c) acc[c] = vsplat(0.0f);
-        if (count == KEYS) {
-            for (int64_t x = 0; x < depth; x += Lanes::step) {
-                const vf query = vload(qt + x / Lanes::step * W);
-                for (int c = 0; c < KEYS; ++c)
-                    acc[c] = Lanes::mac(acc[c], query, key[j + c] + x * Lanes::size);
+        for (int64_t x = 0; x < depth; x += kSteps * Lanes::step) {
+            ahead->spread(lines);
+            vf query[kSteps];
+            for (int u = 0; u < kSteps; ++u) query[u] = vload(qt + (x / Lanes::step + u) * W);
+            for (int c = 0; c < KEYS; ++c) {
+                const char* row = key[j + c] + x * Lanes::size;
+                for (int u = 0; u < kSteps; ++u)
+                    acc[c] = Lanes::mac(acc[c], query[u], row + u * Lanes::step * Lanes::size);
             }
-        } else {
-            for (int c = 0; c < count; ++c)
-                for (int64_t x = 0; x < depth; x += Lanes::step)
-                    acc[c] = Lanes::mac(acc[c], vload(qt + x / Lanes::step * W),
-                                        key[j + c] + x * Lanes::size);
         }
-        for (int c = 0; c < count; ++c)
-            for (int64_t r = 0; r < rows; ++r) s[r * lds + j + c] = acc[c][r];
+        for (int c = 0; c < KEYS; ++c) vstore(s + (j + c) * W, acc[c]);
     }
+    ahead->step(ahead->count);
+    for (; j < keys; ++j) {
+        vf acc = vsplat(0.0f);
+        for (int64_t x = 0; x < depth; x += Lanes::step)
+            acc = Lanes::mac(acc, vload(qt + x / Lanes::step * W), key[j] + x * Lanes::size);
+        vstore(s + j * W, acc);
+    }
+}
+
+/* The block's softmax with the rows in the lanes, s[c * W + r] for keys c < n: the modifiers of
+ * scores_row on every lane at once (per-row ALiBi slopes and distances p(i_r) - j0 in the lanes,
+ * the mask's bias key-major, W per key), a lane's keys outside [begin, end) hidden unless
+ * `full`. Returns the rows' largest scores, NaN where a row has a NaN. */
+template <int KINDS>
+static vf lanes_scores(float* s, int64_t n, const score_vectors& m, vf distance, const float* bias,
+                       vi begin, vi end, bool full) {
+    const vf hidden = vsplat(-__builtin_inff());
+    vf top = hidden, unused;
+    vi nan = vi{};
+    for (int64_t c = 0; c < n; ++c) {
+        vf v = score_of<KINDS, false>(vload(s + c * W), m, distance - (float)c,
+                                      (KINDS & kBias) ? bias + c * W : nullptr, &unused);
+        if (!full) {
+            const vi key = vi{} + (int32_t)c;
+            v = vselect((key >= begin) & (key < end), v, hidden);
+        }
+        vstore(s + c * W, v);
+        top = vmax(top, v);
+        nan |= v != v;
+    }
+    return vselect(nan, vsplat(__builtin_nanf("")), top);
+}
+
+typedef vf (*lanes_scores_fn)(float*, int64_t, const score_vectors&, vf, const float*, vi, vi,
+                              bool);
+
+static inline lanes_scores_fn lanes_scores_for(int kinds) {
+    static const lanes_scores_fn loops[8] = {
+        lanes_scores<0>,
+        lanes_scores<kSoftcap>,
+        lanes_scores<kAlibi>,
+        lanes_scores<kSoftcap | kAlibi>,
+        lanes_scores<kBias>,
+        lanes_scores<kSoftcap | kBias>,
+        lanes_scores<kAlibi | kBias>,
+        lanes_scores<kSoftcap | kAlibi | kBias>,
+    };
+    return loops[kinds];
+}
+
+/* online_softmax_row for the W rows in the lanes at once: the scores become probabilities
+ * against the new running max, the sums and maxima (W floats each) move on, and O, transposed
+ * (ot: `width` vectors of the rows), is rescaled where a row's max moved. */
+static void lanes_softmax(float* s, int64_t n, vf block_max, float* row_max, float* row_sum,
+                          float* ot, int64_t width) {
+    const vf old_max = vload(row_max);
+    /* NaN wins, so that it reaches O and lse instead of being skipped. */
+    const vf new_max =
+        vselect((block_max > old_max) | (block_max != block_max), block_max, old_max);
+    /* A row that has seen nothing yet (max -inf) has P 0: shifted by 0, e^-inf is 0. */
+    const vf shift = vselect(new_max == vsplat(-__builtin_inff()), vsplat(0.0f), new_max);
+    const vf log2e = vsplat(kLog2e);
+    vf sum = vsplat(0.0f);
+    for (int64_t c = 0; c < n; ++c) {
+        const vf e = vexp2((vload(s + c * W) - shift) * log2e);
+        vstore(s + c * W, e);
+        sum += e;
+    }
+    const vi moved = new_max != old_max;
+    const vf correction = vselect(moved, vexp2((old_max - shift) * log2e), vsplat(1.0f));
+    vstore(row_sum, vload(row_sum) * correction + sum);
+    vstore(row_max, new_max);
+    bool any_moved = false;
+    for (int i = 0; i < W; ++i) any_moved |= moved[i] != 0;
+    if (any_moved)
+        for (int64_t x = 0; x < width; ++x) vstore(ot + x * W, vload(ot + x * W) * correction);
 }
 
 template <class Rows>
@@ -267,6 +365,72 @@ static void decode_accumulate(const float* p, int64_t rows, int64_t ldp, const c
         accumulate_rows<2, Rows>(p + r * ldp, ldp, value, keys, width, o + r * ldo, ldo, ahead);
     for (; r < rows; ++r)
         accumulate_rows<1, Rows>(p + r * ldp, ldp, value, keys, width, o + r * ldo, ldo, ahead);
+}
+
+/* O += P V with the rows in the lanes, O transposed: ot[x * W + r] += sum_j p[j * W + r] *
+ * value_j[x] for x < width, each value element broadcast from memory into one FMA for all rows,
+ * kDecodeAccumulators columns at a time, so that every line of V is read once in all. With
+ * bf16_pair_lanes the products are dot products of pairs of keys: p holds the rows'
+ * probabilities of keys 2k and 2k + 1 as a bf16 pair per lane (round_pairs_across_rows), value_k
+ * the pairs of V rows (interleave_value_pairs). Either way a column of a row is 4 bytes. */
+template <class Lanes>
+static void accumulate_lanes(const float* p, const char* const* value, int64_t count, int64_t width,
+                             float* ot, row_prefetch* ahead) {
+    enum { kCols = kDecodeAccumulators };
+    const int64_t lines = ahead->lines_per(width / kCols * count + 1);
+    int64_t x0 = 0;
+    for (; x0 + kCols <= width; x0 += kCols) {
+        vf acc[kCols];
+        for (int c = 0; c < kCols; ++c) acc[c] = vload(ot + (x0 + c) * W);
+        for (int64_t j = 0; j < count; ++j) {
+            ahead->spread(lines);
+            const vf weights = vload(p + j * W);
+            const char* row = value[j] + 4 * x0;
+            for (int c = 0; c < kCols; ++c) acc[c] = Lanes::mac(acc[c], weights, row + 4 * c);
+        }
+        for (int c = 0; c < kCols; ++c) vstore(ot + (x0 + c) * W, acc[c]);
+    }
+    ahead->step(ahead->count);
+    for (; x0 < width; ++x0) {
+        vf acc = vload(ot + x0 * W);
+        for (int64_t j = 0; j < count; ++j)
+            acc = Lanes::mac(acc, vload(p + j * W), value[j] + 4 * x0);
+        vstore(ot + x0 * W, acc);
+    }
+}
+
+#if MFA_CPU_BF16_DOT
+/* The block's `count` V rows (bf16, adjacent elements) as pairs of rows: unit k * ld + x of dst
+ * holds column x of rows 2k and 2k + 1, the second zero past count; width a multiple of W. */
+typedef uint16_t vh_pairs __attribute__((vector_size(MFA_CPU_VECTOR_BYTES)));
+
+static void interleave_value_pairs(const char* const* value, int64_t count, int64_t width,
+                                   float* dst, int64_t ld) {
+#define MFA_CPU_PAIR(i) i, W + i
+    for (int64_t k = 0; 2 * k < count; ++k) {
+        const char* lo = value[2 * k];
+        const char* hi = 2 * k + 1 < count ? value[2 * k + 1] : (const char*)0;
+        for (int64_t x = 0; x < width; x += W) {
+            vh a, b = vh{};
+            memcpy(&a, lo + 2 * x, sizeof a);
+            if (hi) memcpy(&b, hi + 2 * x, sizeof b);
+            const vh_pairs pairs = __builtin_shufflevector(a, b, MFA_CPU_LANES(MFA_CPU_PAIR));
+            memcpy(dst + k * ld + x, &pairs, sizeof pairs);
+        }
+    }
+#undef MFA_CPU_PAIR
+}
+#endif
+
+/* rows x width floats `ld` apart into lanes (dst[x * W + r], zero past `rows`), and back. */
+static void rows_to_lanes(const float* src, int64_t rows, int64_t ld, int64_t width, float* dst) {
+    for (int64_t x = 0; x < width; ++x)
+        for (int64_t r = 0; r < W; ++r) dst[x * W + r] = r < rows ? src[r * ld + x] : 0.0f;
+}
+
+static void lanes_to_rows(const float* src, int64_t rows, int64_t width, float* dst, int64_t ld) {
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t x = 0; x < width; ++x) dst[r * ld + x] = src[x * W + r];
 }
 
 /* `count` rows at the given addresses converted to f32 rows of ld floats (zero past width) at
@@ -320,6 +484,10 @@ static void decode_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
 
     mfa_cpu_decode_tiles t;
     mfa_cpu_decode_tiles_carve(plan, slot, &t);
+    /* More than W / 2 rows: the rows in the lanes for the whole block (dot_lanes, lanes_scores,
+     * lanes_softmax, accumulate_lanes), O transposed in t.o; its rows start and end in t.v. */
+    const bool lanes = 2 * rows > W && rows <= W;
+    float* const o_rows = lanes ? t.v : t.o;
     score_modifiers mods[mfa_cpu_decode_max_rows];
     for (int64_t r = 0; r < rows; ++r) {
         const decode_row row = decode_row_of(plan, seq, u.kv.head, r);
@@ -329,25 +497,26 @@ static void decode_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
         mods[r] = modifiers_of(plan, seq, row.head);
         if (u.local == 0) {
             start_row<Storage>(plan, seq, row.head, row.query, sink_of(plan, row.head),
-                               t.o + r * ldv, ldv, t.row_max + r, t.row_sum + r);
+                               o_rows + r * ldv, ldv, t.row_max + r, t.row_sum + r);
         } else {
-            for (int64_t x = 0; x < ldv; ++x) t.o[r * ldv + x] = 0.0f;
+            for (int64_t x = 0; x < ldv; ++x) o_rows[r * ldv + x] = 0.0f;
             t.row_max[r] = -__builtin_inff();
             t.row_sum[r] = 0.0f;
         }
     }
+    if (lanes) rows_to_lanes(o_rows, rows, ldv, ldv, t.o);
 
     const strided_rows keys = key_rows(plan, p->k, seq, u.kv.head, 0);
     const strided_rows values = key_rows(plan, p->v, seq, u.kv.head, 0);
     const bool in_place = vector_rows<Storage>::in_place && keys.elem_step == es &&
                           values.elem_step == es && d % W == 0 && dv % W == 0;
-    /* bf16 keys on a dot-product build: the queries as pairs, in qt (ld / 2 floats a row). */
-    /* More than W / 2 rows: the rows in the lanes (f32 keys, or bf16 keys as pairs), qt the
-     * queries transposed (dot_lanes). */
+    /* bf16 read in place on a dot-product build: the products multiply bf16 pairs, the queries
+     * as pairs in qt (ld / 2 floats a row, or transposed with the rows in the lanes). */
     const bool pairs = MFA_CPU_BF16_DOT && in_place && Storage::size == 2 &&
                        vector_rows<Storage>::in_place && d % (2 * W) == 0;
-    const bool lanes = (pairs || (in_place && Storage::size == 4)) && 2 * rows > W && rows <= W;
-    const bool key_pairs = pairs && !lanes;
+    /* In the lanes, qt holds the queries transposed; rows that are neither f32 nor bf16 pairs
+     * read in place are converted. */
+    const bool lanes_in_place = pairs || (in_place && Storage::size == 4);
     if (pairs || lanes)
         for (int64_t r = 0; r < (lanes ? W : rows); ++r)
             for (int64_t x = 0; x < ld; ++x) {
@@ -360,6 +529,19 @@ static void decode_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
                 else
                     ((uint16_t*)(t.qt + r * ld / 2))[x] = (uint16_t)(bits >> 16);
             }
+    /* With the rows in the lanes, the lanes past `rows` are rows of zeros that see every key
+     * (finite scores 0, never stored); the mask's bias is key-major, W floats per key. */
+    score_vectors lane_mods = vectors_of(mods[0]);
+    if (lanes) {
+        for (int64_t r = 0; r < W; ++r)
+            lane_mods.neg_slope[r] = r < rows ? mods[r].neg_slope : 0.0f;
+        for (int64_t r = rows; r < W; ++r) {
+            t.row_max[r] = -__builtin_inff();
+            t.row_sum[r] = 0.0f;
+        }
+        if (t.bias)
+            for (int64_t x = 0; x < W * bk; ++x) t.bias[x] = 0.0f;
+    }
     mask_tile_kind mask[mfa_cpu_decode_max_rows];
     const int64_t key_bytes = (d - 1) * keys.elem_step + es;
     const int64_t value_bytes = (dv - 1) * values.elem_step + es;
@@ -374,27 +556,68 @@ static void decode_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
         const int64_t n_pad = mfa_cpu_round_up(n, W);
         const int64_t next_n = block + bk < last ? min64(block + 2 * bk, last) - (block + bk) : 0;
         if (next_n > 0) keys.addresses(block + bk, next_n, next_key_rows);
-        bool any_visible = false;
+        bool any_visible = false, any_bias = false;
         for (int64_t r = 0; r < rows; ++r) {
             const decode_row row = decode_row_of(plan, seq, u.kv.head, r);
-            mask[r] = mask_tile(plan, b, row.head, row.query, 1, j0, n, false,
-                                t.bias ? t.bias + r * bk : t.bias, bk, n_pad);
+            if (lanes)
+                mask[r] = mask_tile(plan, b, row.head, row.query, 1, j0, n, true,
+                                    t.bias ? t.bias + r : t.bias, W, 1);
+            else
+                mask[r] = mask_tile(plan, b, row.head, row.query, 1, j0, n, false,
+                                    t.bias ? t.bias + r * bk : t.bias, bk, n_pad);
             any_visible |= mask[r] != kTileHidden;
+            any_bias |= mask[r] == kTileBias;
         }
-        if (any_visible) {
+        if (any_visible && lanes) {
             values.addresses(j0, n, t.value_rows);
-            row_prefetch values_ahead = {t.value_rows, n, value_bytes, 0};
-            if (lanes) {
-                enum { kLaneKeys = kDecodeAccumulators };
+            row_prefetch values_ahead = {t.value_rows, n, value_bytes, 0, 0};
+            if (!lanes_in_place) convert_rows<Storage>(key_rows, n, keys.elem_step, d, t.k, ld);
+            enum { kLaneKeys = kDecodeAccumulators };
 #if MFA_CPU_BF16_DOT
-                if (pairs)
-                    dot_lanes<kLaneKeys, bf16_pair_lanes>(t.qt, key_rows, n, d, rows, t.s, bk,
-                                                          &values_ahead);
-                else
+            if (pairs)
+                dot_lanes<kLaneKeys, bf16_pair_lanes>(t.qt, key_rows, n, d, t.s, &values_ahead);
+            else
 #endif
-                    dot_lanes<kLaneKeys, f32_lanes>(t.qt, key_rows, n, d, rows, t.s, bk,
-                                                    &values_ahead);
-            } else if (key_pairs) {
+                dot_lanes<kLaneKeys, f32_lanes>(t.qt, key_rows, n, lanes_in_place ? d : ld, t.s,
+                                                &values_ahead);
+            vi begin = vi{}, end = vi{} + (int32_t)n;
+            vf distance = vf{};
+            bool full = true;
+            for (int64_t r = 0; r < rows; ++r) {
+                const int64_t i = decode_row_of(plan, seq, u.kv.head, r).query;
+                const visible_range range =
+                    mask[r] == kTileHidden ? visible_range{0, 0} : keys_of_query(seq, i, j0, n);
+                distance[r] = (float)(i + seq.diag - j0);
+                begin[r] = (int32_t)range.begin;
+                end[r] = (int32_t)range.end;
+                full &= range.begin == 0 && range.end == n;
+                if (any_bias && mask[r] == kTilePlain)
+                    for (int64_t c = 0; c < n; ++c) t.bias[c * W + r] = 0.0f;
+            }
+            const vf block_max = lanes_scores_for(mods[0].kinds | (any_bias ? kBias : 0))(
+                t.s, n, lane_mods, distance, t.bias, begin, end, full);
+            lanes_softmax(t.s, n, block_max, t.row_max, t.row_sum, t.o, ldv);
+            row_prefetch keys_ahead = {next_key_rows, next_n, key_bytes, 0, 0};
+#if MFA_CPU_BF16_DOT
+            if (pairs) {
+                round_pairs_across_rows(t.s, n, W, t.p_pairs);
+                interleave_value_pairs(t.value_rows, n, dv, t.v, ldv);
+                const int64_t pair_rows = (n + 1) / 2;
+                for (int64_t k = 0; k < pair_rows; ++k)
+                    t.value_rows[k] = (const char*)(t.v + k * ldv);
+                accumulate_lanes<bf16_pair_lanes>(t.p_pairs, t.value_rows, pair_rows, dv, t.o,
+                                                  &keys_ahead);
+            } else
+#endif
+            {
+                if (!lanes_in_place)
+                    convert_rows<Storage>(t.value_rows, n, values.elem_step, dv, t.v, ldv);
+                accumulate_lanes<f32_lanes>(t.s, t.value_rows, n, dv, t.o, &keys_ahead);
+            }
+        } else if (any_visible) {
+            values.addresses(j0, n, t.value_rows);
+            row_prefetch values_ahead = {t.value_rows, n, value_bytes, 0, 0};
+            if (pairs) {
 #if MFA_CPU_BF16_DOT
                 decode_products<bf16_pair_rows>(t.qt, rows, ld / 2, key_rows, d, n, t.s, bk,
                                                 &values_ahead);
@@ -419,7 +642,7 @@ static void decode_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
                 online_softmax_row(s, n_pad, block_max, t.row_max + r, t.row_sum + r, t.o + r * ldv,
                                    ldv);
             }
-            row_prefetch keys_ahead = {next_key_rows, next_n, key_bytes, 0};
+            row_prefetch keys_ahead = {next_key_rows, next_n, key_bytes, 0, 0};
             if (in_place) {
                 decode_accumulate<Direct>(t.s, rows, bk, t.value_rows, dv, n, t.o, ldv,
                                           &keys_ahead);
@@ -434,18 +657,19 @@ static void decode_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
         next_key_rows = done;
     }
 
+    if (lanes) lanes_to_rows(t.o, rows, ldv, o_rows, ldv);
     for (int64_t r = 0; r < rows; ++r) {
-        const float lse = finish_row(t.o + r * ldv, ldv, t.row_max[r], t.row_sum[r]);
+        const float lse = finish_row(o_rows + r * ldv, ldv, t.row_max[r], t.row_sum[r]);
         if (splits > 1) {
             float* part = plan->partials + (task * mfa_cpu_decode_rows(plan) + r) *
                                                mfa_cpu_decode_partial_row_floats(plan);
-            for (int64_t x = 0; x < dv; ++x) part[x] = t.o[r * ldv + x];
+            for (int64_t x = 0; x < dv; ++x) part[x] = o_rows[r * ldv + x];
             part[dv] = lse;
             continue;
         }
         const decode_row row = decode_row_of(plan, seq, u.kv.head, r);
-        store_rows<Storage>(query_rows(p->out, es, seq, row.head, row.query), 1, dv, t.o + r * ldv,
-                            ldv, 1.0f);
+        store_rows<Storage>(query_rows(p->out, es, seq, row.head, row.query), 1, dv,
+                            o_rows + r * ldv, ldv, 1.0f);
         if (p->lse.data)
             f32_storage::store(query_rows(p->lse, sizeof(float), seq, row.head, row.query).row(0),
                                lse);

@@ -3,8 +3,9 @@
  * compute task runs FlashAttention's online softmax for one block of query rows over the visible
  * key blocks (skipping the tiles a mask hides entirely). Scores are the dot products through
  * the modifiers (scores.inl), in natural units; the statistics and the O accumulator are f32
- * whatever the operands are. Sinks and an initial state enter each row's state before its first
- * key (start_row).
+ * whatever the operands are (plain scores, with no modifier, are scaled inside the exponent
+ * instead: plain_softmax_row). Sinks and an initial state enter each row's state before its
+ * first key (start_row).
  */
 #ifndef MFA_CPU_FORWARD_INL
 #define MFA_CPU_FORWARD_INL
@@ -121,6 +122,81 @@ static inline void online_softmax_row(float* s, int64_t n_pad, float block_max, 
     *row_sum += block_sum;
 }
 
+/* How far a row's running max may lag behind its scores, in natural units (e^5.5 ~ 245),
+ * before O and the sum are rescaled to a new one (FlashAttention-4's conditional rescaling).
+ * Exact: the probabilities, their sum and O all stay relative to the same (stale) max m, and
+ * both results are invariant to it: out = sum_j e^(s_j - m) v_j / sum_j e^(s_j - m), lse =
+ * m + log(sum_j e^(s_j - m)). The lag only bounds the terms, which stay below e^5.5 and so far
+ * from overflowing the f32 sum; f32 rounding is relative, so scaling every term by the same
+ * factor changes no error. It saves the rescale whenever a block raises the max by a little,
+ * which random-like scores do in most blocks after the first. */
+static const float kMaxLag = 5.5f;
+
+/* The online softmax for a row of plain scores (no softcap, ALiBi or bias: score = scale * dot,
+ * scale > 0, scale * log2(e) = `exponent_scale` finite): s[0 .. n_pad) holds the row's dot
+ * products, visible in `range`; they become the row's P, and *block_sum the vector whose lanes
+ * add up to their sum (the caller reduces the sums of W rows at once, and adds them to the rows'
+ * sums). The max is taken over the raw dot products of the range only (scale > 0 keeps the
+ * order), and the scale goes into the exponent's one FMA, dot * scale log2(e) - m log2(e): one
+ * pass reads the row and one writes it, where the general path (scores_row,
+ * online_softmax_row) makes three. While no lane exceeds the row's max by more than kMaxLag
+ * (most blocks after the first) the max stays, with no horizontal reduction at all.
+ * Returns false, having changed nothing, where the new max or its exponent would not be finite
+ * (infinite or NaN scores, a row that has seen nothing, a NaN state): the general path then
+ * takes the row and keeps its rules for those values. A NaN dot product below a finite max
+ * needs no such care: its e^NaN makes the sum, and so lse and out, NaN, as the general path
+ * does. */
+static inline bool plain_softmax_row(float* s, int64_t n_pad, visible_range range, float scale,
+                                     float exponent_scale, float* row_max, float* row_sum, float* o,
+                                     int64_t width, vf* block_sum) {
+    const vf hidden = vsplat(-__builtin_inff()), zero = vsplat(0.0f);
+    /* Vectors [first, end) hold the visible columns (none where the range is empty: then it may
+     * lie before the row, see clip_range). */
+    const bool any = range.begin < range.end;
+    const int64_t first = any ? range.begin / W * W : 0;
+    const int64_t end = any ? mfa_cpu_round_up(range.end, W) : 0;
+    vf top = hidden;
+    for (int64_t c = first; c < end; c += W) {
+        vf x = vload(s + c);
+        if (c < range.begin || c + W > range.end)
+            x = vselect(lanes_within(c, range.begin, range.end), x, hidden);
+        top = vmax(top, x);
+    }
+    const float old_max = *row_max;
+    /* false for a max of -inf, +inf or NaN, or one whose exponent overflows. */
+    const bool kept = __builtin_fabsf(old_max * kLog2e) <= 3.4028235e38f &&
+                      !vany(top * vsplat(scale) > vsplat(old_max + kMaxLag));
+    if (!kept) {
+        const float block_max = scale * hmax(top);
+        const float new_max = block_max > old_max ? block_max : old_max;
+        if (!(__builtin_fabsf(new_max * kLog2e) <= 3.4028235e38f)) return false;
+        if (old_max == -__builtin_inff() || new_max - old_max > kMaxLag) {
+            /* A row whose max was -inf has sum 0 and O 0 (start_row): nothing to rescale. */
+            if (old_max != -__builtin_inff()) {
+                const float correction = expf(old_max - new_max);
+                *row_sum *= correction;
+                scale_row(o, width, correction);
+            }
+            *row_max = new_max;
+        }
+    }
+    const vf factor = vsplat(exponent_scale), shift = vsplat(-*row_max * kLog2e);
+    vf sum = zero;
+    for (int64_t c = 0; c < n_pad; c += W) {
+        if (c < first || c >= end) {
+            vstore(s + c, zero);
+            continue;
+        }
+        vf e = vexp2(vload(s + c) * factor + shift);
+        if (c < range.begin || c + W > range.end)
+            e = vselect(lanes_within(c, range.begin, range.end), e, zero);
+        vstore(s + c, e);
+        sum += e;
+    }
+    *block_sum = sum;
+    return true;
+}
+
 /* A row's result from its state: a row that saw no key (and no sink or state) keeps max -inf
  * and sum 0: out 0 (its accumulator is 0) and lse -inf, never 0/0. */
 static inline float finish_row(float* o, int64_t width, float row_max, float row_sum) {
@@ -173,6 +249,23 @@ static void forward_pack_task(const mfa_cpu_plan* plan, int64_t task, float* slo
                                        Ops::units(plan->seq_k_padded) * NR);
 }
 
+/* The keys of a tile [j0, j0 + n) that rows [i, i + count) of a sequence see, as tile columns:
+ * [begin, end) with begin at a panel's start, so that the products can start there. Visible
+ * ranges move monotonically with the row, so the first row's start and the last row's end
+ * bound them all. */
+struct key_span {
+    int64_t begin, end;
+};
+
+static inline key_span strip_keys(const mfa_cpu_sequence& seq, int64_t i, int64_t count, int64_t j0,
+                                  int64_t n) {
+    const visible_range first = keys_of_query(seq, i, j0, n);
+    const visible_range last = keys_of_query(seq, i + count - 1, j0, n);
+    /* An empty range is clipped to an empty one that may lie before the tile: clamp at 0. */
+    key_span keys = {panel_floor(first.begin > 0 ? first.begin : 0), last.end > 0 ? last.end : 0};
+    return keys;
+}
+
 template <class Storage, class Ops>
 static void forward_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
     const mfa_problem* p = plan->problem;
@@ -203,6 +296,13 @@ static void forward_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
         start_row<Storage>(plan, seq, h, i0 + r, sink, t.o + r * dv_pad, dv_pad, t.row_max + r,
                            t.row_sum + r);
 
+    /* Plain scores (no modifiers; per tile, no bias) take plain_softmax_row, which needs the
+     * scale's exponent factor finite (mfa.h only asks that the logits be). */
+    const float exponent_scale = p->scale * kLog2e;
+    const bool plain_scores =
+        mods.kinds == 0 && p->scale > 0.0f && __builtin_fabsf(exponent_scale) <= 3.4028235e38f;
+    const int64_t v_stride = Ops::units(plan->seq_k_padded) * NR;
+
     /* Visible ranges move monotonically with the row, so the block's keys are one interval. */
     const int64_t key_hi = mfa_cpu_key_end(&seq, i0 + rows - 1);
     for (int64_t j0 = panel_floor(mfa_cpu_key_begin(&seq, i0)); j0 < key_hi; j0 += plan->block_k) {
@@ -211,20 +311,64 @@ static void forward_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
         const mask_tile_kind mask =
             mask_tile(plan, b, h, i0, rows, j0, n, false, t.bias, n_pad, n_pad);
         if (mask == kTileHidden) continue;
-        Ops::gemm(rows, n, du, t.q, du, pack.kt + j0 * du, du * NR, t.s, n_pad, false);
+        /* Where the band hides part of the tile (a causal diagonal, a window's edges), the
+         * products run strip by strip of MR rows over the keys each strip sees: a causal
+         * diagonal tile then costs about half a full one. The columns a strip skips are never
+         * read as scores (the softmax passes mask them, whatever they hold) and become 0 in P. */
+        const bool banded =
+            mfa_cpu_key_begin(&seq, i0 + rows - 1) > j0 || mfa_cpu_key_end(&seq, i0) < j0 + n;
+        if (banded) {
+            for (int64_t r0 = 0; r0 < rows; r0 += MR) {
+                const key_span keys = strip_keys(seq, i0 + r0, min64(MR, rows - r0), j0, n);
+                if (keys.end > keys.begin)
+                    Ops::gemm(min64(MR, rows - r0), keys.end - keys.begin, du, t.q + r0 * du, du,
+                              pack.kt + (j0 + keys.begin) * du, du * NR,
+                              t.s + r0 * n_pad + keys.begin, n_pad, false);
+            }
+        } else {
+            Ops::gemm(rows, n, du, t.q, du, pack.kt + j0 * du, du * NR, t.s, n_pad, false);
+        }
         const scores_row_fn scores = scores_row_for(mods, mask == kTileBias);
-        for (int64_t r = 0; r < rows; ++r) {
-            float* s = t.s + r * n_pad;
-            const visible_range range = keys_of_query(seq, i0 + r, j0, n);
-            const float block_max = scores(s, n_pad, mods, i0 + r + seq.diag - j0,
-                                           t.bias ? t.bias + r * n_pad : t.bias, range);
-            online_softmax_row(s, n_pad, block_max, t.row_max + r, t.row_sum + r, t.o + r * dv_pad,
-                               dv_pad);
+        const bool plain = plain_scores && mask != kTileBias;
+        for (int64_t r0 = 0; r0 < rows; r0 += W) {
+            vf sums[W];
+            float block_sums[W];
+            for (int64_t r = r0; r < r0 + W; ++r) {
+                sums[r - r0] = vf{};
+                if (r >= rows) continue;
+                float* s = t.s + r * n_pad;
+                const visible_range range = keys_of_query(seq, i0 + r, j0, n);
+                if (plain &&
+                    plain_softmax_row(s, n_pad, range, p->scale, exponent_scale, t.row_max + r,
+                                      t.row_sum + r, t.o + r * dv_pad, dv_pad, sums + (r - r0)))
+                    continue;
+                const float block_max = scores(s, n_pad, mods, i0 + r + seq.diag - j0,
+                                               t.bias ? t.bias + r * n_pad : t.bias, range);
+                online_softmax_row(s, n_pad, block_max, t.row_max + r, t.row_sum + r,
+                                   t.o + r * dv_pad, dv_pad);
+            }
+            if (plain) {
+                hsums<W>(sums, block_sums);
+                for (int64_t r = r0; r < r0 + W && r < rows; ++r)
+                    t.row_sum[r] += block_sums[r - r0];
+            }
         }
         const float* probabilities = Ops::operand(t.s, rows, n_pad, t.p);
-        Ops::gemm(rows, dv, Ops::units(n), probabilities, Ops::units(n_pad),
-                  pack.v + Ops::units(j0) * NR, Ops::units(plan->seq_k_padded) * NR, t.o, dv_pad,
-                  true);
+        const int64_t ld = Ops::units(n_pad);
+        if (banded) {
+            for (int64_t r0 = 0; r0 < rows; r0 += MR) {
+                const key_span keys = strip_keys(seq, i0 + r0, min64(MR, rows - r0), j0, n);
+                const int64_t u0 = Ops::units(keys.begin);
+                if (keys.end > keys.begin)
+                    Ops::gemm(min64(MR, rows - r0), dv, Ops::units(keys.end) - u0,
+                              probabilities + r0 * ld + u0, ld,
+                              pack.v + Ops::units(j0 + keys.begin) * NR, v_stride,
+                              t.o + r0 * dv_pad, dv_pad, true);
+            }
+        } else {
+            Ops::gemm(rows, dv, Ops::units(n), probabilities, ld, pack.v + Ops::units(j0) * NR,
+                      v_stride, t.o, dv_pad, true);
+        }
     }
 
     const strided_rows lse = query_rows(p->lse, sizeof(float), seq, h, i0);

@@ -89,6 +89,13 @@ static void pack_pair_panels(const strided_rows& src, int64_t count, int64_t wid
  * r; zero past depth and past count up to the next multiple of NR. */
 static void pack_pair_panels_transposed(const strided_rows& src, int64_t count, int64_t depth,
                                         float* dst) {
+    if (src.elem_step == 2 && depth % 2 == 0) {
+        /* A row's pairs are adjacent 32-bit units: the f32 transposition moves them unchanged. */
+        strided_rows units_of_rows = src;
+        units_of_rows.elem_step = 4;
+        pack_f32_panels_transposed<f32_storage>(units_of_rows, count, depth / 2, dst);
+        return;
+    }
     const int64_t padded = (count + NR - 1) / NR * NR;
     const int64_t units = (depth + 1) / 2;
     for (int64_t r = 0; r < padded; ++r) {
@@ -99,16 +106,8 @@ static void pack_pair_panels_transposed(const strided_rows& src, int64_t count, 
         }
         if (r + kRowsAhead < count) src.prefetch(r + kRowsAhead, depth, 2);
         const char* row = src.row(r);
-        if (src.elem_step == 2 && depth % 2 == 0) {
-            for (int64_t u = 0; u < units; ++u) {
-                uint32_t pair;
-                memcpy(&pair, row + 4 * u, sizeof pair);
-                column[u * NR] = pair;
-            }
-        } else {
-            for (int64_t u = 0; u < units; ++u)
-                column[u * NR] = bf16_pair(row, src.elem_step, 2 * u, depth);
-        }
+        for (int64_t u = 0; u < units; ++u)
+            column[u * NR] = bf16_pair(row, src.elem_step, 2 * u, depth);
     }
 }
 

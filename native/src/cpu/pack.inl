@@ -196,19 +196,56 @@ static void pack_f32_panels(const strided_rows& src, int64_t count, int64_t widt
     }
 }
 
+/* W consecutive values at p, converted to f32. */
+template <class Storage>
+static inline vf load_vector(const char* p) {
+    vf x;
+    for (int i = 0; i < W; ++i) x[i] = Storage::load(p + i * Storage::size);
+    return x;
+}
+template <>
+inline vf load_vector<f32_storage>(const char* p) {
+    return vload((const float*)p);
+}
+template <>
+inline vf load_vector<bf16_storage>(const char* p) {
+    return vload_bf16(p);
+}
+
 /* Rows [0, count) of src as transposed panels (plan.h) of the given depth starting at dst, zero
- * past count up to the next multiple of NR. */
+ * past count up to the next multiple of NR. W rows at a time: where they are all there and their
+ * values adjacent, W x W blocks are transposed in registers (transpose_square) and stored as W
+ * whole vectors of the panel; the rest (the depth's tail, the last rows, strided rows) goes
+ * value by value. */
 template <class Storage>
 static void pack_f32_panels_transposed(const strided_rows& src, int64_t count, int64_t depth,
                                        float* dst) {
     const int64_t padded = (count + NR - 1) / NR * NR;
-    for (int64_t r = 0; r < padded; ++r) {
-        float* column = dst + (r / NR) * depth * NR + r % NR;
-        if (r + kRowsAhead < count) src.prefetch(r + kRowsAhead, depth, Storage::size);
-        if (r < count) {
-            load_row<Storage>(src.row(r), src.elem_step, depth, column, NR);
-        } else {
-            for (int64_t d = 0; d < depth; ++d) column[d * NR] = 0.0f;
+    for (int64_t r0 = 0; r0 < padded; r0 += W) {
+        float* columns = dst + (r0 / NR) * depth * NR + r0 % NR;
+        const int64_t rows = count - r0 < 0 ? 0 : count - r0 < W ? count - r0 : W;
+        const char* row[W];
+        if (rows > 0) src.addresses(r0, rows, row);
+        int64_t d0 = 0;
+        if (rows == W && src.elem_step == Storage::size) {
+            for (; d0 + W <= depth; d0 += W) {
+                vf block[W];
+#pragma GCC unroll 16
+                for (int i = 0; i < W; ++i)
+                    block[i] = load_vector<Storage>(row[i] + d0 * Storage::size);
+                transpose_square(block);
+#pragma GCC unroll 16
+                for (int i = 0; i < W; ++i) vstore(columns + (d0 + i) * NR, block[i]);
+            }
+        }
+        for (int64_t i = 0; i < W; ++i) {
+            float* column = columns + i;
+            if (i < rows) {
+                for (int64_t d = d0; d < depth; ++d)
+                    column[d * NR] = Storage::load(row[i] + d * src.elem_step);
+            } else {
+                for (int64_t d = d0; d < depth; ++d) column[d * NR] = 0.0f;
+            }
         }
     }
 }

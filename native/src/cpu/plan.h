@@ -354,17 +354,20 @@ static inline int64_t mfa_cpu_backward_tiles_carve(const mfa_cpu_plan* plan, flo
 /* ---- Decoding -------------------------------------------------------------------------------
  * When a key/value head has few query rows (group x seq_q), K and V are read where they lie,
  * one block of keys at a time, and the keys are split over tasks. Each task holds its rows'
- * queries (f32, and transposed for the products that put rows in lanes), a block of scores,
- * its O accumulator and running max and sum, the addresses of the block's K and V rows, where
- * K or V cannot be read in place (f16, or elements not adjacent) one converted block of each,
- * and with a mask the block's bias. Decode blocks start at multiples of their size, which is
- * MFA_MASK_BLOCK, so that each is one column of a mask summary. */
+ * queries (f32, and transposed for the products that put rows in lanes), a block of scores
+ * (query-major, or key-major with the rows in the lanes: room for 16 rows either way), the
+ * block's probabilities as bf16 pairs, its O accumulator (transposed with the rows in the
+ * lanes) and running max and sum (16 rows' room at least), the addresses of the block's K and V
+ * rows, where K or V cannot be read in place (f16, or elements not adjacent) one converted block
+ * of each (V's tile also holds a block of V as bf16 pairs of rows, and the rows of O at the
+ * start and end of a task in the lanes), and with a mask the block's bias. Decode blocks start at multiples of
+ * their size, which is MFA_MASK_BLOCK, so that each is one column of a mask summary. */
 static const int64_t mfa_cpu_decode_block = 64;
 /* The most query rows a unit takes to the decoding path. */
 #define mfa_cpu_decode_max_rows 16
 
 typedef struct mfa_cpu_decode_tiles {
-    float *q, *qt, *s, *o, *row_max, *row_sum, *k, *v, *bias;
+    float *q, *qt, *s, *p_pairs, *o, *row_max, *row_sum, *k, *v, *bias;
     const char **key_rows, **next_key_rows, **value_rows;
 } mfa_cpu_decode_tiles;
 
@@ -377,18 +380,20 @@ static inline int64_t mfa_cpu_decode_tiles_carve(const mfa_cpu_plan* plan, float
                                                  mfa_cpu_decode_tiles* tiles) {
     const mfa_problem* p = plan->problem;
     const int64_t rows = mfa_cpu_decode_rows(plan), bk = mfa_cpu_decode_block;
+    const int64_t lanes = mfa_cpu_round_up(rows, 16);
     const int64_t d = mfa_cpu_round_up(p->head_dim, 16), dv = mfa_cpu_round_up(p->head_dim_v, 16);
     const int64_t pointer_floats = (int64_t)(bk * sizeof(const char*) / sizeof(float));
     mfa_cpu_carver c = {base, 0};
     tiles->q = mfa_cpu_carve(&c, rows * d);
-    tiles->qt = mfa_cpu_carve(&c, mfa_cpu_round_up(rows, 16) * d);
-    tiles->s = mfa_cpu_carve(&c, rows * bk);
-    tiles->o = mfa_cpu_carve(&c, rows * dv);
-    tiles->row_max = mfa_cpu_carve(&c, rows);
-    tiles->row_sum = mfa_cpu_carve(&c, rows);
+    tiles->qt = mfa_cpu_carve(&c, lanes * d);
+    tiles->s = mfa_cpu_carve(&c, lanes * bk);
+    tiles->p_pairs = mfa_cpu_carve(&c, lanes * bk / 2);
+    tiles->o = mfa_cpu_carve(&c, lanes * dv);
+    tiles->row_max = mfa_cpu_carve(&c, lanes);
+    tiles->row_sum = mfa_cpu_carve(&c, lanes);
     tiles->k = mfa_cpu_carve(&c, bk * d);
     tiles->v = mfa_cpu_carve(&c, bk * dv);
-    tiles->bias = mfa_view_present(&p->mask) ? mfa_cpu_carve(&c, rows * bk) : (float*)0;
+    tiles->bias = mfa_view_present(&p->mask) ? mfa_cpu_carve(&c, lanes * bk) : (float*)0;
     tiles->key_rows = (const char**)mfa_cpu_carve(&c, pointer_floats);
     tiles->next_key_rows = (const char**)mfa_cpu_carve(&c, pointer_floats);
     tiles->value_rows = (const char**)mfa_cpu_carve(&c, pointer_floats);

@@ -17,8 +17,8 @@ MLX SDPA          ``mfa_native.mlx.scaled_dot_product_attention`` (an ``mx.custo
 ================  ==========================================================================
 
 The MLX SDPA's result is lazy, as every MLX operation's is: ``mx.custom_function`` hands its
-values (computed and written during the call) to the caller through two primitives that share
-their buffers, evaluated with whatever the caller evaluates next; in a model that is the round
+values (computed and written during the call) to the caller through a primitive that shares
+their buffer, evaluated with whatever the caller evaluates next; in a model that is the round
 trip to MLX's stream thread that the next ``mx.eval`` makes anyway, so it is not timed here.
 
 How. The overhead is Python work, a few microseconds beside a kernel that takes tens at these
