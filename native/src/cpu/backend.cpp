@@ -170,6 +170,25 @@ int64_t chunk_kv_heads(const mfa_problem* p, int threads, int64_t tasks_per_kv_h
     return chunk > 0 ? chunk : 1;
 }
 
+/* The chunk that starts at unit `first`: the units that follow it until their tasks under
+ * `count`, each unit's counted by its own sequence, reach `wanted`; at most `most` units and at
+ * least one. Every unit of a dense problem has the same tasks, so its chunks have one size; in a
+ * packed batch the short sequences' units go many to a chunk, as they would in calls of their
+ * own, rather than as few as the longest sequence's: every pass ends in a barrier, and a pass
+ * with few tasks leaves threads idle. */
+int64_t chunk_units(const mfa_cpu_plan* plan, mfa_cpu_task_count count, int64_t first,
+                    int64_t wanted, int64_t most) {
+    const mfa_problem* p = plan->problem;
+    const int64_t last = std::min(p->batch * p->heads_kv, first + std::max<int64_t>(most, 1));
+    int64_t u = first, tasks = 0;
+    do {
+        const mfa_cpu_sequence s = mfa_cpu_sequence_of(plan, mfa_cpu_unit_batch(plan, u));
+        tasks += count(plan, &s);
+        ++u;
+    } while (u < last && tasks < wanted);
+    return u - first;
+}
+
 /* 64-byte-aligned arrays of T, or an OUT_OF_MEMORY / SIZE_OVERFLOW error naming what was
  * wanted. */
 template <class T>
@@ -361,21 +380,32 @@ mfa_status cpu_forward(void* opaque, const mfa_problem* problem) {
     plan.kv_pack_floats = mfa_cpu_kv_pack_carve(&plan, 0, nullptr, &kv_layout);
     const int64_t slot_floats = mfa_cpu_forward_tiles_carve(&plan, nullptr, &tile_layout);
     const int64_t q_blocks = mfa_cpu_blocks(plan.seq_q_max, plan.block_q);
-    const int64_t chunk =
-        chunk_kv_heads(problem, state->threads, problem->group * q_blocks, plan.kv_pack_floats);
-    const int64_t most_tasks =
-        chunk * std::max(mfa_cpu_pack_blocks(&plan, plan.seq_k_max), problem->group * q_blocks);
+    /* Enough tasks to keep every thread busy between the pass barriers, within the packs' memory
+     * budget. */
+    const int64_t wanted = kTasksPerThread * state->threads;
+    const int64_t affordable =
+        std::max<int64_t>(kPackBudgetFloats / std::max<int64_t>(plan.kv_pack_floats, 1), 1);
+    int64_t largest_chunk = 1;
+    for (int64_t first = 0; first < units;) {
+        const int64_t chunk = chunk_units(&plan, mfa_cpu_forward_tasks, first, wanted, affordable);
+        largest_chunk = std::max(largest_chunk, chunk);
+        first += chunk;
+    }
+    const int64_t most_tasks = largest_chunk * std::max(mfa_cpu_pack_blocks(&plan, plan.seq_k_max),
+                                                        problem->group * q_blocks);
     float_buffer packs;
     workspace_slots workspace;
-    status = packs.allocate(plan.kv_pack_floats, chunk, "packed K and V");
+    status = packs.allocate(plan.kv_pack_floats, largest_chunk, "packed K and V");
     if (status == MFA_OK)
         status = workspace.allocate(state, slot_floats, most_tasks, "forward tiles");
     if (status == MFA_OK) status = append_new_keys(state, &plan, prefix.data());
     if (status != MFA_OK) return status;
     plan.kv_packs = packs.data();
 
-    for (plan.first_kv_head = 0; plan.first_kv_head < units; plan.first_kv_head += chunk) {
-        plan.chunk_kv_heads = std::min(chunk, units - plan.first_kv_head);
+    for (plan.first_kv_head = 0; plan.first_kv_head < units;
+         plan.first_kv_head += plan.chunk_kv_heads) {
+        plan.chunk_kv_heads =
+            chunk_units(&plan, mfa_cpu_forward_tasks, plan.first_kv_head, wanted, affordable);
         run_pass(state, &plan, &workspace, state->kernels->forward_pack, mfa_cpu_forward_pack_tasks,
                  prefix.data());
         run_pass(state, &plan, &workspace, state->kernels->forward, mfa_cpu_forward_tasks,

@@ -47,6 +47,7 @@ static inline uint32_t bf16_pair(const char* row, int64_t elem_step, int64_t d, 
 static void pack_pair_rows(const strided_rows& src, int64_t count, int64_t width, float* dst,
                            int64_t ld) {
     for (int64_t r = 0; r < count; ++r) {
+        if (r + kRowsAhead < count) src.prefetch(r + kRowsAhead, width, 2);
         uint16_t* out = (uint16_t*)(dst + r * ld);
         const char* row = src.row(r);
         if (src.elem_step == 2) {
@@ -71,6 +72,8 @@ static void pack_pair_panels(const strided_rows& src, int64_t count, int64_t wid
         uint32_t* panel = (uint32_t*)(dst + p * panel_stride);
         for (int64_t r = 0; r < padded; r += 2) {
             uint32_t* out = panel + r / 2 * NR;
+            for (int64_t ahead = r + kRowsAhead; p == 0 && ahead < r + kRowsAhead + 2; ++ahead)
+                if (ahead < count) src.prefetch(ahead, width, 2);
             const char* lo = r < count ? src.row(r) + d0 * src.elem_step : (const char*)0;
             const char* hi = r + 1 < count ? src.row(r + 1) + d0 * src.elem_step : (const char*)0;
             for (int64_t x = 0; x < NR; ++x) {
@@ -101,6 +104,7 @@ static void pack_pair_panels_transposed(const strided_rows& src, int64_t count, 
             for (int64_t u = 0; u < units; ++u) column[u * NR] = 0u;
             continue;
         }
+        if (r + kRowsAhead < count) src.prefetch(r + kRowsAhead, depth, 2);
         const char* row = src.row(r);
         for (int64_t u = 0; u < units; ++u)
             column[u * NR] = bf16_pair(row, src.elem_step, 2 * u, depth);

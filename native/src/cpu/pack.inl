@@ -17,6 +17,10 @@
 
 namespace {
 
+/* How far ahead of the row they read the row loops below ask for rows (strided_rows::prefetch):
+ * enough rows in flight to cover a memory latency. */
+static const int64_t kRowsAhead = 8;
+
 /* A packed panel is NV vectors wide: the micro-kernel's B operand (gemm.inl). */
 static const int NV = 2;
 static const int64_t NR = NV * W;
@@ -75,6 +79,23 @@ struct strided_rows {
         const int64_t j = row0 + r;
         const int64_t block = mfa_cpu_read_i32(table + j / block_size * table_step);
         return first + block * block_step + j % block_size * row_step;
+    }
+
+    /* Asks for row r (width elements of elem_size bytes) ahead of its use (write: to be
+     * stored) where rows do not follow each other in memory: rows of packed sequences, and of
+     * any [B, N, H, D] layout, lie H x D elements apart, a few to a page, where the hardware
+     * prefetchers do not follow them, and a loop over rows would wait on memory once per row.
+     * Rows of elements that are not adjacent are left to the hardware. */
+    void prefetch(int64_t r, int64_t width, int64_t elem_size, bool write = false) const {
+        const int64_t bytes = width * elem_size;
+        if (elem_step != elem_size || (!table && row_step == bytes)) return;
+        const char* p = row(r);
+        for (int64_t b = 0; b < bytes; b += 64) {
+            if (write)
+                __builtin_prefetch(p + b, 1);
+            else
+                __builtin_prefetch(p + b);
+        }
     }
 
     /* The addresses of rows [r0, r0 + count) into out: one division for the whole run, so that
@@ -146,6 +167,7 @@ template <class Storage>
 static void pack_f32_rows(const strided_rows& src, int64_t count, int64_t width, float* dst,
                           int64_t ld) {
     for (int64_t r = 0; r < count; ++r) {
+        if (r + kRowsAhead < count) src.prefetch(r + kRowsAhead, width, Storage::size);
         load_row<Storage>(src.row(r), src.elem_step, width, dst + r * ld, 1);
         for (int64_t d = width; d < ld; ++d) dst[r * ld + d] = 0.0f;
     }
@@ -164,6 +186,8 @@ static void pack_f32_panels(const strided_rows& src, int64_t count, int64_t widt
         float* panel = dst + p * panel_stride;
         for (int64_t r = 0; r < padded; ++r) {
             const int64_t filled = r < count ? n : 0;
+            if (p == 0 && r + kRowsAhead < count)
+                src.prefetch(r + kRowsAhead, width, Storage::size);
             if (filled)
                 load_row<Storage>(src.row(r) + d0 * src.elem_step, src.elem_step, filled,
                                   panel + r * NR, 1);
@@ -231,6 +255,7 @@ template <class Storage>
 static void store_rows(const strided_rows& dst, int64_t count, int64_t width, const float* src,
                        int64_t ld, float mul) {
     for (int64_t r = 0; r < count; ++r) {
+        if (r + kRowsAhead < count) dst.prefetch(r + kRowsAhead, width, Storage::size, true);
         char* row = dst.row(r);
         const float* s = src + r * ld;
         if (dst.elem_step == Storage::size) {
