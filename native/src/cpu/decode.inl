@@ -348,9 +348,7 @@ static void lanes_softmax(float* s, int64_t n, vf block_max, float* row_max, flo
     const vf correction = vselect(moved, vexp2((old_max - shift) * log2e), vsplat(1.0f));
     vstore(row_sum, vload(row_sum) * correction + sum);
     vstore(row_max, new_max);
-    bool any_moved = false;
-    for (int i = 0; i < W; ++i) any_moved |= moved[i] != 0;
-    if (any_moved)
+    if (vany(moved))
         for (int64_t x = 0; x < width; ++x) vstore(ot + x * W, vload(ot + x * W) * correction);
 }
 

@@ -360,8 +360,9 @@ static inline int64_t mfa_cpu_backward_tiles_carve(const mfa_cpu_plan* plan, flo
  * lanes) and running max and sum (16 rows' room at least), the addresses of the block's K and V
  * rows, where K or V cannot be read in place (f16, or elements not adjacent) one converted block
  * of each (V's tile also holds a block of V as bf16 pairs of rows, and the rows of O at the
- * start and end of a task in the lanes), and with a mask the block's bias. Decode blocks start at multiples of
- * their size, which is MFA_MASK_BLOCK, so that each is one column of a mask summary. */
+ * start and end of a task in the lanes), and with a mask the block's bias. Decode blocks start
+ * at multiples of their size, which is MFA_MASK_BLOCK, so that each is one column of a mask
+ * summary. */
 static const int64_t mfa_cpu_decode_block = 64;
 /* The most query rows a unit takes to the decoding path. */
 #define mfa_cpu_decode_max_rows 16
