@@ -1,6 +1,6 @@
 /*
- * Backward pass. The pack pass converts the chunk's K and V, and Q and dO of their query heads,
- * into panels, along with lse and delta = rowsum(dO * O) per query row. Then blocks of key rows
+ * Backward pass. The pack pass converts the chunk's K, and Q and dO of their query heads, into
+ * panels, along with lse and delta = rowsum(dO * O) per query row. Then blocks of key rows
  * accumulate dK and dV over every query head of their group (over several passes, carrying f32
  * sums, when the group's packs exceed the budget) and, from the same dS, each block's share of
  * dQ, which goes to f32 sums owned by the block's stripe; a last step adds the stripes' sums in
@@ -38,17 +38,11 @@ static void pack_key_side(const mfa_cpu_plan* plan, const unit_task& u, int64_t 
     const mfa_problem* p = plan->problem;
     const int64_t j0 = block * plan->pack_rows;
     const int64_t count = min64(plan->pack_rows, u.seq.seq_k - j0);
-    const int64_t row_panels = Ops::units(plan->seq_k_padded) * NR;
     mfa_cpu_kv_pack pack;
     mfa_cpu_kv_pack_carve(plan, 1, chunk_kv_pack(plan, u.g_local), &pack);
-    const strided_rows k = key_rows(plan, p->k, u.seq, u.kv.head, j0);
-    Ops::template pack_panels_transposed<Storage>(k, count, p->head_dim,
-                                                  pack.kt + j0 * Ops::units(p->head_dim));
-    Ops::template pack_panels<Storage>(k, count, p->head_dim, pack.k + Ops::units(j0) * NR,
-                                       row_panels);
-    Ops::template pack_panels_transposed<Storage>(key_rows(plan, p->v, u.seq, u.kv.head, j0), count,
-                                                  p->head_dim_v,
-                                                  pack.vt + j0 * Ops::units(p->head_dim_v));
+    Ops::template pack_panels<Storage>(key_rows(plan, p->k, u.seq, u.kv.head, j0), count,
+                                       p->head_dim, pack.k + Ops::units(j0) * NR,
+                                       Ops::units(plan->seq_k_padded) * NR);
 }
 
 /* A row that sees no key has lse -inf; +inf in its place makes its P = e^(s - inf) = 0 whether

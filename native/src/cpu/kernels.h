@@ -21,7 +21,7 @@ typedef struct mfa_cpu_kernels {
     mfa_cpu_task append;       /* paged caches: one unit's k_new and v_new rows into the caches */
     mfa_cpu_task forward_pack; /* K and V of the chunk's key/value heads */
     mfa_cpu_task forward;      /* blocks of query rows: O and, if requested, lse */
-    mfa_cpu_task backward_pack; /* K, V of the key/value heads; Q, dO, lse, delta =
+    mfa_cpu_task backward_pack; /* K of the key/value heads; Q, dO, lse, delta =
                                    rowsum(dO * O) of the pass's query heads */
     mfa_cpu_task backward;      /* stripes of key blocks: dK, dV, and dQ into the stripe's sums */
     mfa_cpu_task backward_dq;   /* blocks of query rows: the stripes' dQ sums, scaled, stored */
