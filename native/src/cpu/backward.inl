@@ -80,13 +80,17 @@ static void pack_query_side(const mfa_cpu_plan* plan, const unit_task& u, int64_
     double sink_sum = 0.0;
     float* o = slot;
     float* dO = slot + mfa_cpu_round_up(dv, 16);
+    const int64_t dv_vectors = mfa_cpu_round_up(dv, W);
+    for (int64_t x = dv; x < dv_vectors; ++x) o[x] = dO[x] = 0.0f;
     const int64_t padded = mfa_cpu_round_up(count, NR);
     for (int64_t r = 0; r < padded; ++r) {
         float dot = 0.0f, l = -__builtin_inff();
         if (r < count) {
             load_row<Storage>(out.row(r), out.elem_step, dv, o, 1);
             load_row<Storage>(dout.row(r), dout.elem_step, dv, dO, 1);
-            for (int64_t x = 0; x < dv; ++x) dot += o[x] * dO[x];
+            vf sum = vf{};
+            for (int64_t x = 0; x < dv_vectors; x += W) sum += vload(o + x) * vload(dO + x);
+            dot = hsum(sum);
             l = f32_storage::load(lse.row(r));
         }
         pack.delta[i0 + r] = dot;
