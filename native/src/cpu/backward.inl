@@ -102,14 +102,21 @@ static void pack_query_side(const mfa_cpu_plan* plan, const unit_task& u, int64_
                          block] = sink_sum;
 }
 
+/* Pack block `local` of a unit (mfa_cpu_backward_unit_pack_tasks). */
+template <class Storage, class Ops>
+static void pack_unit_block(const mfa_cpu_plan* plan, const unit_task& u, int64_t local,
+                            float* slot) {
+    const int64_t key_tasks = mfa_cpu_backward_key_pack_tasks(plan, &u.seq);
+    if (local < key_tasks)
+        pack_key_side<Storage, Ops>(plan, u, local);
+    else
+        pack_query_side<Storage, Ops>(plan, u, local - key_tasks, slot);
+}
+
 template <class Storage, class Ops>
 static void backward_pack_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
     const unit_task u = unit_of_task(plan, task);
-    const int64_t key_tasks = mfa_cpu_backward_key_pack_tasks(plan, &u.seq);
-    if (u.local < key_tasks)
-        pack_key_side<Storage, Ops>(plan, u, u.local);
-    else
-        pack_query_side<Storage, Ops>(plan, u, u.local - key_tasks, slot);
+    pack_unit_block<Storage, Ops>(plan, u, u.local, slot);
 }
 
 /* One key row's dS = P * (dP - delta) over columns [0, n) (a multiple of W) of its tile, in
@@ -275,12 +282,19 @@ static void key_block_grads(const mfa_cpu_plan* plan, const unit_task& u, int64_
 }
 
 /* Stripe s of a key/value head: key blocks s, s + stripes, ... (round-robin, so that under a
- * causal mask every stripe gets long and short blocks alike), into its own dQ sums. */
+ * causal mask every stripe gets long and short blocks alike), into its own dQ sums. A unit of one
+ * stripe (mfa_cpu_backward_whole_unit) is packed here first and its dQ stored here at the end. */
 template <class Storage, class Ops>
 static void backward_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
+    const mfa_problem* p = plan->problem;
     const unit_task u = unit_of_task(plan, task);
     const int64_t stripe = u.local, stripes = mfa_cpu_backward_tasks(plan, &u.seq);
-    const int64_t used = u.seq.seq_q * mfa_cpu_round_up(plan->problem->head_dim, NR);
+    const bool whole = mfa_cpu_backward_whole_unit(plan, &u.seq);
+    const int64_t d_pad = mfa_cpu_round_up(p->head_dim, NR);
+    const int64_t used = u.seq.seq_q * d_pad;
+    if (whole)
+        for (int64_t block = 0; block < mfa_cpu_backward_unit_pack_tasks(plan, &u.seq); ++block)
+            pack_unit_block<Storage, Ops>(plan, u, block, slot);
     mfa_cpu_backward_tiles t;
     mfa_cpu_backward_tiles_carve(plan, slot, &t);
     for (int64_t member = 0; member < plan->members; ++member) {
@@ -290,6 +304,13 @@ static void backward_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
     const int64_t k_blocks = mfa_cpu_blocks(u.seq.seq_k, plan->block_k);
     for (int64_t kb = stripe; kb < k_blocks; kb += stripes)
         key_block_grads<Storage, Ops>(plan, u, stripe, kb * plan->block_k, t);
+    if (!whole) return;
+    for (int64_t member = 0; member < plan->members; ++member) {
+        const int64_t h = u.kv.head * p->group + plan->first_member + member;
+        store_rows<Storage>(query_rows(p->dq, plan->elem_size, u.seq, h, 0), u.seq.seq_q,
+                            p->head_dim, mfa_cpu_dq_stripe(plan, u.g_local, 0, member), d_pad,
+                            p->scale);
+    }
 }
 
 /* dQ of one block of query rows: scale times the stripes' sums, added in stripe order (none
