@@ -4,9 +4,9 @@
  * accumulate dK and dV over every query head of their group (over several passes, carrying f32
  * sums, when the group's packs exceed the budget) and, from the same dS, each block's share of
  * dQ, which goes to f32 sums owned by the block's stripe; a last step adds the stripes' sums in
- * order. Five products per pair of blocks rather than the seven of a separate dQ pass (the split
- * the GPU kernels use to avoid float atomics), no atomics, and no N x N buffer: the stripes'
- * sums are O(stripes x Nq) per head.
+ * order (a unit of one stripe does all three in one task). Five products per pair of blocks
+ * rather than the seven of a separate dQ pass (the split the GPU kernels use to avoid float
+ * atomics), no atomics, and no N x N buffer: the stripes' sums are O(stripes x Nq) per head.
  *
  * With unscaled dot products s = q.k and the modifiers' score (scores.inl): P = e^(score - lse),
  * dS = P * (dO.v - delta) (times 1 - tanh^2 with softcap), dQ = scale * dS K,
@@ -151,13 +151,13 @@ static inline key_span strip_queries(const mfa_cpu_sequence& seq, int64_t j, int
  * visible query block, and each block's dQ contribution (dS K) added into the stripe's sums. Five
  * products per pair of blocks: S^T, dP^T, dV += P^T dO, dK += dS^T Q, dQ += dS K.
  *
- * The first four run strip by strip of key rows, and each strip's probabilities and dS are made
- * between them while its rows are in L1 (P stays in s, dS replaces dP). Where the band hides part
- * of the tile (a causal diagonal, a window's edges) the strips are MR rows and each runs over the
- * queries it sees, and dQ runs strip by strip of MR query rows over the keys each sees, as the
- * forward's products do: a causal diagonal tile then costs about 60 % of a full one. Columns a
- * strip skips are never read as P, and its dS there is set to 0, which is what dQ's strips read
- * of them. */
+ * The first four run strip by strip of key rows (one strip of all of them where the band hides
+ * nothing), each strip's P and dS made between its products (P stays in s, dS replaces dP, so
+ * that both are there for the row products). Where the band hides part of the tile (a causal
+ * diagonal, a window's edges) the strips are MR rows and each runs over the queries it sees, and
+ * dQ runs strip by strip of MR query rows over the keys each sees, as the forward's products do:
+ * a causal diagonal tile then costs about 60 % of a full one. Columns a strip skips are never
+ * read as P, and its dS there is set to 0, which is what dQ's strips read of them. */
 template <class Storage, class Ops>
 static void key_block_grads(const mfa_cpu_plan* plan, const unit_task& u, int64_t stripe,
                             int64_t j0, const mfa_cpu_backward_tiles& t) {
