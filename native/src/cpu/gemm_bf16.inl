@@ -30,6 +30,8 @@ namespace {
 
 /* ---- bf16 pairs (bf16 inputs only: the values are copied, never rounded) ------------------ */
 
+typedef uint32_t vu __attribute__((vector_size(MFA_CPU_VECTOR_BYTES)));
+
 static inline uint32_t bf16_bits(const char* p) {
     uint16_t h;
     memcpy(&h, p, sizeof h);
@@ -76,7 +78,20 @@ static void pack_pair_panels(const strided_rows& src, int64_t count, int64_t wid
                 if (ahead < count) src.prefetch(ahead, width, 2);
             const char* lo = r < count ? src.row(r) + d0 * src.elem_step : (const char*)0;
             const char* hi = r + 1 < count ? src.row(r + 1) + d0 * src.elem_step : (const char*)0;
-            for (int64_t x = 0; x < NR; ++x) {
+            int64_t x = 0;
+            if (lo && src.elem_step == 2) {
+                /* W columns at once: each row's bf16 values widened to 32-bit lanes, the second
+                 * row's moved to the high halves. */
+                for (; x + W <= n; x += W) {
+                    vh a, b = vh{};
+                    memcpy(&a, lo + 2 * x, sizeof a);
+                    if (hi) memcpy(&b, hi + 2 * x, sizeof b);
+                    const vu pairs = __builtin_convertvector(a, vu) | __builtin_convertvector(b, vu)
+                                                                          << 16;
+                    memcpy(out + x, &pairs, sizeof pairs);
+                }
+            }
+            for (; x < NR; ++x) {
                 const uint32_t a = lo && x < n ? bf16_bits(lo + x * src.elem_step) : 0u;
                 const uint32_t b = hi && x < n ? bf16_bits(hi + x * src.elem_step) : 0u;
                 out[x] = a | b << 16;
