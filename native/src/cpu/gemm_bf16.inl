@@ -86,8 +86,8 @@ static void pack_pair_panels(const strided_rows& src, int64_t count, int64_t wid
                     vh a, b = vh{};
                     memcpy(&a, lo + 2 * x, sizeof a);
                     if (hi) memcpy(&b, hi + 2 * x, sizeof b);
-                    const vu pairs = __builtin_convertvector(a, vu) | __builtin_convertvector(b, vu)
-                                                                          << 16;
+                    const vu high = __builtin_convertvector(b, vu) << 16;
+                    const vu pairs = __builtin_convertvector(a, vu) | high;
                     memcpy(out + x, &pairs, sizeof pairs);
                 }
             }
@@ -126,8 +126,6 @@ static void pack_pair_panels_transposed(const strided_rows& src, int64_t count, 
     }
 }
 
-/* ---- Products ------------------------------------------------------------------------------ */
-
 /* ---- Per architecture ---------------------------------------------------------------------- */
 
 #if defined(__x86_64__)
@@ -140,13 +138,10 @@ static inline vf dot_pairs(vf acc, vf b, const uint32_t* a) {
     return (vf)sum;
 }
 
-/* f32 rows (ld floats, a multiple of 32) rounded to bf16 (nearest even) rows of ld / 2 pairs. */
-static inline void round_rows_to_bf16(const float* src, int64_t rows, int64_t ld, float* dst) {
-    for (int64_t i = 0; i < rows * ld; i += 32) {
-        const __m512bh pairs =
-            _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + i + 16), _mm512_loadu_ps(src + i));
-        _mm512_storeu_ps(dst + i / 2, __builtin_bit_cast(__m512, pairs));
-    }
+/* 2W consecutive f32 values, lo then hi, rounded to bf16 (nearest even) as W pairs at dst. */
+static inline void store_bf16_pairs(float* dst, vf lo, vf hi) {
+    const __m512bh pairs = _mm512_cvtne2ps_pbh((__m512)hi, (__m512)lo);
+    _mm512_storeu_ps(dst, __builtin_bit_cast(__m512, pairs));
 }
 
 /* count f32 rows of ld values (ld a multiple of 16) rounded to bf16 and paired across rows:
@@ -173,13 +168,11 @@ static inline vf dot_pairs(vf acc, vf b, const uint32_t* a) {
     return (vf)vbfdotq_f32((float32x4_t)acc, vreinterpretq_bf16_f32((float32x4_t)b), pair);
 }
 
-/* BFCVTN rounds to nearest even under the default FPCR. ld is a multiple of 8. */
-static inline void round_rows_to_bf16(const float* src, int64_t rows, int64_t ld, float* dst) {
-    for (int64_t i = 0; i < rows * ld; i += 8) {
-        const bfloat16x8_t pairs =
-            vcvtq_high_bf16_f32(vcvtq_low_bf16_f32(vld1q_f32(src + i)), vld1q_f32(src + i + 4));
-        vst1q_f32(dst + i / 2, vreinterpretq_f32_bf16(pairs));
-    }
+/* BFCVTN rounds to nearest even under the default FPCR. */
+static inline void store_bf16_pairs(float* dst, vf lo, vf hi) {
+    const bfloat16x8_t pairs =
+        vcvtq_high_bf16_f32(vcvtq_low_bf16_f32((float32x4_t)lo), (float32x4_t)hi);
+    vst1q_f32(dst, vreinterpretq_f32_bf16(pairs));
 }
 
 static inline void round_pairs_across_rows(const float* src, int64_t count, int64_t ld,
@@ -199,6 +192,12 @@ static inline void round_pairs_across_rows(const float* src, int64_t count, int6
 #else
 #error "gemm_bf16.inl: no bf16 dot product for this architecture"
 #endif
+
+/* f32 rows (ld floats, a multiple of 2W) rounded to bf16 (nearest even) rows of ld / 2 pairs. */
+static inline void round_rows_to_bf16(const float* src, int64_t rows, int64_t ld, float* dst) {
+    for (int64_t i = 0; i < rows * ld; i += 2 * W)
+        store_bf16_pairs(dst + i / 2, vload(src + i), vload(src + i + W));
+}
 
 /* ---- Products ------------------------------------------------------------------------------ */
 
@@ -329,6 +328,13 @@ struct bf16_pair_operands {
     static const float* operand(const float* rows, int64_t count, int64_t ld, float* scratch) {
         round_rows_to_bf16(rows, count, ld, scratch);
         return scratch;
+    }
+
+    static float* operand_row(float*, float* scratch, int64_t row, int64_t ld) {
+        return scratch + row * units(ld);
+    }
+    static void store_operand_pair(float* row, int64_t c, vf lo, vf hi) {
+        store_bf16_pairs(row + c / 2, lo, hi);
     }
 
     static const float* operand_at(const float* rows, int64_t count, int64_t ld, float* scratch) {
