@@ -201,42 +201,54 @@ static inline void round_rows_to_bf16(const float* src, int64_t rows, int64_t ld
 
 /* ---- Products ------------------------------------------------------------------------------ */
 
-template <int ROWS>
+/* VECS (1 .. NV) vectors of each panel row, as in gemm.inl's micro_tile. */
+template <int ROWS, int VECS>
 static inline void micro_tile_bf16(int64_t depth, const uint32_t* a, int64_t lda, const float* b,
                                    float* c, int64_t ldc, bool accumulate) {
-    vf acc[ROWS][NV];
+    vf acc[ROWS][VECS];
 #pragma GCC unroll 16
     for (int r = 0; r < ROWS; ++r)
-        for (int v = 0; v < NV; ++v) acc[r][v] = vsplat(0.0f);
+        for (int v = 0; v < VECS; ++v) acc[r][v] = vsplat(0.0f);
     for (int64_t k = 0; k < depth; ++k) {
-        vf bk[NV];
-        for (int v = 0; v < NV; ++v) bk[v] = vload(b + k * NR + v * W);
+        vf bk[VECS];
+        for (int v = 0; v < VECS; ++v) bk[v] = vload(b + k * NR + v * W);
 #pragma GCC unroll 16
         for (int r = 0; r < ROWS; ++r)
-            for (int v = 0; v < NV; ++v) acc[r][v] = dot_pairs(acc[r][v], bk[v], a + r * lda + k);
+            for (int v = 0; v < VECS; ++v) acc[r][v] = dot_pairs(acc[r][v], bk[v], a + r * lda + k);
     }
 #pragma GCC unroll 16
     for (int r = 0; r < ROWS; ++r)
-        for (int v = 0; v < NV; ++v) {
+        for (int v = 0; v < VECS; ++v) {
             float* cv = c + r * ldc + v * W;
             vstore(cv, accumulate ? acc[r][v] + vload(cv) : acc[r][v]);
         }
 }
 
-template <int ROWS>
+template <int ROWS, int VECS>
 static inline void micro_tile_bf16_rows(int rows, int64_t depth, const uint32_t* a, int64_t lda,
                                         const float* b, float* c, int64_t ldc, bool accumulate) {
-    if (rows == ROWS)
-        micro_tile_bf16<ROWS>(depth, a, lda, b, c, ldc, accumulate);
-    else
-        micro_tile_bf16_rows<ROWS - 1>(rows, depth, a, lda, b, c, ldc, accumulate);
+    if constexpr (ROWS > 0) {
+        if (rows == ROWS)
+            micro_tile_bf16<ROWS, VECS>(depth, a, lda, b, c, ldc, accumulate);
+        else
+            micro_tile_bf16_rows<ROWS - 1, VECS>(rows, depth, a, lda, b, c, ldc, accumulate);
+    }
 }
 
-template <>
-inline void micro_tile_bf16_rows<0>(int, int64_t, const uint32_t*, int64_t, const float*, float*,
-                                    int64_t, bool) {}
+/* One panel's columns for all m rows. */
+template <int VECS>
+static inline void gemm_panel_bf16(int64_t m, int64_t depth, const uint32_t* a, int64_t lda,
+                                   const float* b, float* c, int64_t ldc, bool accumulate) {
+    int64_t r = 0;
+    for (; r + MR <= m; r += MR)
+        micro_tile_bf16<MR, VECS>(depth, a + r * lda, lda, b, c + r * ldc, ldc, accumulate);
+    micro_tile_bf16_rows<MR - 1, VECS>((int)(m - r), depth, a + r * lda, lda, b, c + r * ldc, ldc,
+                                       accumulate);
+}
 
-/* gemm_packed with A and B in bf16 pairs: depth, lda and panel_stride count pairs. */
+/* gemm_packed with A and B in bf16 pairs: depth, lda and panel_stride count pairs. Like it, a
+ * last panel of at most W columns is multiplied by its first vector only when C accumulates
+ * (D = 80 pads P V's outputs to 96 columns: a sixth of its products). */
 static void gemm_packed_bf16(int64_t m, int64_t cols, int64_t depth, const float* a_units,
                              int64_t lda, const float* b, int64_t panel_stride, float* c,
                              int64_t ldc, bool accumulate) {
@@ -244,12 +256,10 @@ static void gemm_packed_bf16(int64_t m, int64_t cols, int64_t depth, const float
     const int64_t panels = (cols + NR - 1) / NR;
     for (int64_t p = 0; p < panels; ++p) {
         const float* bp = b + p * panel_stride;
-        float* cp = c + p * NR;
-        int64_t r = 0;
-        for (; r + MR <= m; r += MR)
-            micro_tile_bf16<MR>(depth, a + r * lda, lda, bp, cp + r * ldc, ldc, accumulate);
-        micro_tile_bf16_rows<MR - 1>((int)(m - r), depth, a + r * lda, lda, bp, cp + r * ldc, ldc,
-                                     accumulate);
+        if (NV > 1 && accumulate && cols - p * NR <= W)
+            gemm_panel_bf16<1>(m, depth, a, lda, bp, c + p * NR, ldc, accumulate);
+        else
+            gemm_panel_bf16<NV>(m, depth, a, lda, bp, c + p * NR, ldc, accumulate);
     }
 }
 
