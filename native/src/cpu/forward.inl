@@ -158,13 +158,20 @@ static inline bool plain_softmax_row(const float* s, float* p, int64_t n_pad, vi
     const bool any = range.begin < range.end;
     const int64_t first = any ? range.begin / W * W : 0;
     const int64_t end = any ? mfa_cpu_round_up(range.end, W) : 0;
+    /* The max: the vectors the range covers whole in a loop of their own, a partial first and
+     * last one masked (the range may fit in one vector). */
+    const auto masked = [&](int64_t c) {
+        return vselect(lanes_within(c, range.begin, range.end), vload(s + c), hidden);
+    };
     vf top = hidden;
-    for (int64_t c = first; c < end; c += W) {
-        vf x = vload(s + c);
-        if (c < range.begin || c + W > range.end)
-            x = vselect(lanes_within(c, range.begin, range.end), x, hidden);
-        top = vmax(top, x);
+    int64_t at = first;
+    if (at < end && (at < range.begin || at + W > range.end)) {
+        top = masked(at);
+        at += W;
     }
+    for (const int64_t whole_end = any ? range.end / W * W : 0; at < whole_end; at += W)
+        top = vmax(top, vload(s + at));
+    if (at < end) top = vmax(top, masked(at));
     const float old_max = *row_max;
     /* false for a max of -inf, +inf or NaN, or one whose exponent overflows. */
     const bool kept = __builtin_fabsf(old_max * kLog2e) <= 3.4028235e38f &&
