@@ -213,6 +213,12 @@ SHUFFLED_MAX_HEAD_DIM = 128
 UNSHUFFLED_BACKENDS = [backend for backend in BACKENDS if not backend.sim_seed]
 
 
+def _largest_head_dim(case):
+    """The larger of D and Dv of a Case, or of the Case a packed or paged case wraps."""
+    shape = getattr(case, "case", case)
+    return max(shape.head_dim, shape.value_dim)
+
+
 def _cases_on(backend, cases, on_simulator):
     if not backend.is_simulator:
         return cases
@@ -221,8 +227,7 @@ def _cases_on(backend, cases, on_simulator):
     return [
         case
         for case in on_simulator
-        if case.scores <= SHUFFLED_MAX_SCORES
-        and max(case.head_dim, case.value_dim) <= SHUFFLED_MAX_HEAD_DIM
+        if case.scores <= SHUFFLED_MAX_SCORES and _largest_head_dim(case) <= SHUFFLED_MAX_HEAD_DIM
     ]
 
 
