@@ -288,6 +288,75 @@ static void test_coverage(void) {
             }
 }
 
+/* Whether two plans ask the GPU for the same work: the same passes, kernels, constants, grids,
+ * memory, bindings and parameters. */
+static int same_plans(const mfa_plan* a, const mfa_plan* b) {
+    if (a->num_passes != b->num_passes || a->splits != b->splits ||
+        a->scratch_bytes != b->scratch_bytes)
+        return 0;
+    for (uint32_t i = 0; i < a->num_passes; ++i) {
+        const mfa_pass_plan* x = &a->passes[i];
+        const mfa_pass_plan* y = &b->passes[i];
+        if (x->kind != y->kind || strcmp(x->kernel_name, y->kernel_name) != 0 ||
+            x->block_parallel != y->block_parallel || x->block_traversal != y->block_traversal ||
+            x->block_head != y->block_head || x->block_out != y->block_out ||
+            x->cached_operands != y->cached_operands || x->num_constants != y->num_constants ||
+            memcmp(x->constants, y->constants, x->num_constants * sizeof x->constants[0]) != 0 ||
+            memcmp(x->threadgroups, y->threadgroups, sizeof x->threadgroups) != 0 ||
+            x->threads_per_threadgroup != y->threads_per_threadgroup ||
+            x->threadgroup_memory_length != y->threadgroup_memory_length ||
+            x->num_bindings != y->num_bindings || x->params_index != y->params_index ||
+            memcmp(&x->params, &y->params, sizeof x->params) != 0)
+            return 0;
+        for (uint32_t j = 0; j < x->num_bindings; ++j) {
+            const mfa_buffer_binding* s = &x->bindings[j];
+            const mfa_buffer_binding* t = &y->bindings[j];
+            if (s->index != t->index || s->operand != t->operand || s->writable != t->writable ||
+                s->byte_offset != t->byte_offset || s->byte_length != t->byte_length)
+                return 0;
+        }
+    }
+    return 1;
+}
+
+/* Apple8 plans exactly as Apple7 does (MFA publishes one table for both). The Python suite runs
+ * metal-sim as Apple7 and Apple9 only, on the strength of this test: should the families' plans
+ * ever differ, it fails, and Apple8 belongs in that suite again. */
+static void test_apple8_plans_as_apple7(void) {
+    static const int64_t shapes[][7] = {
+        /* b, hq, hkv, nq, nk, d, dv */
+        {1, 1, 1, 1, 1, 1, 1},         {2, 4, 2, 33, 17, 64, 64},
+        {3, 6, 1, 100, 129, 40, 24},   {1, 2, 2, 31, 64, 300, 520},
+        {2, 3, 3, 17, 5, 129, 8},      {2, 8, 2, 1, 40, 64, 64},
+        {1, 6, 1, 5, 9, 16, 200},      {1, 8, 1, 1, 8192, 128, 128},
+        {1, 2, 1, 1000, 129, 512, 64}, {1, 1, 1, 256, 256, 1024, 1024},
+    };
+    int compared = 0;
+    for (size_t t = 0; t < 3; ++t)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; ++s)
+            for (int backward = 0; backward < 2; ++backward) {
+                const int64_t* x = shapes[s];
+                const mfa_problem p =
+                    make_problem(dtypes[t], x[0], x[1], x[2], x[3], x[4], x[5], x[6], 1);
+                mfa_plan apple7, apple8;
+                memset(&apple7, 0, sizeof apple7);
+                memset(&apple8, 0, sizeof apple8);
+                const mfa_status s7 =
+                    backward ? mfa_plan_backward(&p, MFA_GPU_FAMILY_APPLE7, 1024, &apple7)
+                             : mfa_plan_forward(&p, MFA_GPU_FAMILY_APPLE7, 1024, &apple7);
+                const mfa_status s8 =
+                    backward ? mfa_plan_backward(&p, MFA_GPU_FAMILY_APPLE8, 1024, &apple8)
+                             : mfa_plan_forward(&p, MFA_GPU_FAMILY_APPLE8, 1024, &apple8);
+                CHECK(s7 == s8, "status %d against %d", (int)s7, (int)s8);
+                if (s7 != MFA_OK || s8 != MFA_OK) continue;
+                CHECK(same_plans(&apple7, &apple8), "%s plans differ: D=%lld Dv=%lld Nq=%lld",
+                      backward ? "backward" : "forward", (long long)x[5], (long long)x[6],
+                      (long long)x[3]);
+                ++compared;
+            }
+    CHECK(compared >= 50, "only %d plans compared", compared);
+}
+
 /* The kernels' band test (i + band_lo <= j <= i + band_hi) against backend.h's rule. */
 static void test_band(void) {
     static const int64_t windows[] = {-1, 0, 1, 2, 5, 40, INT64_MAX / 2};
@@ -508,5 +577,6 @@ int main(void) {
     test_vector_operands();
     test_limits_and_errors();
     test_split_keys_and_row_passes();
+    test_apple8_plans_as_apple7();
     return test_finish("planner tests");
 }
