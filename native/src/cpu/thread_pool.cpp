@@ -144,12 +144,14 @@ void ThreadPool::work(int slot) {
             jobs_.pop_front();
             continue;
         }
+#if defined(__linux__)
         const bool placed = placed_[static_cast<size_t>(slot)] != 0;
         placed_[static_cast<size_t>(slot)] = 0;
+#endif
         lock.unlock();
         job.task(job.context, index, slot);
 #if defined(__linux__)
-        /* Woken off the caller's CPU and running: the scheduler may move it freely again. */
+        /* Its first task has run off the caller's CPU: the scheduler may move it freely again. */
         if (placed) set_affinity(0, all_cpus_mask_);
 #endif
         lock.lock();
