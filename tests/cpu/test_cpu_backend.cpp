@@ -23,7 +23,6 @@
 #include <math.h>
 #include <stdio.h>
 #if defined(__linux__)
-#include <dirent.h>
 #include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -1279,20 +1278,6 @@ static cpu_set_t affinity_of(pid_t tid) {
     return set;
 }
 
-/* The process's threads other than the calling one (the live contexts' pool workers). */
-static std::vector<pid_t> other_threads() {
-    std::vector<pid_t> tids;
-    DIR* tasks = opendir("/proc/self/task");
-    if (!tasks) return tids;
-    const pid_t self = (pid_t)syscall(SYS_gettid);
-    while (const dirent* entry = readdir(tasks)) {
-        const pid_t tid = (pid_t)atoi(entry->d_name);
-        if (tid > 0 && tid != self) tids.push_back(tid);
-    }
-    closedir(tasks);
-    return tids;
-}
-
 /* Every task of one thread-pool job waits for the others, so that each of the pool's threads
  * runs exactly one of them, and records the CPU it started on per slot. */
 struct one_task_each {
@@ -1300,25 +1285,24 @@ struct one_task_each {
     std::atomic<int> arrived{0};
     std::vector<int> cpu_of_slot;
     std::vector<cpu_set_t> affinity_of_slot; /* the thread's affinity as its task started */
+    std::vector<pid_t> thread_of_slot;
 };
 
 static void one_task_each_task(void* context, int64_t, int slot) {
     one_task_each* job = static_cast<one_task_each*>(context);
     job->cpu_of_slot[(size_t)slot] = sched_getcpu();
     job->affinity_of_slot[(size_t)slot] = affinity_of(0);
+    job->thread_of_slot[(size_t)slot] = (pid_t)syscall(SYS_gettid);
     ++job->arrived;
     for (int wait = 0; job->arrived.load() < job->threads && wait < 5000; ++wait) usleep(1000);
 }
 
-static void run_one_task_each(mfa_cpu::ThreadPool& pool, std::vector<int>* cpus,
-                              std::vector<cpu_set_t>* affinities) {
-    one_task_each job;
+static void run_one_task_each(mfa_cpu::ThreadPool& pool, one_task_each& job) {
     job.threads = pool.threads();
     job.cpu_of_slot.assign((size_t)job.threads, -1);
     job.affinity_of_slot.resize((size_t)job.threads);
+    job.thread_of_slot.assign((size_t)job.threads, 0);
     pool.run(job.threads, one_task_each_task, &job);
-    if (cpus) *cpus = job.cpu_of_slot;
-    if (affinities) *affinities = job.affinity_of_slot;
 }
 
 /* After an idle pause the pool starts a job with its workers kept off the caller's CPU
@@ -1336,7 +1320,8 @@ static void test_worker_placement() {
     const int failures_before = test_failures;
     {
         mfa_cpu::ThreadPool pool(3);
-        run_one_task_each(pool, nullptr, nullptr); /* every worker has started */
+        one_task_each warm_up;
+        run_one_task_each(pool, warm_up); /* every worker has started */
         for (int cpu : {cpus.front(), cpus.back()}) {
             cpu_set_t pinned;
             CPU_ZERO(&pinned);
@@ -1344,9 +1329,10 @@ static void test_worker_placement() {
             CHECK(sched_setaffinity(0, sizeof pinned, &pinned) == 0, "pinning the caller to CPU %d",
                   cpu);
             usleep(5000); /* an idle pause */
-            std::vector<int> started;
-            std::vector<cpu_set_t> affinities;
-            run_one_task_each(pool, &started, &affinities);
+            one_task_each job;
+            run_one_task_each(pool, job);
+            const std::vector<int>& started = job.cpu_of_slot;
+            const std::vector<cpu_set_t>& affinities = job.affinity_of_slot;
             const cpu_set_t caller = affinity_of(0);
             CHECK(CPU_EQUAL(&caller, &pinned), "the job changed the caller's affinity");
             cpu_set_t held_off = start;
@@ -1360,11 +1346,9 @@ static void test_worker_placement() {
                       "worker %d ran its first task after a pause on CPU %d, the caller's", slot,
                       started[(size_t)slot]);
             }
-            const std::vector<pid_t> workers = other_threads();
-            CHECK(workers.size() == 2, "%zu threads beside the caller, not the 2 workers",
-                  workers.size());
-            for (pid_t tid : workers) {
+            for (int slot = 0; slot + 1 < pool.threads(); ++slot) {
                 /* Each worker widens its affinity again right after its task. */
+                const pid_t tid = job.thread_of_slot[(size_t)slot];
                 cpu_set_t worker = affinity_of(tid);
                 for (int wait = 0; wait < 1000 && !CPU_EQUAL(&worker, &start); ++wait) {
                     usleep(1000);
