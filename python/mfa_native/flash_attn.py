@@ -68,16 +68,19 @@ _FLASH_ATTN_NAMES = {
 Result = Union[Tensor, tuple[Tensor, Tensor, Tensor]]
 
 
-def _window_bounds(window_size: Any) -> tuple[int, int]:
-    """flash-attn's (left, right), -1 meaning unbounded (as does any negative side)."""
+def _window_bounds(window_size: Any) -> tuple[int, int] | None:
+    """flash-attn's (left, right), -1 meaning unbounded (as does any negative side); None for
+    a window unbounded on both sides."""
     if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
         raise ValueError(f"window_size must be a pair (left, right), got {window_size!r}")
-    bounds = []
-    for side, value in enumerate(window_size):
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise TypeError(f"window_size[{side}] must be an int, got {type(value).__name__}")
-        bounds.append(max(value, -1))
-    return bounds[0], bounds[1]
+    left, right = window_size
+    if type(left) is not int or type(right) is not int:  # bool is not int here, as below
+        for side, value in enumerate(window_size):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"window_size[{side}] must be an int, got {type(value).__name__}")
+    if left < 0 and right < 0:
+        return None
+    return max(left, -1), max(right, -1)
 
 
 def _real(name: str, value: Any) -> float:
@@ -87,7 +90,7 @@ def _real(name: str, value: Any) -> float:
 
 
 def _flag(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
+    if type(value) is not bool:
         raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
     return value
 
@@ -101,27 +104,36 @@ def _translate(
     alibi_slopes: Any,
     deterministic: Any,
 ) -> dict[str, Any]:
-    """mfa's keyword arguments for flash-attn's options, which every function shares."""
-    if _real("dropout_p", dropout_p) != 0.0:
+    """mfa's keyword arguments for flash-attn's options, which every function shares. Floats
+    that are floats already skip their conversion: a small call spends more time checking its
+    options than in mfa's kernel otherwise."""
+    if type(dropout_p) is not float:
+        dropout_p = _real("dropout_p", dropout_p)
+    if dropout_p != 0.0:
         raise NotImplementedError(
             f"dropout_p={dropout_p} is not supported: mfa has no dropout (pass dropout_p=0.0, "
             "as flash-attn asks for evaluation)"
         )
     _flag("deterministic", deterministic)
-    cap = _real("softcap", softcap)
-    if alibi_slopes is not None and not isinstance(alibi_slopes, Tensor):
-        raise TypeError(
-            f"alibi_slopes must be None or a torch.Tensor, got {type(alibi_slopes).__name__}"
-        )
+    if type(softcap) is not float:
+        softcap = _real("softcap", softcap)
+    if softmax_scale is not None and type(softmax_scale) is not float:
+        softmax_scale = _real("softmax_scale", softmax_scale)
+    if alibi_slopes is not None:
+        if not isinstance(alibi_slopes, Tensor):
+            raise TypeError(
+                f"alibi_slopes must be None or a torch.Tensor, got {type(alibi_slopes).__name__}"
+            )
+        # flash-attn computes no gradient for the slopes; neither does mfa.
+        alibi_slopes = alibi_slopes.detach()
     return {
         "causal": _flag("causal", causal),
         "causal_alignment": "bottom_right",
         "window": _window_bounds(window_size),
-        "scale": None if softmax_scale is None else _real("softmax_scale", softmax_scale),
+        "scale": softmax_scale,
         # flash-attn's 0.0 (or less) turns softcapping off.
-        "softcap": cap if cap > 0.0 else None,
-        # flash-attn computes no gradient for the slopes; neither does mfa.
-        "alibi_slopes": None if alibi_slopes is None else alibi_slopes.detach(),
+        "softcap": softcap if softcap > 0.0 else None,
+        "alibi_slopes": alibi_slopes,
     }
 
 

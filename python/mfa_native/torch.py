@@ -45,6 +45,7 @@ alone never does.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, cast, overload
@@ -199,15 +200,29 @@ def _backward_fake(
 
 
 def _save(
-    ctx: Any, q: Tensor, k: Tensor, v: Tensor, options: Sequence[Any], out: Tensor, lse: Tensor
+    ctx: Any,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    options: Sequence[Any],
+    out: Tensor,
+    lse: Tensor,
+    lse_returned: bool = True,
 ) -> None:
     # The options as one attribute (each costs some 0.4 us a call); the tensors among them are
     # saved too, so that autograd checks that they did not change before the backward: those
-    # given only, as each saved entry, None included, costs as much.
+    # given only, as each saved entry, None included, costs as much. An lse the caller holds
+    # is saved likewise; one that only the backward ever sees cannot change, and is kept as it
+    # is (ctx.lse), without a saved entry or an output of its own.
     ctx.options = options
     given = [tensor for tensor in options[:_TENSOR_OPTIONS] if tensor is not None]
-    ctx.save_for_backward(q, k, v, out, lse, *given)
-    ctx.mark_non_differentiable(lse)
+    if lse_returned:
+        ctx.lse = None
+        ctx.save_for_backward(q, k, v, out, lse, *given)
+        ctx.mark_non_differentiable(lse)
+    else:
+        ctx.lse = lse
+        ctx.save_for_backward(q, k, v, out, *given)
 
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
@@ -215,9 +230,13 @@ def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tens
     _save(ctx, q, k, v, options, *output)
 
 
-def _backward(ctx: Any, dout: Tensor, _dlse: Tensor | None) -> tuple[Tensor | None, ...]:
-    """Gradients of q, k, v and the sinks; the masks, slopes and offsets are constants."""
-    q, k, v, out, lse, *saved = ctx.saved_tensors
+def _backward(ctx: Any, dout: Tensor, *_dlse: Tensor | None) -> tuple[Tensor | None, ...]:
+    """Gradients of q, k, v and the sinks; the masks, slopes and offsets are constants. _dlse:
+    lse's gradient, where lse is an output (it is not differentiable)."""
+    q, k, v, out, *saved = ctx.saved_tensors
+    lse = ctx.lse
+    if lse is None:
+        lse = saved.pop(0)
     given = iter(saved)
     tensors = [None if tensor is None else next(given) for tensor in ctx.options[:_TENSOR_OPTIONS]]
     options = (*tensors, *ctx.options[_TENSOR_OPTIONS:])
@@ -266,22 +285,25 @@ class _Attention(torch.autograd.Function):
         sinks: Tensor | None,
         options: _Options,
         direct: bool,
+        return_lse: bool,
     ) -> Any:
         # The options travel as one object (an argument of apply() costs about 0.25 us); the
         # sinks, which options holds too, are an input of their own for autograd to see.
-        # direct: _reaches_kernel_unchanged(q, k, v, options), as the caller found.
+        # direct: _reaches_kernel_unchanged(q, k, v, options), as the caller found. lse is an
+        # output only where the caller asks for it: each output costs autograd some 1 us.
         if direct:
-            out, lse = cast("tuple[Tensor, Tensor]", _forward(q, k, v, options))
+            out, lse = _forward(q, k, v, options)
         else:
             with torch._C._AutoDispatchBelowAutograd():
                 out, lse = _forward_op(q, k, v, *options)
-        _save(ctx, q, k, v, options, out, lse)
-        return out, lse
+        assert lse is not None  # _forward's, asked for
+        _save(ctx, q, k, v, options, out, lse, return_lse)
+        return (out, lse) if return_lse else out
 
     @staticmethod
     def backward(ctx: Any, *gradients: Any) -> Any:
         dq, dk, dv, *option_gradients = _backward(ctx, *gradients)
-        return dq, dk, dv, option_gradients[_SINKS], None, None
+        return dq, dk, dv, option_gradients[_SINKS], None, None, None
 
 
 # torch.autograd.Function.apply without its Python layer, which binds default arguments for
@@ -339,12 +361,12 @@ def _attend(
         or v.requires_grad
         or (sinks is not None and sinks.requires_grad)
     ):
-        if direct and not _functorch_active():
-            result = _apply_attention(q, k, v, sinks, options, True)  # type: ignore[no-untyped-call]
-            return cast("tuple[Tensor, Tensor]", result)
         # Function.apply is unannotated in torch (it forwards to forward()'s signature).
-        out, lse = _Attention.apply(q, k, v, sinks, options, direct)  # type: ignore[no-untyped-call]
-        return out, lse
+        if direct and not _functorch_active():
+            result = _apply_attention(q, k, v, sinks, options, True, return_lse)  # type: ignore[no-untyped-call]
+        else:
+            result = _Attention.apply(q, k, v, sinks, options, direct, return_lse)  # type: ignore[no-untyped-call]
+        return result if return_lse else (result, None)
     if direct:
         return _forward(q, k, v, options, return_lse)
     # Below autograd, where nothing is to be recorded (as the operator's autograd wrapper
@@ -355,10 +377,8 @@ def _attend(
 
 
 def _window_bounds(window: Any) -> tuple[int, int]:
-    """(left, right) for the operator from None or a pair of ints/None (-1 = unbounded).
-    Pure Python, so that torch.compile traces it; the values are checked by the operator."""
-    if window is None:
-        return -1, -1
+    """(left, right) for the operator from a pair of ints/None (-1 = unbounded). Pure Python,
+    so that torch.compile traces it; the values are checked by the operator."""
     if not isinstance(window, (tuple, list)) or len(window) != 2:
         raise ValueError(f"window must be None or a pair (left, right), got {window!r}")
     bounds = []
@@ -401,8 +421,12 @@ def _tensor_or_none(name: str, value: Any, differentiable: bool = False) -> Tens
     return value
 
 
+_DENSE = (None, None, 0, 0)
+# _Options from the tuple of its fields, without NamedTuple's keyword-binding __new__.
+_make_options = functools.partial(tuple.__new__, _Options)
+
+
 def _options(
-    *,
     causal: Any = False,
     causal_alignment: Any = "bottom_right",
     window: Any = None,
@@ -414,34 +438,41 @@ def _options(
     sinks: Any = None,
     layout: Any = "bhsd",
     backend: Any = None,
-    packed: tuple[Any, Any, Any, Any] = (None, None, 0, 0),
+    packed: tuple[Any, Any, Any, Any] = _DENSE,
 ) -> _Options:
     """The operators' options from this module's keyword arguments, checked where the
     operator's schema would refuse them obscurely (the rest is checked by mfa_native's
-    functions)."""
-    cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k = packed
-    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if not isinstance(causal, bool):
+    functions). The options a call leaves at None (most of them, in most calls) are passed
+    over without a check of their own, and this module's functions pass theirs by position:
+    a small call's options cost as much as its kernel otherwise."""
+    if type(causal) is not bool:
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    return _Options(
-        _tensor_or_none("mask", mask),
-        _tensor_or_none("block_mask", block_mask),
-        _tensor_or_none("alibi_slopes", alibi_slopes),
-        _tensor_or_none("sinks", sinks, differentiable=True),
-        _tensor_or_none("cu_seqlens_q", cu_seqlens_q),
-        _tensor_or_none("cu_seqlens_k", cu_seqlens_k),
-        max_seqlen_q,
-        max_seqlen_k,
-        causal,
-        causal_alignment,
-        *_window_bounds(window),
-        _real_or_none("scale", scale),
-        _real_or_none("softcap", softcap),
-        layout,
-        _backend_argument(backend),
-    )
+    if mask is not None or block_mask is not None or alibi_slopes is not None:
+        mask = _tensor_or_none("mask", mask)
+        block_mask = _tensor_or_none("block_mask", block_mask)
+        alibi_slopes = _tensor_or_none("alibi_slopes", alibi_slopes)
+    if sinks is not None:
+        sinks = _tensor_or_none("sinks", sinks, differentiable=True)
+    cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k = packed
+    if packed is not _DENSE:
+        for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        cu_seqlens_q = _tensor_or_none("cu_seqlens_q", cu_seqlens_q)
+        cu_seqlens_k = _tensor_or_none("cu_seqlens_k", cu_seqlens_k)
+    left, right = (-1, -1) if window is None else _window_bounds(window)
+    if type(scale) is not float and scale is not None:
+        scale = _real_or_none("scale", scale)
+    if softcap is not None:
+        softcap = _real_or_none("softcap", softcap)
+    if backend is not None:
+        _backend_argument(backend)
+    return _make_options(
+        (
+            mask, block_mask, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+            max_seqlen_k, causal, causal_alignment, left, right, scale, softcap, layout, backend,
+        )
+    )  # fmt: skip
 
 
 if TYPE_CHECKING:
@@ -508,14 +539,13 @@ def attention(
     constants, and one that requires grad is refused (TypeError).
     """
     options = _options(
-        causal=causal, causal_alignment=causal_alignment, window=window, scale=scale,
-        mask=mask, block_mask=block_mask, softcap=softcap, alibi_slopes=alibi_slopes,
-        sinks=sinks, layout=layout, backend=backend,
+        causal, causal_alignment, window, scale, mask, block_mask, softcap, alibi_slopes, sinks,
+        layout, backend,
     )  # fmt: skip
-    if not isinstance(return_lse, bool):
+    if type(return_lse) is not bool:
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
     out, lse = _attend(q, k, v, options, return_lse)
-    return (out, cast(Tensor, lse)) if return_lse else out
+    return (out, lse) if return_lse else out  # type: ignore[return-value]
 
 
 @keyword_hints(_TORCH_NAMES)

@@ -234,6 +234,19 @@ def test_the_operator_called_directly_records_autograd_too():
         torch.testing.assert_close(direct, through_the_module, rtol=0, atol=0)
 
 
+def test_an_lse_returned_and_then_changed_in_place_is_refused_by_the_backward():
+    """The backward reads the forward's lse. One returned to the caller is saved for autograd,
+    which refuses a backward after it was changed in place (rather than use the changed
+    values); one the caller never sees is only kept, as nothing else can change it."""
+    q = torch.randn(1, 2, 5, 8, requires_grad=True)
+    out, lse = mfa_torch.attention(q, q, q, causal=True, return_lse=True)
+    lse.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
+    mfa_torch.attention(q, q, q, causal=True).sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()
+
+
 def test_double_backward_is_refused_clearly():
     q = torch.randn(1, 2, 5, 8, requires_grad=True)
     out = mfa_torch.attention(q, q, q, causal=True)

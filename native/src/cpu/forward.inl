@@ -134,34 +134,44 @@ static const float kMaxLag = 5.5f;
 
 /* The online softmax for a row of plain scores (no softcap, ALiBi or bias: score = scale * dot,
  * scale > 0, scale * log2(e) = `exponent_scale` finite): s[0 .. n_pad) holds the row's dot
- * products, visible in `range`; they become the row's P, and *block_sum the vector whose lanes
- * add up to their sum (the caller reduces the sums of W rows at once, and adds them to the rows'
- * sums). The max is taken over the raw dot products of the range only (scale > 0 keeps the
- * order), and the scale goes into the exponent's one FMA, dot * scale log2(e) - m log2(e): one
- * pass reads the row and one writes it, where the general path (scores_row,
- * online_softmax_row) makes three. While no lane exceeds the row's max by more than kMaxLag
- * (most blocks after the first) the max stays, with no horizontal reduction at all.
+ * products, visible in `range`; the row's P goes to `p` as the P V product's operand
+ * (Ops::operand_row: in place, or rounded to bf16 pairs), and *block_sum is the vector whose
+ * lanes add up to the f32 P's sum (the caller reduces the sums of W rows at once, and adds them
+ * to the rows' sums). The max is taken over the raw dot products of the range only (scale > 0
+ * keeps the order), and the scale goes into the exponent's one FMA, dot * scale log2(e) -
+ * m log2(e): one pass reads the row and one writes its operand, where the general path
+ * (scores_row, online_softmax_row, Ops::operand) makes four. While no lane exceeds the row's
+ * max by more than kMaxLag (most blocks after the first) the max stays, with no horizontal
+ * reduction at all.
  * Returns false, having changed nothing, where the new max or its exponent would not be finite
  * (infinite or NaN scores, a row that has seen nothing, a NaN state): the general path then
  * takes the row and keeps its rules for those values. A NaN dot product below a finite max
  * needs no such care: its e^NaN makes the sum, and so lse and out, NaN, as the general path
  * does. */
-static inline bool plain_softmax_row(float* s, int64_t n_pad, visible_range range, float scale,
-                                     float exponent_scale, float* row_max, float* row_sum, float* o,
-                                     int64_t width, vf* block_sum) {
+template <class Ops>
+static inline bool plain_softmax_row(const float* s, float* p, int64_t n_pad, visible_range range,
+                                     float scale, float exponent_scale, float* row_max,
+                                     float* row_sum, float* o, int64_t width, vf* block_sum) {
     const vf hidden = vsplat(-__builtin_inff()), zero = vsplat(0.0f);
     /* Vectors [first, end) hold the visible columns (none where the range is empty: then it may
      * lie before the row, see clip_range). */
     const bool any = range.begin < range.end;
     const int64_t first = any ? range.begin / W * W : 0;
     const int64_t end = any ? mfa_cpu_round_up(range.end, W) : 0;
+    /* The max: the vectors the range covers whole in a loop of their own, a partial first and
+     * last one masked (the range may fit in one vector). */
+    const auto masked = [&](int64_t c) {
+        return vselect(lanes_within(c, range.begin, range.end), vload(s + c), hidden);
+    };
     vf top = hidden;
-    for (int64_t c = first; c < end; c += W) {
-        vf x = vload(s + c);
-        if (c < range.begin || c + W > range.end)
-            x = vselect(lanes_within(c, range.begin, range.end), x, hidden);
-        top = vmax(top, x);
+    int64_t at = first;
+    if (at < end && (at < range.begin || at + W > range.end)) {
+        top = masked(at);
+        at += W;
     }
+    for (const int64_t whole_end = any ? range.end / W * W : 0; at < whole_end; at += W)
+        top = vmax(top, vload(s + at));
+    if (at < end) top = vmax(top, masked(at));
     const float old_max = *row_max;
     /* false for a max of -inf, +inf or NaN, or one whose exponent overflows. */
     const bool kept = __builtin_fabsf(old_max * kLog2e) <= 3.4028235e38f &&
@@ -181,17 +191,19 @@ static inline bool plain_softmax_row(float* s, int64_t n_pad, visible_range rang
         }
     }
     const vf factor = vsplat(exponent_scale), shift = vsplat(-*row_max * kLog2e);
-    vf sum = zero;
-    for (int64_t c = 0; c < n_pad; c += W) {
-        if (c < first || c >= end) {
-            vstore(s + c, zero);
-            continue;
-        }
-        vf e = vexp2(vload(s + c) * factor + shift);
+    /* e^(score - max) of vector c, 0 outside the range. */
+    const auto probability = [&](int64_t c) {
+        if (c < first || c >= end) return zero;
+        const vf e = vexp2(vload(s + c) * factor + shift);
         if (c < range.begin || c + W > range.end)
-            e = vselect(lanes_within(c, range.begin, range.end), e, zero);
-        vstore(s + c, e);
-        sum += e;
+            return vselect(lanes_within(c, range.begin, range.end), e, zero);
+        return e;
+    };
+    vf sum = zero;
+    for (int64_t c = 0; c < n_pad; c += 2 * W) {
+        const vf lo = probability(c), hi = probability(c + W);
+        Ops::store_operand_pair(p, c, lo, hi);
+        sum += lo + hi;
     }
     *block_sum = sum;
     return true;
@@ -337,15 +349,17 @@ static void forward_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
                 sums[r - r0] = vf{};
                 if (r >= rows) continue;
                 float* s = t.s + r * n_pad;
+                float* operand = Ops::operand_row(t.s, t.p, r, n_pad);
                 const visible_range range = keys_of_query(seq, i0 + r, j0, n);
-                if (plain &&
-                    plain_softmax_row(s, n_pad, range, p->scale, exponent_scale, t.row_max + r,
-                                      t.row_sum + r, t.o + r * dv_pad, dv_pad, sums + (r - r0)))
+                if (plain && plain_softmax_row<Ops>(s, operand, n_pad, range, p->scale,
+                                                    exponent_scale, t.row_max + r, t.row_sum + r,
+                                                    t.o + r * dv_pad, dv_pad, sums + (r - r0)))
                     continue;
                 const float block_max = scores(s, n_pad, mods, i0 + r + seq.diag - j0,
                                                t.bias ? t.bias + r * n_pad : t.bias, range);
                 online_softmax_row(s, n_pad, block_max, t.row_max + r, t.row_sum + r,
                                    t.o + r * dv_pad, dv_pad);
+                Ops::operand(s, 1, n_pad, operand);
             }
             if (plain) {
                 hsums<W>(sums, block_sums);
@@ -353,7 +367,7 @@ static void forward_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
                     t.row_sum[r] += block_sums[r - r0];
             }
         }
-        const float* probabilities = Ops::operand(t.s, rows, n_pad, t.p);
+        const float* probabilities = Ops::operand_row(t.s, t.p, 0, n_pad);
         const int64_t ld = Ops::units(n_pad);
         if (banded) {
             for (int64_t r0 = 0; r0 < rows; r0 += MR) {

@@ -191,6 +191,17 @@ struct f32_operands {
     /* The A operand of a product from f32 rows (P, dS): those rows themselves. */
     static const float* operand(const float* rows, int64_t, int64_t, float*) { return rows; }
 
+    /* Where row `row` of such an operand lies, made from f32 rows of ld values at `rows` (in
+     * place), scratch unused; store_operand_pair writes its values c .. c + 2W - 1 there (c a
+     * multiple of 2W), so that a pass producing the f32 values leaves the operand directly. */
+    static float* operand_row(float* rows, float*, int64_t row, int64_t ld) {
+        return rows + row * ld;
+    }
+    static void store_operand_pair(float* row, int64_t c, vf lo, vf hi) {
+        vstore(row + c, lo);
+        vstore(row + c + W, hi);
+    }
+
     /* The transposed A operand of gemm_at from `count` f32 rows of ld values (dS^T): A(r, k)
      * is row k's value r, at k * ld + r in units. */
     static const float* operand_at(const float* rows, int64_t, int64_t, float*) { return rows; }

@@ -30,6 +30,8 @@ namespace {
 
 /* ---- bf16 pairs (bf16 inputs only: the values are copied, never rounded) ------------------ */
 
+typedef uint32_t vu __attribute__((vector_size(MFA_CPU_VECTOR_BYTES)));
+
 static inline uint32_t bf16_bits(const char* p) {
     uint16_t h;
     memcpy(&h, p, sizeof h);
@@ -76,7 +78,20 @@ static void pack_pair_panels(const strided_rows& src, int64_t count, int64_t wid
                 if (ahead < count) src.prefetch(ahead, width, 2);
             const char* lo = r < count ? src.row(r) + d0 * src.elem_step : (const char*)0;
             const char* hi = r + 1 < count ? src.row(r + 1) + d0 * src.elem_step : (const char*)0;
-            for (int64_t x = 0; x < NR; ++x) {
+            int64_t x = 0;
+            if (lo && src.elem_step == 2) {
+                /* W columns at once: each row's bf16 values widened to 32-bit lanes, the second
+                 * row's moved to the high halves. */
+                for (; x + W <= n; x += W) {
+                    vh a, b = vh{};
+                    memcpy(&a, lo + 2 * x, sizeof a);
+                    if (hi) memcpy(&b, hi + 2 * x, sizeof b);
+                    const vu high = __builtin_convertvector(b, vu) << 16;
+                    const vu pairs = __builtin_convertvector(a, vu) | high;
+                    memcpy(out + x, &pairs, sizeof pairs);
+                }
+            }
+            for (; x < NR; ++x) {
                 const uint32_t a = lo && x < n ? bf16_bits(lo + x * src.elem_step) : 0u;
                 const uint32_t b = hi && x < n ? bf16_bits(hi + x * src.elem_step) : 0u;
                 out[x] = a | b << 16;
@@ -111,8 +126,6 @@ static void pack_pair_panels_transposed(const strided_rows& src, int64_t count, 
     }
 }
 
-/* ---- Products ------------------------------------------------------------------------------ */
-
 /* ---- Per architecture ---------------------------------------------------------------------- */
 
 #if defined(__x86_64__)
@@ -125,13 +138,10 @@ static inline vf dot_pairs(vf acc, vf b, const uint32_t* a) {
     return (vf)sum;
 }
 
-/* f32 rows (ld floats, a multiple of 32) rounded to bf16 (nearest even) rows of ld / 2 pairs. */
-static inline void round_rows_to_bf16(const float* src, int64_t rows, int64_t ld, float* dst) {
-    for (int64_t i = 0; i < rows * ld; i += 32) {
-        const __m512bh pairs =
-            _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + i + 16), _mm512_loadu_ps(src + i));
-        _mm512_storeu_ps(dst + i / 2, __builtin_bit_cast(__m512, pairs));
-    }
+/* 2W consecutive f32 values, lo then hi, rounded to bf16 (nearest even) as W pairs at dst. */
+static inline void store_bf16_pairs(float* dst, vf lo, vf hi) {
+    const __m512bh pairs = _mm512_cvtne2ps_pbh((__m512)hi, (__m512)lo);
+    _mm512_storeu_ps(dst, __builtin_bit_cast(__m512, pairs));
 }
 
 /* count f32 rows of ld values (ld a multiple of 16) rounded to bf16 and paired across rows:
@@ -158,13 +168,11 @@ static inline vf dot_pairs(vf acc, vf b, const uint32_t* a) {
     return (vf)vbfdotq_f32((float32x4_t)acc, vreinterpretq_bf16_f32((float32x4_t)b), pair);
 }
 
-/* BFCVTN rounds to nearest even under the default FPCR. ld is a multiple of 8. */
-static inline void round_rows_to_bf16(const float* src, int64_t rows, int64_t ld, float* dst) {
-    for (int64_t i = 0; i < rows * ld; i += 8) {
-        const bfloat16x8_t pairs =
-            vcvtq_high_bf16_f32(vcvtq_low_bf16_f32(vld1q_f32(src + i)), vld1q_f32(src + i + 4));
-        vst1q_f32(dst + i / 2, vreinterpretq_f32_bf16(pairs));
-    }
+/* BFCVTN rounds to nearest even under the default FPCR. */
+static inline void store_bf16_pairs(float* dst, vf lo, vf hi) {
+    const bfloat16x8_t pairs =
+        vcvtq_high_bf16_f32(vcvtq_low_bf16_f32((float32x4_t)lo), (float32x4_t)hi);
+    vst1q_f32(dst, vreinterpretq_f32_bf16(pairs));
 }
 
 static inline void round_pairs_across_rows(const float* src, int64_t count, int64_t ld,
@@ -185,44 +193,62 @@ static inline void round_pairs_across_rows(const float* src, int64_t count, int6
 #error "gemm_bf16.inl: no bf16 dot product for this architecture"
 #endif
 
+/* f32 rows (ld floats, a multiple of 2W) rounded to bf16 (nearest even) rows of ld / 2 pairs. */
+static inline void round_rows_to_bf16(const float* src, int64_t rows, int64_t ld, float* dst) {
+    for (int64_t i = 0; i < rows * ld; i += 2 * W)
+        store_bf16_pairs(dst + i / 2, vload(src + i), vload(src + i + W));
+}
+
 /* ---- Products ------------------------------------------------------------------------------ */
 
-template <int ROWS>
+/* VECS (1 .. NV) vectors of each panel row, as in gemm.inl's micro_tile. */
+template <int ROWS, int VECS>
 static inline void micro_tile_bf16(int64_t depth, const uint32_t* a, int64_t lda, const float* b,
                                    float* c, int64_t ldc, bool accumulate) {
-    vf acc[ROWS][NV];
+    vf acc[ROWS][VECS];
 #pragma GCC unroll 16
     for (int r = 0; r < ROWS; ++r)
-        for (int v = 0; v < NV; ++v) acc[r][v] = vsplat(0.0f);
+        for (int v = 0; v < VECS; ++v) acc[r][v] = vsplat(0.0f);
     for (int64_t k = 0; k < depth; ++k) {
-        vf bk[NV];
-        for (int v = 0; v < NV; ++v) bk[v] = vload(b + k * NR + v * W);
+        vf bk[VECS];
+        for (int v = 0; v < VECS; ++v) bk[v] = vload(b + k * NR + v * W);
 #pragma GCC unroll 16
         for (int r = 0; r < ROWS; ++r)
-            for (int v = 0; v < NV; ++v) acc[r][v] = dot_pairs(acc[r][v], bk[v], a + r * lda + k);
+            for (int v = 0; v < VECS; ++v) acc[r][v] = dot_pairs(acc[r][v], bk[v], a + r * lda + k);
     }
 #pragma GCC unroll 16
     for (int r = 0; r < ROWS; ++r)
-        for (int v = 0; v < NV; ++v) {
+        for (int v = 0; v < VECS; ++v) {
             float* cv = c + r * ldc + v * W;
             vstore(cv, accumulate ? acc[r][v] + vload(cv) : acc[r][v]);
         }
 }
 
-template <int ROWS>
+template <int ROWS, int VECS>
 static inline void micro_tile_bf16_rows(int rows, int64_t depth, const uint32_t* a, int64_t lda,
                                         const float* b, float* c, int64_t ldc, bool accumulate) {
-    if (rows == ROWS)
-        micro_tile_bf16<ROWS>(depth, a, lda, b, c, ldc, accumulate);
-    else
-        micro_tile_bf16_rows<ROWS - 1>(rows, depth, a, lda, b, c, ldc, accumulate);
+    if constexpr (ROWS > 0) {
+        if (rows == ROWS)
+            micro_tile_bf16<ROWS, VECS>(depth, a, lda, b, c, ldc, accumulate);
+        else
+            micro_tile_bf16_rows<ROWS - 1, VECS>(rows, depth, a, lda, b, c, ldc, accumulate);
+    }
 }
 
-template <>
-inline void micro_tile_bf16_rows<0>(int, int64_t, const uint32_t*, int64_t, const float*, float*,
-                                    int64_t, bool) {}
+/* One panel's columns for all m rows. */
+template <int VECS>
+static inline void gemm_panel_bf16(int64_t m, int64_t depth, const uint32_t* a, int64_t lda,
+                                   const float* b, float* c, int64_t ldc, bool accumulate) {
+    int64_t r = 0;
+    for (; r + MR <= m; r += MR)
+        micro_tile_bf16<MR, VECS>(depth, a + r * lda, lda, b, c + r * ldc, ldc, accumulate);
+    micro_tile_bf16_rows<MR - 1, VECS>((int)(m - r), depth, a + r * lda, lda, b, c + r * ldc, ldc,
+                                       accumulate);
+}
 
-/* gemm_packed with A and B in bf16 pairs: depth, lda and panel_stride count pairs. */
+/* gemm_packed with A and B in bf16 pairs: depth, lda and panel_stride count pairs. Like it, a
+ * last panel of at most W columns is multiplied by its first vector only when C accumulates
+ * (D = 80 pads P V's outputs to 96 columns: a sixth of its products). */
 static void gemm_packed_bf16(int64_t m, int64_t cols, int64_t depth, const float* a_units,
                              int64_t lda, const float* b, int64_t panel_stride, float* c,
                              int64_t ldc, bool accumulate) {
@@ -230,12 +256,10 @@ static void gemm_packed_bf16(int64_t m, int64_t cols, int64_t depth, const float
     const int64_t panels = (cols + NR - 1) / NR;
     for (int64_t p = 0; p < panels; ++p) {
         const float* bp = b + p * panel_stride;
-        float* cp = c + p * NR;
-        int64_t r = 0;
-        for (; r + MR <= m; r += MR)
-            micro_tile_bf16<MR>(depth, a + r * lda, lda, bp, cp + r * ldc, ldc, accumulate);
-        micro_tile_bf16_rows<MR - 1>((int)(m - r), depth, a + r * lda, lda, bp, cp + r * ldc, ldc,
-                                     accumulate);
+        if (NV > 1 && accumulate && cols - p * NR <= W)
+            gemm_panel_bf16<1>(m, depth, a, lda, bp, c + p * NR, ldc, accumulate);
+        else
+            gemm_panel_bf16<NV>(m, depth, a, lda, bp, c + p * NR, ldc, accumulate);
     }
 }
 
@@ -314,6 +338,13 @@ struct bf16_pair_operands {
     static const float* operand(const float* rows, int64_t count, int64_t ld, float* scratch) {
         round_rows_to_bf16(rows, count, ld, scratch);
         return scratch;
+    }
+
+    static float* operand_row(float*, float* scratch, int64_t row, int64_t ld) {
+        return scratch + row * units(ld);
+    }
+    static void store_operand_pair(float* row, int64_t c, vf lo, vf hi) {
+        store_bf16_pairs(row + c / 2, lo, hi);
     }
 
     static const float* operand_at(const float* rows, int64_t count, int64_t ld, float* scratch) {

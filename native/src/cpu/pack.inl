@@ -82,13 +82,15 @@ struct strided_rows {
     }
 
     /* Asks for row r (width elements of elem_size bytes) ahead of its use (write: to be
-     * stored) where rows do not follow each other in memory: rows of packed sequences, and of
-     * any [B, N, H, D] layout, lie H x D elements apart, a few to a page, where the hardware
-     * prefetchers do not follow them, and a loop over rows would wait on memory once per row.
-     * Rows of elements that are not adjacent are left to the hardware. */
+     * stored). Rows of packed sequences, and of any [B, N, H, D] layout, lie H x D elements
+     * apart, a few to a page, where the hardware prefetchers do not follow them, and a loop over
+     * rows would wait on memory once per row; consecutive rows are asked for too, because a
+     * call's packs read its inputs straight from memory and still waited on them (Zen 4: the
+     * loads of the packs were where their samples fell). Rows of elements that are not adjacent
+     * are left to the hardware. */
     void prefetch(int64_t r, int64_t width, int64_t elem_size, bool write = false) const {
         const int64_t bytes = width * elem_size;
-        if (elem_step != elem_size || (!table && row_step == bytes)) return;
+        if (elem_step != elem_size) return;
         const char* p = row(r);
         for (int64_t b = 0; b < bytes; b += 64) {
             if (write)
@@ -226,6 +228,8 @@ static void pack_f32_panels_transposed(const strided_rows& src, int64_t count, i
         const int64_t rows = count - r0 < 0 ? 0 : count - r0 < W ? count - r0 : W;
         const char* row[W];
         if (rows > 0) src.addresses(r0, rows, row);
+        for (int64_t ahead = r0 + W; ahead < r0 + 2 * W && ahead < count; ++ahead)
+            src.prefetch(ahead, depth, Storage::size);
         int64_t d0 = 0;
         if (rows == W && src.elem_step == Storage::size) {
             for (; d0 + W <= depth; d0 += W) {

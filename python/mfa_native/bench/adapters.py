@@ -11,7 +11,8 @@ torch op          ``mfa_native.torch.attention`` (its operator, with no autograd
 torch autograd    the same on q, k, v that require grad (computed from leaf tensors, as a
                   model's projections make them): autograd records the call
 torch SDPA        ``mfa_native.torch.scaled_dot_product_attention``
-flash_attn_func   ``mfa_native.flash_attn.flash_attn_func`` (on [B, N, H, D] views)
+flash_attn_func   ``mfa_native.flash_attn.flash_attn_func`` (on [B, N, H, D] views; its result,
+                  [B, N, H, D] too, is transposed for the comparison, outside the timing)
 MLX arrays        ``mfa_native.attention`` on ``mx.array`` s
 MLX SDPA          ``mfa_native.mlx.scaled_dot_product_attention`` (an ``mx.custom_function``)
 ================  ==========================================================================
@@ -87,7 +88,7 @@ def _paths(case, missing):
                 "torch SDPA": lambda: op.scaled_dot_product_attention(tq, tk, tv, is_causal=causal),
                 "flash_attn_func": lambda: mfa_native.flash_attn.flash_attn_func(
                     bq, bk, bv, causal=causal
-                ).transpose(1, 2),
+                ),
             }
         )
     mx = _optional("mlx.core")
@@ -107,9 +108,15 @@ def _paths(case, missing):
     return paths
 
 
-def _as_numpy(result):
+# Paths whose results are [B, N, H, D] (flash-attn's layout): compared with the numpy call's
+# [B, H, N, D] once transposed, outside the timed calls.
+_BSHD_PATHS = frozenset({"flash_attn_func"})
+
+
+def _as_numpy(result, name):
     detach = getattr(result, "detach", None)
-    return np.asarray(detach() if detach is not None else result, np.float32)
+    values = np.asarray(detach() if detach is not None else result, np.float32)
+    return values.swapaxes(1, 2) if name in _BSHD_PATHS else values
 
 
 @contextlib.contextmanager
@@ -153,9 +160,11 @@ def _case_row(setup, case):
     missing = {}
     paths = _paths(case, missing)
     rounds = max(_ROUNDS_PER_REPEAT * setup.repeats // setup.shrink, 1)
-    expected = _as_numpy(paths["numpy"]())
+    expected = _as_numpy(paths["numpy"](), "numpy")
     # One library computes every path's result from the same inputs.
-    agreements = [agreement(case.dtype, _as_numpy(path()), expected) for path in paths.values()]
+    agreements = [
+        agreement(case.dtype, _as_numpy(path(), name), expected) for name, path in paths.items()
+    ]
     wall = timed_rounds(paths, rounds, 1, time.perf_counter_ns, setup.warmups)
     with _kernels_skipped():
         python = timed_rounds(paths, rounds, _CALLS, time.thread_time_ns, setup.warmups)
