@@ -14,20 +14,15 @@ namespace mfa_cpu {
 namespace {
 
 #if defined(__linux__)
-/* The CPUs the calling thread may run on, ascending; empty if they cannot be read. */
+/* The CPUs the calling thread may run on, ascending; empty if they cannot be read. Counted
+ * first, so that the list is one allocation and starting a pool frees nothing. */
 std::vector<int> allowed_cpus() {
     std::vector<int> cpus;
-    for (int size = 1024; size <= (1 << 20); size *= 2) {
-        cpu_set_t* set = CPU_ALLOC(size);
-        if (!set) break;
-        const size_t bytes = CPU_ALLOC_SIZE(size);
-        const bool read = sched_getaffinity(0, bytes, set) == 0;
-        if (read)
-            for (int cpu = 0; cpu < size; ++cpu)
-                if (CPU_ISSET_S(cpu, bytes, set)) cpus.push_back(cpu);
-        CPU_FREE(set);
-        if (read) break;
-    }
+    cpu_set_t set; /* CPU_SETSIZE (1024) CPUs; a machine with more reads none, so no placement */
+    if (sched_getaffinity(0, sizeof set, &set) != 0) return cpus;
+    cpus.reserve(static_cast<size_t>(CPU_COUNT(&set)));
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
+        if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
     return cpus;
 }
 
