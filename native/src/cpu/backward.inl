@@ -1,12 +1,12 @@
 /*
- * Backward pass. The pack pass converts the chunk's K and V, and Q and dO of their query heads,
- * into panels, along with lse and delta = rowsum(dO * O) per query row. Then blocks of key rows
+ * Backward pass. The pack pass converts the chunk's K, and Q and dO of their query heads, into
+ * panels, along with lse and delta = rowsum(dO * O) per query row. Then blocks of key rows
  * accumulate dK and dV over every query head of their group (over several passes, carrying f32
  * sums, when the group's packs exceed the budget) and, from the same dS, each block's share of
  * dQ, which goes to f32 sums owned by the block's stripe; a last step adds the stripes' sums in
- * order. Five products per pair of blocks rather than the seven of a separate dQ pass (the split
- * the GPU kernels use to avoid float atomics), no atomics, and no N x N buffer: the stripes'
- * sums are O(stripes x Nq) per head.
+ * order (a unit of one stripe does all three in one task). Five products per pair of blocks
+ * rather than the seven of a separate dQ pass (the split the GPU kernels use to avoid float
+ * atomics), no atomics, and no N x N buffer: the stripes' sums are O(stripes x Nq) per head.
  *
  * With unscaled dot products s = q.k and the modifiers' score (scores.inl): P = e^(score - lse),
  * dS = P * (dO.v - delta) (times 1 - tanh^2 with softcap), dQ = scale * dS K,
@@ -38,17 +38,11 @@ static void pack_key_side(const mfa_cpu_plan* plan, const unit_task& u, int64_t 
     const mfa_problem* p = plan->problem;
     const int64_t j0 = block * plan->pack_rows;
     const int64_t count = min64(plan->pack_rows, u.seq.seq_k - j0);
-    const int64_t row_panels = Ops::units(plan->seq_k_padded) * NR;
     mfa_cpu_kv_pack pack;
     mfa_cpu_kv_pack_carve(plan, 1, chunk_kv_pack(plan, u.g_local), &pack);
-    const strided_rows k = key_rows(plan, p->k, u.seq, u.kv.head, j0);
-    Ops::template pack_panels_transposed<Storage>(k, count, p->head_dim,
-                                                  pack.kt + j0 * Ops::units(p->head_dim));
-    Ops::template pack_panels<Storage>(k, count, p->head_dim, pack.k + Ops::units(j0) * NR,
-                                       row_panels);
-    Ops::template pack_panels_transposed<Storage>(key_rows(plan, p->v, u.seq, u.kv.head, j0), count,
-                                                  p->head_dim_v,
-                                                  pack.vt + j0 * Ops::units(p->head_dim_v));
+    Ops::template pack_panels<Storage>(key_rows(plan, p->k, u.seq, u.kv.head, j0), count,
+                                       p->head_dim, pack.k + Ops::units(j0) * NR,
+                                       Ops::units(plan->seq_k_padded) * NR);
 }
 
 /* A row that sees no key has lse -inf; +inf in its place makes its P = e^(s - inf) = 0 whether
@@ -86,13 +80,17 @@ static void pack_query_side(const mfa_cpu_plan* plan, const unit_task& u, int64_
     double sink_sum = 0.0;
     float* o = slot;
     float* dO = slot + mfa_cpu_round_up(dv, 16);
+    const int64_t dv_vectors = mfa_cpu_round_up(dv, W);
+    for (int64_t x = dv; x < dv_vectors; ++x) o[x] = dO[x] = 0.0f;
     const int64_t padded = mfa_cpu_round_up(count, NR);
     for (int64_t r = 0; r < padded; ++r) {
         float dot = 0.0f, l = -__builtin_inff();
         if (r < count) {
             load_row<Storage>(out.row(r), out.elem_step, dv, o, 1);
             load_row<Storage>(dout.row(r), dout.elem_step, dv, dO, 1);
-            for (int64_t x = 0; x < dv; ++x) dot += o[x] * dO[x];
+            vf sum = vf{};
+            for (int64_t x = 0; x < dv_vectors; x += W) sum += vload(o + x) * vload(dO + x);
+            dot = hsum(sum);
             l = f32_storage::load(lse.row(r));
         }
         pack.delta[i0 + r] = dot;
@@ -104,32 +102,62 @@ static void pack_query_side(const mfa_cpu_plan* plan, const unit_task& u, int64_
                          block] = sink_sum;
 }
 
+/* Pack block `local` of a unit (mfa_cpu_backward_unit_pack_tasks). */
+template <class Storage, class Ops>
+static void pack_unit_block(const mfa_cpu_plan* plan, const unit_task& u, int64_t local,
+                            float* slot) {
+    const int64_t key_tasks = mfa_cpu_backward_key_pack_tasks(plan, &u.seq);
+    if (local < key_tasks)
+        pack_key_side<Storage, Ops>(plan, u, local);
+    else
+        pack_query_side<Storage, Ops>(plan, u, local - key_tasks, slot);
+}
+
 template <class Storage, class Ops>
 static void backward_pack_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
     const unit_task u = unit_of_task(plan, task);
-    const int64_t key_tasks = mfa_cpu_backward_key_pack_tasks(plan, &u.seq);
-    if (u.local < key_tasks)
-        pack_key_side<Storage, Ops>(plan, u, u.local);
-    else
-        pack_query_side<Storage, Ops>(plan, u, u.local - key_tasks, slot);
+    pack_unit_block<Storage, Ops>(plan, u, u.local, slot);
 }
 
-/* dS^T = P^T * (dP^T - delta) in place of P^T; delta varies along the columns (queries). With
- * softcap, times the derivative of the softcapped score (the chain rule through tanh). */
+/* One key row's dS = P * (dP - delta) over columns [0, n) (a multiple of W) of its tile, in
+ * place of dP; delta varies along the columns (queries). With softcap, times the derivative of
+ * the softcapped score (the chain rule through tanh). */
 template <bool SOFTCAP>
-static void softmax_grad_cols(float* s, const float* dp, int64_t rows, int64_t ld,
-                              const float* delta, const float* softcap_grad) {
-    for (int64_t r = 0; r < rows; ++r)
-        for (int64_t c = 0; c < ld; c += W) {
-            vf ds = vload(s + r * ld + c) * (vload(dp + r * ld + c) - vload(delta + c));
-            if (SOFTCAP) ds *= vload(softcap_grad + r * ld + c);
-            vstore(s + r * ld + c, ds);
-        }
+static inline void softmax_grad_row(const float* p, float* dp, int64_t n, const float* delta,
+                                    const float* softcap_grad) {
+    for (int64_t c = 0; c < n; c += W) {
+        vf ds = vload(p + c) * (vload(dp + c) - vload(delta + c));
+        if (SOFTCAP) ds *= vload(softcap_grad + c);
+        vstore(dp + c, ds);
+    }
+}
+
+static inline void zero_floats(float* x, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) x[i] = 0.0f;
+}
+
+/* The queries of a tile [i0, i0 + n) that key rows [j, j + count) of a sequence see, as tile
+ * columns [begin, end) with begin at a panel's start: the mirror of the forward's strip_keys. */
+static inline key_span strip_queries(const mfa_cpu_sequence& seq, int64_t j, int64_t count,
+                                     int64_t i0, int64_t n) {
+    const visible_range first = queries_of_key(seq, j, i0, n);
+    const visible_range last = queries_of_key(seq, j + count - 1, i0, n);
+    key_span queries = {panel_floor(first.begin > 0 ? first.begin : 0),
+                        last.end > 0 ? last.end : 0};
+    return queries;
 }
 
 /* One block of key rows [j0, j0 + rows): dK and dV over every query head of the pass and every
  * visible query block, and each block's dQ contribution (dS K) added into the stripe's sums. Five
- * products per pair of blocks: S^T, dV += P^T dO, dP^T, dK += dS^T Q, dQ += dS K. */
+ * products per pair of blocks: S^T, dP^T, dV += P^T dO, dK += dS^T Q, dQ += dS K.
+ *
+ * The first four run strip by strip of key rows (one strip of all of them where the band hides
+ * nothing), each strip's P and dS made between its products (P stays in s, dS replaces dP, so
+ * that both are there for the row products). Where the band hides part of the tile (a causal
+ * diagonal, a window's edges) the strips are MR rows and each runs over the queries it sees, and
+ * dQ runs strip by strip of MR query rows over the keys each sees, as the forward's products do:
+ * a causal diagonal tile then costs about 60 % of a full one. Columns a strip skips are never
+ * read as P, and its dS there is set to 0, which is what dQ's strips read of them. */
 template <class Storage, class Ops>
 static void key_block_grads(const mfa_cpu_plan* plan, const unit_task& u, int64_t stripe,
                             int64_t j0, const mfa_cpu_backward_tiles& t) {
@@ -170,32 +198,78 @@ static void key_block_grads(const mfa_cpu_plan* plan, const unit_task& u, int64_
              i0 += plan->block_q) {
             const int64_t n = min64(plan->block_q, query_hi - i0);
             const int64_t n_pad = mfa_cpu_round_up(n, NR);
+            const int64_t ld = Ops::units(n_pad);
             const mask_tile_kind mask =
                 mask_tile(plan, seq.batch, h, i0, n, j0, rows, true, t.bias, n_pad, n_pad);
             if (mask == kTileHidden) continue;
-            Ops::gemm(rows, n, du, t.rows, du, q_pack.qt + i0 * du, du * NR, t.s, n_pad, false);
             const probabilities_row_fn probabilities_of =
                 probabilities_row_for(mods, mask == kTileBias);
-            for (int64_t r = 0; r < rows; ++r)
-                probabilities_of(t.s + r * n_pad, n_pad, mods, i0 + seq.diag - (j0 + r),
-                                 t.bias ? t.bias + r * n_pad : t.bias, q_pack.lse + i0,
-                                 queries_of_key(seq, j0 + r, i0, n),
-                                 t.softcap_grad ? t.softcap_grad + r * n_pad : t.softcap_grad);
-            const float* probabilities = Ops::operand(t.s, rows, n_pad, t.operand);
-            Ops::gemm(rows, dv, Ops::units(n), probabilities, Ops::units(n_pad),
-                      q_pack.dout + Ops::units(i0) * NR, row_panels, t.acc_v, dv_pad, true);
-            Ops::gemm(rows, n, dvu, t.rows_out_grad, dvu, q_pack.doutt + i0 * dvu, dvu * NR, t.dp,
-                      n_pad, false);
-            if (t.softcap_grad)
-                softmax_grad_cols<true>(t.s, t.dp, rows, n_pad, q_pack.delta + i0, t.softcap_grad);
-            else
-                softmax_grad_cols<false>(t.s, t.dp, rows, n_pad, q_pack.delta + i0, t.softcap_grad);
-            const float* ds = Ops::operand(t.s, rows, n_pad, t.operand);
-            Ops::gemm(rows, d, Ops::units(n), ds, Ops::units(n_pad), q_pack.q + Ops::units(i0) * NR,
-                      row_panels, t.acc, d_pad, true);
-            const float* ds_t = Ops::operand_at(t.s, rows, n_pad, t.operand);
-            Ops::gemm_at(n, d, Ops::units(rows), ds_t, n_pad, keys, key_panels, dq + i0 * d_pad,
-                         d_pad);
+            const bool banded = mfa_cpu_query_begin(&seq, j0 + rows - 1) > i0 ||
+                                mfa_cpu_query_end(&seq, j0) < i0 + n;
+            const int64_t strip = banded ? MR : rows;
+            for (int64_t r0 = 0; r0 < rows; r0 += strip) {
+                const int64_t count = min64(strip, rows - r0);
+                const key_span span =
+                    banded ? strip_queries(seq, j0 + r0, count, i0, n) : key_span{0, n};
+                /* Columns [first, end) of the strip's rows hold P and dS, 0 outside. */
+                const bool any = span.end > span.begin;
+                const int64_t first = any ? span.begin : 0;
+                const int64_t end = any ? mfa_cpu_round_up(span.end, W) : 0;
+                float* s = t.s + r0 * n_pad;
+                float* ds = t.dp + r0 * n_pad;
+                if (any) {
+                    Ops::gemm(count, span.end - first, du, t.rows + r0 * du, du,
+                              q_pack.qt + (i0 + first) * du, du * NR, s + first, n_pad, false);
+                    Ops::gemm(count, span.end - first, dvu, t.rows_out_grad + r0 * dvu, dvu,
+                              q_pack.doutt + (i0 + first) * dvu, dvu * NR, ds + first, n_pad,
+                              false);
+                }
+                for (int64_t r = r0; r < r0 + count; ++r) {
+                    float* s_row = t.s + r * n_pad;
+                    float* ds_row = t.dp + r * n_pad;
+                    float* softcap_grad =
+                        t.softcap_grad ? t.softcap_grad + r * n_pad + first : t.softcap_grad;
+                    zero_floats(ds_row, first);
+                    zero_floats(ds_row + end, n_pad - end);
+                    if (!any) continue;
+                    const visible_range range = queries_of_key(seq, j0 + r, i0, n);
+                    const visible_range shifted = {range.begin - first, range.end - first};
+                    probabilities_of(s_row + first, end - first, mods,
+                                     i0 + first + seq.diag - (j0 + r),
+                                     t.bias ? t.bias + r * n_pad + first : t.bias,
+                                     q_pack.lse + i0 + first, shifted, softcap_grad);
+                    if (t.softcap_grad)
+                        softmax_grad_row<true>(s_row + first, ds_row + first, end - first,
+                                               q_pack.delta + i0 + first, softcap_grad);
+                    else
+                        softmax_grad_row<false>(s_row + first, ds_row + first, end - first,
+                                                q_pack.delta + i0 + first, softcap_grad);
+                }
+                if (!any) continue;
+                const int64_t u0 = Ops::units(first), depth = Ops::units(span.end) - u0;
+                float* pairs = t.operand + r0 * ld;
+                const float* probabilities = Ops::operand(s, count, n_pad, pairs);
+                Ops::gemm(count, dv, depth, probabilities + u0, ld,
+                          q_pack.dout + Ops::units(i0 + first) * NR, row_panels,
+                          t.acc_v + r0 * dv_pad, dv_pad, true);
+                const float* ds_rows = Ops::operand(ds, count, n_pad, pairs);
+                Ops::gemm(count, d, depth, ds_rows + u0, ld, q_pack.q + Ops::units(i0 + first) * NR,
+                          row_panels, t.acc + r0 * d_pad, d_pad, true);
+            }
+            const float* ds_t = Ops::operand_at(t.dp, rows, n_pad, t.operand);
+            if (!banded) {
+                Ops::gemm_at(n, d, Ops::units(rows), ds_t, n_pad, keys, key_panels, dq + i0 * d_pad,
+                             d_pad);
+                continue;
+            }
+            for (int64_t q0 = 0; q0 < n; q0 += MR) {
+                const key_span seen = strip_keys(seq, i0 + q0, min64(MR, n - q0), j0, rows);
+                if (seen.end <= seen.begin) continue;
+                const int64_t k0 = Ops::units(seen.begin);
+                Ops::gemm_at(min64(MR, n - q0), d, Ops::units(seen.end) - k0,
+                             ds_t + k0 * n_pad + q0, n_pad, keys + k0 * NR, key_panels,
+                             dq + (i0 + q0) * d_pad, d_pad);
+            }
         }
     }
     if (plan->first_member + plan->members < p->group) {
@@ -208,12 +282,19 @@ static void key_block_grads(const mfa_cpu_plan* plan, const unit_task& u, int64_
 }
 
 /* Stripe s of a key/value head: key blocks s, s + stripes, ... (round-robin, so that under a
- * causal mask every stripe gets long and short blocks alike), into its own dQ sums. */
+ * causal mask every stripe gets long and short blocks alike), into its own dQ sums. A unit of one
+ * stripe (mfa_cpu_backward_whole_unit) is packed here first and its dQ stored here at the end. */
 template <class Storage, class Ops>
 static void backward_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
+    const mfa_problem* p = plan->problem;
     const unit_task u = unit_of_task(plan, task);
     const int64_t stripe = u.local, stripes = mfa_cpu_backward_tasks(plan, &u.seq);
-    const int64_t used = u.seq.seq_q * mfa_cpu_round_up(plan->problem->head_dim, NR);
+    const bool whole = mfa_cpu_backward_whole_unit(plan, &u.seq);
+    const int64_t d_pad = mfa_cpu_round_up(p->head_dim, NR);
+    const int64_t used = u.seq.seq_q * d_pad;
+    if (whole)
+        for (int64_t block = 0; block < mfa_cpu_backward_unit_pack_tasks(plan, &u.seq); ++block)
+            pack_unit_block<Storage, Ops>(plan, u, block, slot);
     mfa_cpu_backward_tiles t;
     mfa_cpu_backward_tiles_carve(plan, slot, &t);
     for (int64_t member = 0; member < plan->members; ++member) {
@@ -223,6 +304,13 @@ static void backward_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
     const int64_t k_blocks = mfa_cpu_blocks(u.seq.seq_k, plan->block_k);
     for (int64_t kb = stripe; kb < k_blocks; kb += stripes)
         key_block_grads<Storage, Ops>(plan, u, stripe, kb * plan->block_k, t);
+    if (!whole) return;
+    for (int64_t member = 0; member < plan->members; ++member) {
+        const int64_t h = u.kv.head * p->group + plan->first_member + member;
+        store_rows<Storage>(query_rows(p->dq, plan->elem_size, u.seq, h, 0), u.seq.seq_q,
+                            p->head_dim, mfa_cpu_dq_stripe(plan, u.g_local, 0, member), d_pad,
+                            p->scale);
+    }
 }
 
 /* dQ of one block of query rows: scale times the stripes' sums, added in stripe order (none

@@ -21,7 +21,7 @@ typedef struct mfa_cpu_kernels {
     mfa_cpu_task append;       /* paged caches: one unit's k_new and v_new rows into the caches */
     mfa_cpu_task forward_pack; /* K and V of the chunk's key/value heads */
     mfa_cpu_task forward;      /* blocks of query rows: O and, if requested, lse */
-    mfa_cpu_task backward_pack; /* K, V of the key/value heads; Q, dO, lse, delta =
+    mfa_cpu_task backward_pack; /* K of the key/value heads; Q, dO, lse, delta =
                                    rowsum(dO * O) of the pass's query heads */
     mfa_cpu_task backward;      /* stripes of key blocks: dK, dV, and dQ into the stripe's sums */
     mfa_cpu_task backward_dq;   /* blocks of query rows: the stripes' dQ sums, scaled, stored */
@@ -51,16 +51,10 @@ static inline int64_t mfa_cpu_forward_tasks(const mfa_cpu_plan* plan, const mfa_
     return plan->problem->group * mfa_cpu_blocks(s->seq_q, plan->block_q);
 }
 
-/* K and V are packed in the first pass over a group only; Q and dO in every pass. */
+/* K is packed in the first pass over a group only; Q and dO in every pass. */
 static inline int64_t mfa_cpu_backward_key_pack_tasks(const mfa_cpu_plan* plan,
                                                       const mfa_cpu_sequence* s) {
     return plan->first_member == 0 ? mfa_cpu_pack_blocks(plan, s->seq_k) : 0;
-}
-
-static inline int64_t mfa_cpu_backward_pack_tasks(const mfa_cpu_plan* plan,
-                                                  const mfa_cpu_sequence* s) {
-    return mfa_cpu_backward_key_pack_tasks(plan, s) +
-           plan->members * mfa_cpu_pack_blocks(plan, s->seq_q);
 }
 
 /* The stripes of a unit: no more than it has key blocks. */
@@ -69,9 +63,31 @@ static inline int64_t mfa_cpu_backward_tasks(const mfa_cpu_plan* plan, const mfa
     return blocks < plan->stripes ? blocks : plan->stripes;
 }
 
+/* The packs of a unit, in blocks: K's, then each query head's Q and dO. */
+static inline int64_t mfa_cpu_backward_unit_pack_tasks(const mfa_cpu_plan* plan,
+                                                       const mfa_cpu_sequence* s) {
+    return mfa_cpu_backward_key_pack_tasks(plan, s) +
+           plan->members * mfa_cpu_pack_blocks(plan, s->seq_q);
+}
+
+/* A unit of one stripe runs whole in that stripe's task: its packs, its key blocks, and its dQ
+ * (the stripe's sums are dQ). The pack and dQ passes have no task for it, so a chunk of such
+ * units (many short heads) takes one pass where it would take three, and each unit's packs are
+ * still in cache when its products read them. */
+static inline int mfa_cpu_backward_whole_unit(const mfa_cpu_plan* plan, const mfa_cpu_sequence* s) {
+    return mfa_cpu_backward_tasks(plan, s) == 1;
+}
+
+static inline int64_t mfa_cpu_backward_pack_tasks(const mfa_cpu_plan* plan,
+                                                  const mfa_cpu_sequence* s) {
+    return mfa_cpu_backward_whole_unit(plan, s) ? 0 : mfa_cpu_backward_unit_pack_tasks(plan, s);
+}
+
 static inline int64_t mfa_cpu_backward_dq_tasks(const mfa_cpu_plan* plan,
                                                 const mfa_cpu_sequence* s) {
-    return plan->members * mfa_cpu_blocks(s->seq_q, plan->block_q);
+    return mfa_cpu_backward_whole_unit(plan, s)
+               ? 0
+               : plan->members * mfa_cpu_blocks(s->seq_q, plan->block_q);
 }
 
 /* Decoding: the keys some row of s sees, [first, end), with first rounded down to a decode

@@ -211,11 +211,12 @@ static inline float* mfa_cpu_carve(mfa_cpu_carver* carver, int64_t floats) {
  * p * units(seq_padded) * NR. With operand pairs, unit (u, c) of a panel holds reduction
  * indices 2u (low half) and 2u + 1 (high half) of column c. */
 
+/* The backward reads K and V as rows of the key block it works on (its products' A operands),
+ * so its only panels of them are K's row panels for dQ. */
 typedef struct mfa_cpu_kv_pack {
-    float* kt; /* K, transposed panels (S = Q K^T) */
+    float* kt; /* K, transposed panels (S = Q K^T); forward only */
     float* v;  /* V, row panels (O += P V); forward only */
     float* k;  /* K, row panels (dQ += dS K); backward only */
-    float* vt; /* V, transposed panels (dP = dO V^T); backward only */
 } mfa_cpu_kv_pack;
 
 /* One operand of n padded sequence rows as transposed panels (reduction over its `depth`) or as
@@ -235,10 +236,9 @@ static inline int64_t mfa_cpu_kv_pack_carve(const mfa_cpu_plan* plan, int backwa
     const mfa_problem* p = plan->problem;
     const int64_t n = plan->seq_k_padded, d = p->head_dim, dv = p->head_dim_v;
     mfa_cpu_carver c = {base, 0};
-    pack->kt = mfa_cpu_carve_transposed(&c, plan, d, n);
+    pack->kt = backward ? (float*)0 : mfa_cpu_carve_transposed(&c, plan, d, n);
     pack->v = backward ? (float*)0 : mfa_cpu_carve_row_panels(&c, plan, dv, n);
     pack->k = backward ? mfa_cpu_carve_row_panels(&c, plan, d, n) : (float*)0;
-    pack->vt = backward ? mfa_cpu_carve_transposed(&c, plan, dv, n) : (float*)0;
     return c.used;
 }
 
