@@ -14,6 +14,7 @@
 #include "core/backend.h"
 #include "cpu/convert.h"
 #include "cpu/merge.h"
+#include "cpu/thread_pool.h"
 
 #include "check.h"
 #include "sanitizer.h"
@@ -21,10 +22,16 @@
 
 #include <math.h>
 #include <stdio.h>
+#if defined(__linux__)
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #include <stdlib.h>
 #include <string.h>
 
 #include <algorithm>
+#include <atomic>
 #include <random>
 #include <string>
 #include <thread>
@@ -1262,6 +1269,103 @@ static void test_concurrent_callers(const mfa_backend_ops* ops, void* state) {
               mismatches[(size_t)t]);
 }
 
+#if defined(__linux__)
+/* The CPUs in thread tid's affinity mask (0: the calling thread), or an empty set. */
+static cpu_set_t affinity_of(pid_t tid) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(tid, sizeof set, &set) != 0) CPU_ZERO(&set);
+    return set;
+}
+
+/* Every task of one thread-pool job waits for the others, so that each of the pool's threads
+ * runs exactly one of them, and records the CPU it started on per slot. */
+struct one_task_each {
+    int threads;
+    std::atomic<int> arrived{0};
+    std::vector<int> cpu_of_slot;
+    std::vector<cpu_set_t> affinity_of_slot; /* the thread's affinity as its task started */
+    std::vector<pid_t> thread_of_slot;
+};
+
+static void one_task_each_task(void* context, int64_t, int slot) {
+    one_task_each* job = static_cast<one_task_each*>(context);
+    job->cpu_of_slot[(size_t)slot] = sched_getcpu();
+    job->affinity_of_slot[(size_t)slot] = affinity_of(0);
+    job->thread_of_slot[(size_t)slot] = (pid_t)syscall(SYS_gettid);
+    ++job->arrived;
+    for (int wait = 0; job->arrived.load() < job->threads && wait < 5000; ++wait) usleep(1000);
+}
+
+static void run_one_task_each(mfa_cpu::ThreadPool& pool, one_task_each& job) {
+    job.threads = pool.threads();
+    job.cpu_of_slot.assign((size_t)job.threads, -1);
+    job.affinity_of_slot.resize((size_t)job.threads);
+    job.thread_of_slot.assign((size_t)job.threads, 0);
+    pool.run(job.threads, one_task_each_task, &job);
+}
+
+/* After an idle pause the pool starts a job with its workers kept off the caller's CPU
+ * (thread_pool.h says why) and gives them every CPU back once they run; the caller's affinity is
+ * never changed. The caller is pinned to one CPU of the process's set, then another. */
+static void test_worker_placement() {
+    const cpu_set_t start = affinity_of(0);
+    std::vector<int> cpus;
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
+        if (CPU_ISSET(cpu, &start)) cpus.push_back(cpu);
+    if (cpus.size() < 2) {
+        printf("worker placement: skipped (%zu CPU)\n", cpus.size());
+        return;
+    }
+    const int failures_before = test_failures;
+    {
+        mfa_cpu::ThreadPool pool(3);
+        one_task_each warm_up;
+        run_one_task_each(pool, warm_up); /* every worker has started */
+        for (int cpu : {cpus.front(), cpus.back()}) {
+            cpu_set_t pinned;
+            CPU_ZERO(&pinned);
+            CPU_SET(cpu, &pinned);
+            CHECK(sched_setaffinity(0, sizeof pinned, &pinned) == 0, "pinning the caller to CPU %d",
+                  cpu);
+            usleep(5000); /* an idle pause */
+            one_task_each job;
+            run_one_task_each(pool, job);
+            const std::vector<int>& started = job.cpu_of_slot;
+            const std::vector<cpu_set_t>& affinities = job.affinity_of_slot;
+            const cpu_set_t caller = affinity_of(0);
+            CHECK(CPU_EQUAL(&caller, &pinned), "the job changed the caller's affinity");
+            cpu_set_t held_off = start;
+            CPU_CLR(cpu, &held_off);
+            for (int slot = 0; slot + 1 < pool.threads(); ++slot) {
+                CHECK(CPU_EQUAL(&affinities[(size_t)slot], &held_off),
+                      "worker %d started its task after a pause on %d CPUs, not on the %zu "
+                      "besides the caller's",
+                      slot, CPU_COUNT(&affinities[(size_t)slot]), cpus.size() - 1);
+                CHECK(started[(size_t)slot] >= 0 && started[(size_t)slot] != cpu,
+                      "worker %d ran its first task after a pause on CPU %d, the caller's", slot,
+                      started[(size_t)slot]);
+            }
+            for (int slot = 0; slot + 1 < pool.threads(); ++slot) {
+                /* Each worker widens its affinity again right after its task. */
+                const pid_t tid = job.thread_of_slot[(size_t)slot];
+                cpu_set_t worker = affinity_of(tid);
+                for (int wait = 0; wait < 1000 && !CPU_EQUAL(&worker, &start); ++wait) {
+                    usleep(1000);
+                    worker = affinity_of(tid);
+                }
+                CHECK(CPU_EQUAL(&worker, &start),
+                      "a worker (thread %d) may run on %d CPUs after its task, not on all %zu",
+                      (int)tid, CPU_COUNT(&worker), cpus.size());
+            }
+        }
+    }
+    CHECK(sched_setaffinity(0, sizeof start, &start) == 0, "restoring the caller's affinity");
+    if (test_failures == failures_before)
+        printf("worker placement: workers started off the caller's CPU, %zu CPUs\n", cpus.size());
+}
+#endif
+
 /* Peak virtual memory of the process (VmPeak), in bytes; -1 where /proc is not there. */
 static long long peak_virtual_bytes() {
     FILE* status = fopen("/proc/self/status", "r");
@@ -1371,6 +1475,9 @@ int main(int argc, char** argv) {
 
     unsetenv("MFA_CPU_ISA");
     test_scratch_follows_work(ops);
+#if defined(__linux__)
+    test_worker_placement();
+#endif
 
     setenv("MFA_CPU_ISA", "no-such-isa", 1);
     void* state = nullptr;

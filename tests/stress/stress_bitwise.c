@@ -30,6 +30,10 @@ static const test_problem problems[] = {
      -1, TEST_REVERSED},
     {"f16 decode", MFA_DTYPE_F16, 1, 6, 2, 1, 40, 32, 32, 0, MFA_ALIGN_BOTTOM_RIGHT, -1, -1,
      TEST_BHSD},
+    /* Keys split over the cpu's tasks (4 workers: 4 ranges of 512), merged by the last range to
+     * finish: the same bits whichever task that is. */
+    {"bf16 decode split keys", MFA_DTYPE_BF16, 1, 4, 1, 1, 2048, 32, 32, 0, MFA_ALIGN_BOTTOM_RIGHT,
+     -1, -1, TEST_BHSD},
 };
 #define PROBLEM_COUNT ((int)(sizeof problems / sizeof problems[0]))
 

@@ -333,34 +333,34 @@ mfa_status cpu_decode(cpu_state* state, mfa_cpu_plan* plan, int64_t* prefix) {
     plan->first_kv_head = 0;
     plan->chunk_kv_heads = units;
     plan->key_split_size = decode_split_size(state, plan);
-    aligned_buffer<int64_t> split_prefix;
-    mfa_status status = split_prefix.allocate(units + 1, 1, "decoding task offsets");
-    if (status != MFA_OK) return status;
-    const int64_t tasks = count_tasks(plan, mfa_cpu_decode_tasks, split_prefix.data());
+    const int64_t tasks = count_tasks(plan, mfa_cpu_decode_tasks, prefix);
     int64_t most_splits = 1;
     for (int64_t u = 0; u < units; ++u)
-        most_splits = std::max(most_splits, split_prefix.data()[u + 1] - split_prefix.data()[u]);
+        most_splits = std::max(most_splits, prefix[u + 1] - prefix[u]);
     const int64_t rows = mfa_cpu_decode_rows(plan);
     mfa_cpu_decode_tiles tile_layout;
-    /* The merge task borrows its slot for the split weights and one merged row. */
+    /* The task that merges a unit reuses its slot for the split weights and one merged row. */
     const int64_t slot_floats =
         std::max(mfa_cpu_decode_tiles_carve(plan, nullptr, &tile_layout),
                  mfa_cpu_round_up(most_splits, 16) + mfa_cpu_round_up(problem->head_dim_v, 16));
     float_buffer partials;
+    aligned_buffer<int64_t> splits_done;
     workspace_slots workspace;
-    if (most_splits > 1)
+    mfa_status status = MFA_OK;
+    if (most_splits > 1) {
         status = partials.allocate(rows * mfa_cpu_decode_partial_row_floats(plan), tasks,
                                    "partial decoding states");
+        if (status == MFA_OK) status = splits_done.allocate(units, 1, "decoding split counts");
+        if (status == MFA_OK) std::fill(splits_done.data(), splits_done.data() + units, 0);
+    }
     if (status == MFA_OK) status = workspace.allocate(state, slot_floats, tasks, "decoding tiles");
     if (status == MFA_OK) status = append_new_keys(state, plan, prefix);
     if (status != MFA_OK) return status;
     plan->first_kv_head = 0;
     plan->chunk_kv_heads = units;
     plan->partials = partials.data();
-    plan->split_prefix = split_prefix.data();
+    plan->splits_done = splits_done.data();
     run_pass(state, plan, &workspace, state->kernels->decode, mfa_cpu_decode_tasks, prefix);
-    run_pass(state, plan, &workspace, state->kernels->decode_merge, mfa_cpu_decode_merge_tasks,
-             prefix);
     return MFA_OK;
 }
 

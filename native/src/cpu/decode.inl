@@ -5,9 +5,9 @@
  * byte of K and V is read once per call. Rows are reached through their addresses (a block's
  * rows are gathered first), so dense, packed and paged caches run the same loops. The keys of
  * each unit are split into ranges, one task each, so that a single head's cache still keeps
- * every thread streaming; tasks of a split unit leave partial states that decode_merge_task
- * combines through their log-sum-exps (merge.h). Sinks and an initial state enter the first
- * range's rows only.
+ * every thread streaming; tasks of a split unit leave partial states, and the task that finishes
+ * a unit's last range combines them through their log-sum-exps (decode_merge_unit, merge.h), in
+ * one pool job per call. Sinks and an initial state enter the first range's rows only.
  *
  * A unit of few rows (at most W / 2: one new token per head, small groups) is bandwidth-bound:
  * its scores are dot products (rows of Q against rows of K, reduced across the vector), its
@@ -464,6 +464,33 @@ static inline void decode_split_keys(const mfa_cpu_plan* plan, const mfa_cpu_seq
     *end = min64(first + plan->key_split_size, hi);
 }
 
+/* The key ranges of unit u, tasks first_task .. (their partials), merged into its rows' out and
+ * lse; slot has room for the weights of its ranges and one merged row. */
+template <class Storage>
+static void decode_merge_unit(const mfa_cpu_plan* plan, const unit_task& u, int64_t first_task,
+                              float* slot) {
+    const mfa_problem* p = plan->problem;
+    const mfa_cpu_sequence& seq = u.seq;
+    const int64_t rows = p->group * seq.seq_q, splits = mfa_cpu_decode_tasks(plan, &seq);
+    const int64_t dv = p->head_dim_v;
+    const int64_t row_floats = mfa_cpu_decode_partial_row_floats(plan);
+    const int64_t stride = mfa_cpu_decode_rows(plan) * row_floats;
+    float* weights = slot;
+    float* merged = slot + mfa_cpu_round_up(splits, 16);
+    for (int64_t r = 0; r < rows; ++r) {
+        const float* part =
+            plan->partials + (first_task * mfa_cpu_decode_rows(plan) + r) * row_floats;
+        const float lse = mfa_cpu_merge_weights(part + dv, stride, splits, weights);
+        mfa_cpu_merge_rows(part, stride, splits, weights, dv, merged);
+        const decode_row row = decode_row_of(plan, seq, u.kv.head, r);
+        store_rows<Storage>(query_rows(p->out, plan->elem_size, seq, row.head, row.query), 1, dv,
+                            merged, dv, 1.0f);
+        if (p->lse.data)
+            f32_storage::store(query_rows(p->lse, sizeof(float), seq, row.head, row.query).row(0),
+                               lse);
+    }
+}
+
 template <class Storage>
 static void decode_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
     typedef typename vector_rows<Storage>::read_as Direct;
@@ -672,33 +699,12 @@ static void decode_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
             f32_storage::store(query_rows(p->lse, sizeof(float), seq, row.head, row.query).row(0),
                                lse);
     }
-}
-
-/* The key ranges of one unit merged into its rows' out and lse. */
-template <class Storage>
-static void decode_merge_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
-    const mfa_problem* p = plan->problem;
-    const unit_task u = unit_of_task(plan, task);
-    const mfa_cpu_sequence& seq = u.seq;
-    const int64_t rows = p->group * seq.seq_q, splits = mfa_cpu_decode_tasks(plan, &seq);
-    const int64_t dv = p->head_dim_v;
-    const int64_t row_floats = mfa_cpu_decode_partial_row_floats(plan);
-    const int64_t first_task = plan->split_prefix[u.g_local];
-    const int64_t stride = mfa_cpu_decode_rows(plan) * row_floats;
-    float* weights = slot;
-    float* merged = slot + mfa_cpu_round_up(splits, 16);
-    for (int64_t r = 0; r < rows; ++r) {
-        const float* part =
-            plan->partials + (first_task * mfa_cpu_decode_rows(plan) + r) * row_floats;
-        const float lse = mfa_cpu_merge_weights(part + dv, stride, splits, weights);
-        mfa_cpu_merge_rows(part, stride, splits, weights, dv, merged);
-        const decode_row row = decode_row_of(plan, seq, u.kv.head, r);
-        store_rows<Storage>(query_rows(p->out, plan->elem_size, seq, row.head, row.query), 1, dv,
-                            merged, dv, 1.0f);
-        if (p->lse.data)
-            f32_storage::store(query_rows(p->lse, sizeof(float), seq, row.head, row.query).row(0),
-                               lse);
-    }
+    /* The unit's last range to finish merges them all (its slot is free again). The count's
+     * acquire-release makes every range's partials visible here; the merge reads them in range
+     * order, so the result does not depend on which task came last. */
+    if (splits > 1 &&
+        __atomic_add_fetch(plan->splits_done + u.g_local, 1, __ATOMIC_ACQ_REL) == splits)
+        decode_merge_unit<Storage>(plan, u, task - u.local, slot);
 }
 
 } // namespace

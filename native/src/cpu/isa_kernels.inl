@@ -60,8 +60,6 @@ const mfa_cpu_kernels kernels = {
     for_dtype<backward_dq_task<f32_storage>, backward_dq_task<f16_storage>,
               backward_dq_task<bf16_storage>>,
     for_dtype<decode_task<f32_storage>, decode_task<f16_storage>, decode_task<bf16_storage>>,
-    for_dtype<decode_merge_task<f32_storage>, decode_merge_task<f16_storage>,
-              decode_merge_task<bf16_storage>>,
 };
 
 } // namespace

@@ -25,8 +25,8 @@ typedef struct mfa_cpu_kernels {
                                    rowsum(dO * O) of the pass's query heads */
     mfa_cpu_task backward;      /* stripes of key blocks: dK, dV, and dQ into the stripe's sums */
     mfa_cpu_task backward_dq;   /* blocks of query rows: the stripes' dQ sums, scaled, stored */
-    mfa_cpu_task decode;        /* one key range of one key/value head, all its query rows */
-    mfa_cpu_task decode_merge;  /* one key/value head's key ranges merged into out and lse */
+    mfa_cpu_task decode;        /* one key range of one key/value head, all its query rows; the last
+                            of a head's ranges to finish merges them into out and lse */
 } mfa_cpu_kernels;
 
 /* How many tasks a pass has for one unit (a key/value head of sequence s); the driver sums them
@@ -105,11 +105,6 @@ static inline int64_t mfa_cpu_decode_tasks(const mfa_cpu_plan* plan, const mfa_c
     const int64_t span = mfa_cpu_decode_end_key(s) - mfa_cpu_decode_first_key(s);
     const int64_t splits = mfa_cpu_blocks(span, plan->key_split_size);
     return splits > 1 ? splits : 1;
-}
-
-static inline int64_t mfa_cpu_decode_merge_tasks(const mfa_cpu_plan* plan,
-                                                 const mfa_cpu_sequence* s) {
-    return mfa_cpu_decode_tasks(plan, s) > 1 ? 1 : 0;
 }
 
 const mfa_cpu_kernels* mfa_cpu_kernels_portable(void);

@@ -90,12 +90,12 @@ typedef struct mfa_cpu_plan {
     double* sink_parts;
     /* Decoding (mfa_cpu_decode_*): the keys that some query row of a unit sees, split into
      * ranges of key_split_size keys starting at multiples of it (counted from the first
-     * visible key rounded down to a decode block), each one task; unit u's tasks are
-     * split_prefix[u] .. split_prefix[u + 1] - 1. With more than one, every task leaves its
-     * rows' out and lse in partials (mfa_cpu_decode_partial_row_floats per row, rows_max rows
-     * per task) for the merge. */
+     * visible key rounded down to a decode block), each one task of the pass. With more than
+     * one, every task leaves its rows' out and lse in partials (mfa_cpu_decode_partial_row_floats
+     * per row, rows_max rows per task) and counts itself in its unit's splits_done (one counter
+     * per unit, zero before the pass); the task that completes the count merges the unit. */
     int64_t key_split_size;
-    const int64_t* split_prefix;
+    int64_t* splits_done;
     float* partials;
 } mfa_cpu_plan;
 
