@@ -30,12 +30,16 @@ static const test_problem problems[] = {
      -1, TEST_REVERSED},
     {"f16 decode", MFA_DTYPE_F16, 1, 6, 2, 1, 40, 32, 32, 0, MFA_ALIGN_BOTTOM_RIGHT, -1, -1,
      TEST_BHSD},
-    /* Keys split over the cpu's tasks (4 workers: 4 ranges of 512), merged by the last range to
+    /* Keys split over the cpu's tasks (two ranges of 512), merged by the last range to
      * finish: the same bits whichever task that is. */
-    {"bf16 decode split keys", MFA_DTYPE_BF16, 1, 4, 1, 1, 2048, 32, 32, 0, MFA_ALIGN_BOTTOM_RIGHT,
+    {"bf16 decode split keys", MFA_DTYPE_BF16, 1, 4, 1, 1, 1024, 32, 32, 0, MFA_ALIGN_BOTTOM_RIGHT,
      -1, -1, TEST_BHSD},
 };
 #define PROBLEM_COUNT ((int)(sizeof problems / sizeof problems[0]))
+
+/* Decoding over keys enough to split runs forward only: the split is the forward's alone, and
+ * the simulator's backward of one query row over a thousand keys takes seconds a call. */
+static int forward_only(const test_problem* p) { return p->nq == 1 && p->nk >= 1024; }
 
 typedef struct outputs {
     test_tensor out, lse, dq, dk, dv;
@@ -106,8 +110,8 @@ static void prepare(prepared* x, const test_problem* p) {
         if (!contexts[c]) continue;
         CHECK(run_forward(contexts[c], x, o) == MFA_OK, "%s %s forward: %s", context_names[c],
               p->name, mfa_last_error());
-        CHECK(run_backward(contexts[c], x, o) == MFA_OK, "%s %s backward: %s", context_names[c],
-              p->name, mfa_last_error());
+        CHECK(forward_only(p) || run_backward(contexts[c], x, o) == MFA_OK, "%s %s backward: %s",
+              context_names[c], p->name, mfa_last_error());
         const struct {
             const char* name;
             const test_tensor* got;
@@ -123,7 +127,8 @@ static void prepare(prepared* x, const test_problem* p) {
             {"dv", &o->dv, p->dtype, g.dv, g.dv_mag, n_backward, g.max_score},
         };
         char why[256];
-        for (size_t i = 0; i < sizeof checks / sizeof checks[0]; ++i)
+        const size_t checked = forward_only(p) ? 2 : sizeof checks / sizeof checks[0];
+        for (size_t i = 0; i < checked; ++i)
             CHECK(ref_compare(&checks[i].got->t, checks[i].dtype, checks[i].want,
                               checks[i].magnitude, checks[i].n, checks[i].max_score, why,
                               sizeof why),
@@ -159,7 +164,7 @@ static void* work(void* arg) {
         const int c = (int)(state % CONTEXTS);
         if (!contexts[c]) continue;
         const prepared* x = &prepared_problems[(state >> 8) % PROBLEM_COUNT];
-        const int backward = (state >> 16) % 2;
+        const int backward = !forward_only(x->p) && (state >> 16) % 2;
         outputs o = outputs_make(x->p);
         const mfa_status s =
             backward ? run_backward(contexts[c], x, &o) : run_forward(contexts[c], x, &o);
