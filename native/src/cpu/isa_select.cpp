@@ -58,8 +58,10 @@ bool has_avx512_bf16(void) {
     return has_avx512() && __builtin_cpu_supports("avx512bf16");
 }
 
+#if MFA_CPU_WITH_AMX
 /* AMX-BF16 with the tile data state granted (cpu_features.h). */
 bool has_amx_bf16(void) { return has_avx512_bf16() && mfa_cpu_amx_bf16_granted(); }
+#endif
 
 bool has_avx2(void) {
     __builtin_cpu_init();
@@ -74,7 +76,11 @@ bool has_neon_bf16(void) { return mfa_cpu_arm_bf16(); }
 /* Fastest first. */
 const isa_choice choices[] = {
 #if defined(__x86_64__)
+#if MFA_CPU_WITH_AMX
     {"amxbf16", mfa_cpu_kernels_amx_bf16, has_amx_bf16},
+#else
+    {"amxbf16", nullptr, nullptr}, /* left out of this build (MFA_CPU_AMX=OFF) */
+#endif
     {"avx512bf16", mfa_cpu_kernels_avx512_bf16, has_avx512_bf16},
     {"avx512", mfa_cpu_kernels_avx512, has_avx512},
     {"avx2", mfa_cpu_kernels_avx2, has_avx2},
@@ -91,6 +97,11 @@ mfa_status mfa_cpu_select_kernels(const mfa_cpu_kernels** kernels) {
     if (pinned && *pinned) {
         for (const isa_choice& choice : choices) {
             if (strcmp(choice.name, pinned) != 0) continue;
+            if (!choice.kernels)
+                return mfa_set_error(MFA_ERROR_UNSUPPORTED,
+                                     "MFA_CPU_ISA=%s: this library was built without the %s "
+                                     "kernels (MFA_CPU_AMX=OFF)",
+                                     pinned, choice.name);
             if (!choice.supported())
                 return mfa_set_error(MFA_ERROR_UNSUPPORTED,
                                      "MFA_CPU_ISA=%s: this CPU does not support %s", pinned,
@@ -112,7 +123,7 @@ mfa_status mfa_cpu_select_kernels(const mfa_cpu_kernels** kernels) {
                              "portable");
     }
     for (const isa_choice& choice : choices) {
-        if (choice.supported()) {
+        if (choice.kernels && choice.supported()) {
             *kernels = choice.kernels();
             return MFA_OK;
         }
