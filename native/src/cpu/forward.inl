@@ -174,12 +174,12 @@ static inline bool plain_softmax_row(const float* s, float* p, int64_t n_pad, vi
     if (at < end) top = vmax(top, masked(at));
     const float old_max = *row_max;
     /* false for a max of -inf, +inf or NaN, or one whose exponent overflows. */
-    const bool kept = __builtin_fabsf(old_max * kLog2e) <= 3.4028235e38f &&
+    const bool kept = __builtin_isfinite(old_max * kLog2e) &&
                       !vany(top * vsplat(scale) > vsplat(old_max + kMaxLag));
     if (!kept) {
         const float block_max = scale * hmax(top);
         const float new_max = block_max > old_max ? block_max : old_max;
-        if (!(__builtin_fabsf(new_max * kLog2e) <= 3.4028235e38f)) return false;
+        if (!__builtin_isfinite(new_max * kLog2e)) return false;
         if (old_max == -__builtin_inff() || new_max - old_max > kMaxLag) {
             /* A row whose max was -inf has sum 0 and O 0 (start_row): nothing to rescale. */
             if (old_max != -__builtin_inff()) {
@@ -312,7 +312,7 @@ static void forward_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
      * scale's exponent factor finite (mfa.h only asks that the logits be). */
     const float exponent_scale = p->scale * kLog2e;
     const bool plain_scores =
-        mods.kinds == 0 && p->scale > 0.0f && __builtin_fabsf(exponent_scale) <= 3.4028235e38f;
+        mods.kinds == 0 && p->scale > 0.0f && __builtin_isfinite(exponent_scale);
     const int64_t v_stride = Ops::units(plan->seq_k_padded) * NR;
 
     /* Visible ranges move monotonically with the row, so the block's keys are one interval. */
