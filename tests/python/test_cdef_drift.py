@@ -208,3 +208,27 @@ def test_header_parsing_rejects_what_it_cannot_bind():
         "#endif\nint f(void);\n#ifdef __cplusplus\n}\n#endif\n#endif\n"
     )
     assert kept.split("\n") == ["#define MFA_A 0x10", "int f(void);", ""]
+
+
+def test_packed_arrays_are_the_structs_cffi_fills():
+    # The Python layer packs each mfa_array with struct rather than through cffi's conversion:
+    # both must write the same bytes, for host memory and for a device buffer at an offset.
+    from mfa_native import _attention
+
+    ffi = _library.ffi
+    rows = [
+        (0x7F0012345678, 0, 0, _library.lib.MFA_DTYPE_BF16, (2, 8, 129, 64), (66048, 64, 512, 1)),
+        (0, 0xDEADBEEF0, 4096, _library.lib.MFA_DTYPE_I32, (1, 1, 1, 3), (0, 0, 0, -1)),
+    ]
+    packed = b"".join(
+        _attention._ARRAY.pack(data, buffer, offset, dtype, *shape, *strides)
+        for data, buffer, offset, dtype, shape, strides in rows
+    )
+    filled = ffi.new(
+        "mfa_array[]",
+        [
+            (ffi.cast("void*", data), ffi.cast("void*", buffer), offset, dtype, shape, strides)
+            for data, buffer, offset, dtype, shape, strides in rows
+        ],
+    )
+    assert packed == bytes(ffi.buffer(filled))
