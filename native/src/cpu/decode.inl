@@ -20,8 +20,10 @@
  * adjacent elements are read in place, bf16 widened in registers; on a bf16 dot-product build
  * the products multiply bf16 pairs instead (keys as they lie; in the lanes V interleaved a block
  * at a time as pairs of rows and P rounded to bf16, as the forward pass rounds it); anything else
- * is converted a block at a time into the task's tiles first. Each products pass prefetches the
- * rows the next pass reads (row_prefetch).
+ * is converted a block at a time into the task's tiles first. On the AMX build, bf16 pairs of a
+ * unit of more than W / 4 rows multiply on AMX tiles instead (amx_scores, amx_values; the
+ * softmax stays on the lanes). Each products pass prefetches the rows the next pass reads
+ * (row_prefetch).
  */
 #ifndef MFA_CPU_DECODE_INL
 #define MFA_CPU_DECODE_INL
@@ -441,8 +443,13 @@ static void interleave_value_pairs(const char* const* value, int64_t count, int6
  *     pairs of keys x 16 columns of V as pairs of rows (interleave_value_pairs); C = 16 rows x
  *     16 columns of O, which the tile products keep as rows (not transposed): then V is a B tile
  *     as it is interleaved, and only P (W x 32 pairs a block) is transposed, not V.
- * Each product configures the tiles at its start and releases them at its end, as gemm_amx.inl's
- * do. */
+ * Measured here (Emerald Rapids, KVM guest), a tile load or store costs about as much as a
+ * TDPBF16PS, and a tile load of data that vector stores have just written waits for them to
+ * drain (V's interleaved rows: nearly as long again as the product); so V is interleaved before
+ * the softmax, whose vector work covers the drain. The task configures the tiles once and releases
+ * them before it returns, not per product as gemm_amx.inl does: nothing but the task runs on its
+ * thread in between (another library's tiles can only come between calls), and a configuration
+ * and release per product cost as much as a quarter of a block's tile products. */
 
 /* v[i]'s lane j becomes v[j]'s lane i (16 x 16 units): blocks of h lanes swapped between rows h
  * apart, h = 8, 4, 2, 1. */
@@ -519,7 +526,6 @@ static void amx_scores(const float* qt, const char* const* key, int64_t keys, in
         a[g] = tile_rows(key + g * kTileRows, min64(keys - g * kTileRows, kTileRows), bytes,
                          gathered + g * kTileRows * bytes, stride + g);
     const int64_t lines = ahead->lines_per(groups * steps + 1);
-    configure_tiles();
     if (groups > 0) _tile_zero(0);
     if (groups > 1) _tile_zero(1);
     if (groups > 2) _tile_zero(2);
@@ -542,9 +548,9 @@ static void amx_scores(const float* qt, const char* const* key, int64_t keys, in
     if (groups > 1) _tile_stored(1, s + kTileRows * W, 4 * W);
     if (groups > 2) _tile_stored(2, s + 2 * kTileRows * W, 4 * W);
     if (groups > 3) _tile_stored(3, s + 3 * kTileRows * W, 4 * W);
-    _tile_release();
     ahead->step(ahead->count);
 }
+
 /* O += P V for W rows of O (ldo floats apart, width a multiple of 16) over `steps` steps of 32
  * keys: p as round_pairs_to_rows leaves it (ldp units a row), v as interleave_value_pairs leaves
  * it (ldv units a pair of rows). Four C tiles (64 columns of O) at a time share each A tile. */
@@ -552,7 +558,6 @@ static void amx_values(const float* p, int64_t ldp, const float* v, int64_t ldv,
                        int64_t width, float* o, int64_t ldo, row_prefetch* ahead) {
     const long o_stride = (long)(4 * ldo), v_stride = (long)(4 * ldv);
     const int64_t lines = ahead->lines_per(steps * (width / kTileCols) + 1);
-    configure_tiles();
     for (int64_t x0 = 0; x0 < width; x0 += 4 * kTileCols) {
         const int64_t tiles = min64((width - x0) / kTileCols, 4);
         float* c = o + x0;
@@ -580,7 +585,6 @@ static void amx_values(const float* p, int64_t ldp, const float* v, int64_t ldv,
         if (tiles > 2) _tile_stored(2, c + 2 * kTileCols, o_stride);
         if (tiles > 3) _tile_stored(3, c + 3 * kTileCols, o_stride);
     }
-    _tile_release();
     ahead->step(ahead->count);
 }
 #endif
@@ -682,10 +686,12 @@ static void decode_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
      * as pairs in qt (ld / 2 floats a row, or transposed with the rows in the lanes). */
     const bool pairs = MFA_CPU_BF16_DOT && in_place && Storage::size == 2 &&
                        vector_rows<Storage>::in_place && d % (2 * W) == 0;
-    /* On AMX, bf16 pairs for any unit (at most W rows): both products on tiles (amx_scores,
-     * amx_values), the rows in the lanes for the softmax, O as W rows in t.o. */
+    /* On AMX, bf16 pairs of a unit of more than W / 4 rows (at most W): both products on tiles
+     * (amx_scores, amx_values), the rows in the lanes for the softmax, O as W rows in t.o. A
+     * block's tile work is the same for 1 row as for W; measured on Emerald Rapids, the vector
+     * dot products are faster for 1 and 2 rows, even at 4, and slower from 8 on (16: half). */
 #if MFA_CPU_AMX
-    const bool amx = pairs && rows <= W;
+    const bool amx = pairs && 4 * rows > W && rows <= W;
 #else
     const bool amx = false;
 #endif
@@ -710,6 +716,9 @@ static void decode_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
             t.row_sum[r] = 0.0f;
         }
     }
+#if MFA_CPU_AMX
+    if (amx) configure_tiles();
+#endif
     if (amx)
         for (int64_t x = rows * ldv; x < W * ldv; ++x) t.o[x] = 0.0f;
     else if (lanes)
@@ -775,9 +784,12 @@ static void decode_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
             if (!lanes_in_place) convert_rows<Storage>(key_rows, n, keys.elem_step, d, t.k, ld);
             enum { kLaneKeys = kDecodeAccumulators };
 #if MFA_CPU_AMX
-            if (amx)
+            /* Whole steps of 32 keys on tiles, P and V zero past the block's last key. */
+            const int64_t value_steps = (n + 2 * kTileSteps - 1) / (2 * kTileSteps);
+            if (amx) {
                 amx_scores(t.qt, key_rows, n, d, (char*)t.k, t.s, &values_ahead);
-            else
+                interleave_value_pairs(t.value_rows, n, value_steps * kTileSteps, dv, t.v, ldv);
+            } else
 #endif
 #if MFA_CPU_BF16_DOT
                 if (pairs)
@@ -806,11 +818,8 @@ static void decode_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
             row_prefetch keys_ahead = {next_key_rows, next_n, key_bytes, 0, 0};
 #if MFA_CPU_AMX
             if (amx) {
-                /* Whole steps of 32 keys, P and V zero past the block's last key. */
-                const int64_t steps = (n + 2 * kTileSteps - 1) / (2 * kTileSteps);
                 round_pairs_to_rows(t.s, n, t.p_pairs, bk / 2);
-                interleave_value_pairs(t.value_rows, n, steps * kTileSteps, dv, t.v, ldv);
-                amx_values(t.p_pairs, bk / 2, t.v, ldv, steps, dv, t.o, ldv, &keys_ahead);
+                amx_values(t.p_pairs, bk / 2, t.v, ldv, value_steps, dv, t.o, ldv, &keys_ahead);
             } else
 #endif
 #if MFA_CPU_BF16_DOT
@@ -872,6 +881,9 @@ static void decode_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
         next_key_rows = done;
     }
 
+#if MFA_CPU_AMX
+    if (amx) _tile_release();
+#endif
     if (lanes && !amx) lanes_to_rows(t.o, rows, ldv, o_rows, ldv);
     for (int64_t r = 0; r < rows; ++r) {
         const float lse = finish_row(o_rows + r * ldv, ldv, t.row_max[r], t.row_sum[r]);
