@@ -1003,6 +1003,9 @@ static const PagedCase paged_cases[] = {
      {999, 2100}, 4, 48, -1, 0, true, with(kPlain, 0.0f, 1, false)},
     {"paged decode f32 16 rows, block 40", MFA_DTYPE_F32, 16, 1, 1, 128, 64, {1000, 77}, 1, 40, -1,
      0, true, Modifiers()},
+    /* Pages of 40 keys: the AMX build's groups of 16 keys that cross a page are copied. */
+    {"paged decode bf16 12 rows, block 40, sinks", MFA_DTYPE_BF16, 6, 1, 2, 128, 64, {1000, 333},
+     3, 40, -1, 0, true, with(kPlain, 0.0f, 0, true)},
     {"paged decode f16, no new keys, bool mask + summary", MFA_DTYPE_F16, 2, 1, 3, 16, 16,
      {130, 517, 64}, 0, 8, -1, -1, true, with_mask(kBoolMask, kOneHead, kSummary)},
     {"paged chunked prefill, causal, softcap", MFA_DTYPE_F32, 4, 2, 40, 32, 32, {100, 0, 250}, 40,
@@ -1123,6 +1126,8 @@ static const StateCase state_cases[] = {
      with(kPlain, 0.0f, 0, true)},
     {"initial state f16, decoding", MFA_DTYPE_F16, 2, 2, 1, 3, 900, 320, 16, 16,
      with(with_mask(kBoolMask, kOneBatch, kSummary), 3.0f, 0, false)},
+    {"initial state bf16, decoding with split keys", MFA_DTYPE_BF16, 1, 8, 2, 2, 3000, 1001, 128,
+     64, with(kPlain, 0.0f, 0, true)},
 };
 
 static void run_state_case(const mfa_backend_ops* ops, void* state, const StateCase& c,

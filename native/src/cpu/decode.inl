@@ -20,8 +20,10 @@
  * adjacent elements are read in place, bf16 widened in registers; on a bf16 dot-product build
  * the products multiply bf16 pairs instead (keys as they lie; in the lanes V interleaved a block
  * at a time as pairs of rows and P rounded to bf16, as the forward pass rounds it); anything else
- * is converted a block at a time into the task's tiles first. Each products pass prefetches the
- * rows the next pass reads (row_prefetch).
+ * is converted a block at a time into the task's tiles first. On the AMX build, bf16 pairs of a
+ * unit of more than W / 4 rows multiply on AMX tiles instead (amx_scores, amx_values; the
+ * softmax stays on the lanes). Each products pass prefetches the rows the next pass reads
+ * (row_prefetch).
  */
 #ifndef MFA_CPU_DECODE_INL
 #define MFA_CPU_DECODE_INL
@@ -32,7 +34,9 @@
 #include "cpu/plan.h"
 #include "cpu/scores.inl"
 #include "cpu/simd.inl"
-#if MFA_CPU_BF16_DOT
+#if MFA_CPU_AMX
+#include "cpu/gemm_amx.inl"
+#elif MFA_CPU_BF16_DOT
 #include "cpu/gemm_bf16.inl"
 #endif
 
@@ -327,10 +331,11 @@ static inline lanes_scores_fn lanes_scores_for(int kinds) {
 }
 
 /* online_softmax_row for the W rows in the lanes at once: the scores become probabilities
- * against the new running max, the sums and maxima (W floats each) move on, and O, transposed
- * (ot: `width` vectors of the rows), is rescaled where a row's max moved. */
+ * against the new running max, the sums and maxima (W floats each) move on, and O is rescaled
+ * where a row's max moved: transposed (ldo 0: `width` vectors of the rows at o) for the vector
+ * products, or W rows of ldo floats for the tile products. */
 static void lanes_softmax(float* s, int64_t n, vf block_max, float* row_max, float* row_sum,
-                          float* ot, int64_t width) {
+                          float* o, int64_t width, int64_t ldo) {
     const vf old_max = vload(row_max);
     /* NaN wins, so that it reaches O and lse instead of being skipped. */
     const vf new_max =
@@ -348,8 +353,13 @@ static void lanes_softmax(float* s, int64_t n, vf block_max, float* row_max, flo
     const vf correction = vselect(moved, vexp2((old_max - shift) * log2e), vsplat(1.0f));
     vstore(row_sum, vload(row_sum) * correction + sum);
     vstore(row_max, new_max);
-    if (vany(moved))
-        for (int64_t x = 0; x < width; ++x) vstore(ot + x * W, vload(ot + x * W) * correction);
+    if (!vany(moved)) return;
+    if (ldo == 0)
+        for (int64_t x = 0; x < width; ++x) vstore(o + x * W, vload(o + x * W) * correction);
+    else
+        for (int64_t r = 0; r < W; ++r)
+            for (int64_t x = 0; x < width; x += W)
+                vstore(o + r * ldo + x, vload(o + r * ldo + x) * correction[r]);
 }
 
 template <class Rows>
@@ -398,25 +408,184 @@ static void accumulate_lanes(const float* p, const char* const* value, int64_t c
 }
 
 #if MFA_CPU_BF16_DOT
-/* The block's `count` V rows (bf16, adjacent elements) as pairs of rows: unit k * ld + x of dst
- * holds column x of rows 2k and 2k + 1, the second zero past count; width a multiple of W. */
+/* The block's `count` V rows (bf16, adjacent elements) as pair_rows pairs of rows: unit
+ * k * ld + x of dst holds column x of rows 2k and 2k + 1, zero past count; width a multiple of
+ * W. */
 typedef uint16_t vh_pairs __attribute__((vector_size(MFA_CPU_VECTOR_BYTES)));
 
-static void interleave_value_pairs(const char* const* value, int64_t count, int64_t width,
-                                   float* dst, int64_t ld) {
+static void interleave_value_pairs(const char* const* value, int64_t count, int64_t pair_rows,
+                                   int64_t width, float* dst, int64_t ld) {
 #define MFA_CPU_PAIR(i) i, W + i
-    for (int64_t k = 0; 2 * k < count; ++k) {
-        const char* lo = value[2 * k];
+    for (int64_t k = 0; k < pair_rows; ++k) {
+        const char* lo = 2 * k < count ? value[2 * k] : (const char*)0;
         const char* hi = 2 * k + 1 < count ? value[2 * k + 1] : (const char*)0;
         for (int64_t x = 0; x < width; x += W) {
-            vh a, b = vh{};
-            memcpy(&a, lo + 2 * x, sizeof a);
+            vh a = vh{}, b = vh{};
+            if (lo) memcpy(&a, lo + 2 * x, sizeof a);
             if (hi) memcpy(&b, hi + 2 * x, sizeof b);
             const vh_pairs pairs = __builtin_shufflevector(a, b, MFA_CPU_LANES(MFA_CPU_PAIR));
             memcpy(dst + k * ld + x, &pairs, sizeof pairs);
         }
     }
 #undef MFA_CPU_PAIR
+}
+#endif
+
+#if MFA_CPU_AMX
+/* The products of a unit on AMX tiles (gemm_amx.inl's configuration, every tile 16 rows of 64
+ * bytes), for bf16 K and V read in place, with the rows in the lanes for the softmax as the
+ * vector products have them (lanes_scores, lanes_softmax); rows past the unit's are zero queries:
+ *   scores, S^T = K Q^T: A = 16 keys x 16 pairs of d, the key rows where they lie (a tile row is
+ *     32 elements of one row); B = 16 pairs of d x W rows, a step of qt as the lanes build it
+ *     (unit u * W + r is q_r's pair u: TDPBF16PS's layout for B, a pair per column); C = 16 keys
+ *     x W rows, key-major as lanes_scores reads s.
+ *   O += P V: A = W rows x 16 pairs of keys, P rounded to bf16 (round_pairs_to_rows); B = 16
+ *     pairs of keys x 16 columns of V as pairs of rows (interleave_value_pairs); C = 16 rows x
+ *     16 columns of O, which the tile products keep as rows (not transposed): then V is a B tile
+ *     as it is interleaved, and only P (W x 32 pairs a block) is transposed, not V.
+ * Measured here (Emerald Rapids, KVM guest), a tile load or store costs about as much as a
+ * TDPBF16PS, and a tile load of data that vector stores have just written waits for them to
+ * drain (V's interleaved rows: nearly as long again as the product); so V is interleaved before
+ * the softmax, whose vector work covers the drain. The task configures the tiles once and releases
+ * them before it returns, not per product as gemm_amx.inl does: nothing but the task runs on its
+ * thread in between (another library's tiles can only come between calls), and a configuration
+ * and release per product cost as much as a quarter of a block's tile products. */
+
+/* v[i]'s lane j becomes v[j]'s lane i (16 x 16 units): blocks of h lanes swapped between rows h
+ * apart, h = 8, 4, 2, 1. */
+static inline void transpose_units(__m512i* v) {
+    for (int h = 8; h > 0; h /= 2) {
+        int32_t low[16], high[16];
+        for (int j = 0; j < 16; ++j) {
+            low[j] = (j & h) ? 16 + j - h : j;
+            high[j] = (j & h) ? 16 + j : j + h;
+        }
+        const __m512i to_low = _mm512_loadu_si512(low), to_high = _mm512_loadu_si512(high);
+        for (int i = 0; i < 16; ++i)
+            if (!(i & h)) {
+                const __m512i a = v[i], b = v[i + h];
+                v[i] = _mm512_permutex2var_epi32(a, to_low, b);
+                v[i + h] = _mm512_permutex2var_epi32(a, to_high, b);
+            }
+    }
+}
+
+/* The probabilities s[c * W + r] of keys c < n rounded to bf16 (nearest even, as the forward's
+ * P), as W rows of pairs of keys: unit r * ldp + k holds keys 2k and 2k + 1 of row r, zero from
+ * key n to the end of its step of 32 keys. Rounded a pair of keys per vector, then transposed. */
+static void round_pairs_to_rows(const float* s, int64_t n, float* dst, int64_t ldp) {
+    static_assert(W == 16, "a vector is a row of 16 units");
+    for (int64_t k0 = 0; 2 * k0 < n; k0 += kTileSteps) {
+        __m512i units[16];
+        for (int i = 0; i < 16; ++i) {
+            const int64_t c = 2 * (k0 + i);
+            const __m512 lo = c < n ? _mm512_loadu_ps(s + c * W) : _mm512_setzero_ps();
+            const __m512 hi = c + 1 < n ? _mm512_loadu_ps(s + (c + 1) * W) : _mm512_setzero_ps();
+            units[i] = round_lane_pairs(lo, hi);
+        }
+        transpose_units(units);
+        for (int r = 0; r < W; ++r) _mm512_storeu_si512(dst + r * ldp + k0, units[r]);
+    }
+}
+
+/* An A tile of 16 rows of `bytes` (up to 16 of them at rows[0 .. count)): the rows where they
+ * lie when there are 16 equally spaced ones (dense caches, a page's rows), else copied into
+ * `buffer` with zero rows past count (a block's last keys, a group across pages). */
+static inline const char* tile_rows(const char* const* rows, int64_t count, int64_t bytes,
+                                    char* buffer, long* stride) {
+    if (count == kTileRows) {
+        const intptr_t step = (intptr_t)rows[1] - (intptr_t)rows[0];
+        bool even = true;
+        for (int64_t i = 2; i < kTileRows; ++i)
+            even &= (intptr_t)rows[i] - (intptr_t)rows[i - 1] == step;
+        if (even) {
+            *stride = (long)step;
+            return rows[0];
+        }
+    }
+    for (int64_t i = 0; i < kTileRows; ++i) {
+        if (i < count)
+            memcpy(buffer + i * bytes, rows[i], (size_t)bytes);
+        else
+            memset(buffer + i * bytes, 0, (size_t)bytes);
+    }
+    *stride = (long)bytes;
+    return buffer;
+}
+
+/* s[j * W + r] = q_r . key_j for keys j < `keys` (at most 4 x 16), bf16 rows of depth elements
+ * (a multiple of 32), s written to the end of the last 16-key group. The groups' C tiles share
+ * each step's B tile of queries; `gathered` holds 4 x 16 rows of depth elements. */
+static void amx_scores(const float* qt, const char* const* key, int64_t keys, int64_t depth,
+                       char* gathered, float* s, row_prefetch* ahead) {
+    const int64_t groups = (keys + kTileRows - 1) / kTileRows, steps = depth / (2 * kTileSteps);
+    const int64_t bytes = 2 * depth;
+    const char* a[4];
+    long stride[4];
+    for (int64_t g = 0; g < groups; ++g)
+        a[g] = tile_rows(key + g * kTileRows, min64(keys - g * kTileRows, kTileRows), bytes,
+                         gathered + g * kTileRows * bytes, stride + g);
+    const int64_t lines = ahead->lines_per(groups * steps + 1);
+    if (groups > 0) _tile_zero(0);
+    if (groups > 1) _tile_zero(1);
+    if (groups > 2) _tile_zero(2);
+    if (groups > 3) _tile_zero(3);
+    for (int64_t x = 0; x < steps; ++x) {
+        _tile_loadd(6, qt + x * kTileSteps * W, 4 * W);
+#define MFA_CPU_GROUP(g, tile)                                                                     \
+    if (g < groups) {                                                                              \
+        ahead->spread(lines);                                                                      \
+        _tile_loadd(tile, a[g] + x * 64, stride[g]);                                               \
+        _tile_dpbf16ps(g, tile, 6);                                                                \
+    }
+        MFA_CPU_GROUP(0, 4)
+        MFA_CPU_GROUP(1, 5)
+        MFA_CPU_GROUP(2, 4)
+        MFA_CPU_GROUP(3, 5)
+#undef MFA_CPU_GROUP
+    }
+    if (groups > 0) _tile_stored(0, s, 4 * W);
+    if (groups > 1) _tile_stored(1, s + kTileRows * W, 4 * W);
+    if (groups > 2) _tile_stored(2, s + 2 * kTileRows * W, 4 * W);
+    if (groups > 3) _tile_stored(3, s + 3 * kTileRows * W, 4 * W);
+    ahead->step(ahead->count);
+}
+
+/* O += P V for W rows of O (ldo floats apart, width a multiple of 16) over `steps` steps of 32
+ * keys: p as round_pairs_to_rows leaves it (ldp units a row), v as interleave_value_pairs leaves
+ * it (ldv units a pair of rows). Four C tiles (64 columns of O) at a time share each A tile. */
+static void amx_values(const float* p, int64_t ldp, const float* v, int64_t ldv, int64_t steps,
+                       int64_t width, float* o, int64_t ldo, row_prefetch* ahead) {
+    const long o_stride = (long)(4 * ldo), v_stride = (long)(4 * ldv);
+    const int64_t lines = ahead->lines_per(steps * (width / kTileCols) + 1);
+    for (int64_t x0 = 0; x0 < width; x0 += 4 * kTileCols) {
+        const int64_t tiles = min64((width - x0) / kTileCols, 4);
+        float* c = o + x0;
+        if (tiles > 0) _tile_loadd(0, c, o_stride);
+        if (tiles > 1) _tile_loadd(1, c + kTileCols, o_stride);
+        if (tiles > 2) _tile_loadd(2, c + 2 * kTileCols, o_stride);
+        if (tiles > 3) _tile_loadd(3, c + 3 * kTileCols, o_stride);
+        for (int64_t k = 0; k < steps; ++k) {
+            _tile_loadd(4, p + k * kTileSteps, (long)(4 * ldp));
+            const float* b = v + k * kTileSteps * ldv + x0;
+#define MFA_CPU_COLUMNS(g, tile)                                                                   \
+    if (g < tiles) {                                                                               \
+        ahead->spread(lines);                                                                      \
+        _tile_loadd(tile, b + g * kTileCols, v_stride);                                            \
+        _tile_dpbf16ps(g, 4, tile);                                                                \
+    }
+            MFA_CPU_COLUMNS(0, 6)
+            MFA_CPU_COLUMNS(1, 7)
+            MFA_CPU_COLUMNS(2, 6)
+            MFA_CPU_COLUMNS(3, 7)
+#undef MFA_CPU_COLUMNS
+        }
+        if (tiles > 0) _tile_stored(0, c, o_stride);
+        if (tiles > 1) _tile_stored(1, c + kTileCols, o_stride);
+        if (tiles > 2) _tile_stored(2, c + 2 * kTileCols, o_stride);
+        if (tiles > 3) _tile_stored(3, c + 3 * kTileCols, o_stride);
+    }
+    ahead->step(ahead->count);
 }
 #endif
 
@@ -509,10 +678,28 @@ static void decode_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
 
     mfa_cpu_decode_tiles t;
     mfa_cpu_decode_tiles_carve(plan, slot, &t);
-    /* More than W / 2 rows: the rows in the lanes for the whole block (dot_lanes, lanes_scores,
-     * lanes_softmax, accumulate_lanes), O transposed in t.o; its rows start and end in t.v. */
-    const bool lanes = 2 * rows > W && rows <= W;
-    float* const o_rows = lanes ? t.v : t.o;
+    const strided_rows keys = key_rows(plan, p->k, seq, u.kv.head, 0);
+    const strided_rows values = key_rows(plan, p->v, seq, u.kv.head, 0);
+    const bool in_place = vector_rows<Storage>::in_place && keys.elem_step == es &&
+                          values.elem_step == es && d % W == 0 && dv % W == 0;
+    /* bf16 read in place on a dot-product build: the products multiply bf16 pairs, the queries
+     * as pairs in qt (ld / 2 floats a row, or transposed with the rows in the lanes). */
+    const bool pairs = MFA_CPU_BF16_DOT && in_place && Storage::size == 2 &&
+                       vector_rows<Storage>::in_place && d % (2 * W) == 0;
+    /* On AMX, bf16 pairs of a unit of more than W / 4 rows (at most W): both products on tiles
+     * (amx_scores, amx_values), the rows in the lanes for the softmax, O as W rows in t.o. A
+     * block's tile work is the same for 1 row as for W; measured on Emerald Rapids, the vector
+     * dot products are faster for 1 and 2 rows, even at 4, and slower from 8 on (16: half). */
+#if MFA_CPU_AMX
+    const bool amx = pairs && 4 * rows > W && rows <= W;
+#else
+    const bool amx = false;
+#endif
+    /* Otherwise more than W / 2 rows: the rows in the lanes for the whole block (dot_lanes,
+     * lanes_scores, lanes_softmax, accumulate_lanes), O transposed in t.o; its rows start and end
+     * in t.v. */
+    const bool lanes = amx || (2 * rows > W && rows <= W);
+    float* const o_rows = lanes && !amx ? t.v : t.o;
     score_modifiers mods[mfa_cpu_decode_max_rows];
     for (int64_t r = 0; r < rows; ++r) {
         const decode_row row = decode_row_of(plan, seq, u.kv.head, r);
@@ -529,16 +716,14 @@ static void decode_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
             t.row_sum[r] = 0.0f;
         }
     }
-    if (lanes) rows_to_lanes(o_rows, rows, ldv, ldv, t.o);
+#if MFA_CPU_AMX
+    if (amx) configure_tiles();
+#endif
+    if (amx)
+        for (int64_t x = rows * ldv; x < W * ldv; ++x) t.o[x] = 0.0f;
+    else if (lanes)
+        rows_to_lanes(o_rows, rows, ldv, ldv, t.o);
 
-    const strided_rows keys = key_rows(plan, p->k, seq, u.kv.head, 0);
-    const strided_rows values = key_rows(plan, p->v, seq, u.kv.head, 0);
-    const bool in_place = vector_rows<Storage>::in_place && keys.elem_step == es &&
-                          values.elem_step == es && d % W == 0 && dv % W == 0;
-    /* bf16 read in place on a dot-product build: the products multiply bf16 pairs, the queries
-     * as pairs in qt (ld / 2 floats a row, or transposed with the rows in the lanes). */
-    const bool pairs = MFA_CPU_BF16_DOT && in_place && Storage::size == 2 &&
-                       vector_rows<Storage>::in_place && d % (2 * W) == 0;
     /* In the lanes, qt holds the queries transposed; rows that are neither f32 nor bf16 pairs
      * read in place are converted. */
     const bool lanes_in_place = pairs || (in_place && Storage::size == 4);
@@ -598,8 +783,16 @@ static void decode_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
             row_prefetch values_ahead = {t.value_rows, n, value_bytes, 0, 0};
             if (!lanes_in_place) convert_rows<Storage>(key_rows, n, keys.elem_step, d, t.k, ld);
             enum { kLaneKeys = kDecodeAccumulators };
+#if MFA_CPU_AMX
+            /* Whole steps of 32 keys on tiles, P and V zero past the block's last key. */
+            const int64_t value_steps = (n + 2 * kTileSteps - 1) / (2 * kTileSteps);
+            if (amx) {
+                amx_scores(t.qt, key_rows, n, d, (char*)t.k, t.s, &values_ahead);
+                interleave_value_pairs(t.value_rows, n, value_steps * kTileSteps, dv, t.v, ldv);
+            } else
+#endif
 #if MFA_CPU_BF16_DOT
-            if (pairs)
+                if (pairs)
                 dot_lanes<kLaneKeys, bf16_pair_lanes>(t.qt, key_rows, n, d, t.s, &values_ahead);
             else
 #endif
@@ -621,13 +814,19 @@ static void decode_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
             }
             const vf block_max = lanes_scores_for(mods[0].kinds | (any_bias ? kBias : 0))(
                 t.s, n, lane_mods, distance, t.bias, begin, end, full);
-            lanes_softmax(t.s, n, block_max, t.row_max, t.row_sum, t.o, ldv);
+            lanes_softmax(t.s, n, block_max, t.row_max, t.row_sum, t.o, ldv, amx ? ldv : 0);
             row_prefetch keys_ahead = {next_key_rows, next_n, key_bytes, 0, 0};
+#if MFA_CPU_AMX
+            if (amx) {
+                round_pairs_to_rows(t.s, n, t.p_pairs, bk / 2);
+                amx_values(t.p_pairs, bk / 2, t.v, ldv, value_steps, dv, t.o, ldv, &keys_ahead);
+            } else
+#endif
 #if MFA_CPU_BF16_DOT
-            if (pairs) {
+                if (pairs) {
                 round_pairs_across_rows(t.s, n, W, t.p_pairs);
-                interleave_value_pairs(t.value_rows, n, dv, t.v, ldv);
                 const int64_t pair_rows = (n + 1) / 2;
+                interleave_value_pairs(t.value_rows, n, pair_rows, dv, t.v, ldv);
                 for (int64_t k = 0; k < pair_rows; ++k)
                     t.value_rows[k] = (const char*)(t.v + k * ldv);
                 accumulate_lanes<bf16_pair_lanes>(t.p_pairs, t.value_rows, pair_rows, dv, t.o,
@@ -682,7 +881,10 @@ static void decode_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
         next_key_rows = done;
     }
 
-    if (lanes) lanes_to_rows(t.o, rows, ldv, o_rows, ldv);
+#if MFA_CPU_AMX
+    if (amx) _tile_release();
+#endif
+    if (lanes && !amx) lanes_to_rows(t.o, rows, ldv, o_rows, ldv);
     for (int64_t r = 0; r < rows; ++r) {
         const float lse = finish_row(o_rows + r * ldv, ldv, t.row_max[r], t.row_sum[r]);
         if (splits > 1) {

@@ -144,21 +144,26 @@ static inline void store_bf16_pairs(float* dst, vf lo, vf hi) {
     _mm512_storeu_ps(dst, __builtin_bit_cast(__m512, pairs));
 }
 
+/* Lane r of lo and of hi rounded to bf16 (nearest even) as the pair in lane r. */
+static inline __m512i round_lane_pairs(__m512 lo, __m512 hi) {
+    const __m512i interleave =
+        _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512i halves = __builtin_bit_cast(__m512i, _mm512_cvtne2ps_pbh(hi, lo));
+    return _mm512_permutexvar_epi16(interleave, halves);
+}
+
 /* count f32 rows of ld values (ld a multiple of 16) rounded to bf16 and paired across rows:
  * unit k * ld + r holds value r of rows 2k and 2k + 1 (zero past count). */
 static inline void round_pairs_across_rows(const float* src, int64_t count, int64_t ld,
                                            float* dst) {
-    const __m512i interleave =
-        _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
-                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     for (int64_t k = 0; 2 * k < count; ++k) {
         const float* lo = src + 2 * k * ld;
         const bool odd = 2 * k + 1 < count;
         for (int64_t r = 0; r < ld; r += 16) {
             const __m512 a = _mm512_loadu_ps(lo + r);
             const __m512 b = odd ? _mm512_loadu_ps(lo + ld + r) : _mm512_setzero_ps();
-            const __m512i halves = __builtin_bit_cast(__m512i, _mm512_cvtne2ps_pbh(b, a));
-            _mm512_storeu_si512(dst + k * ld + r, _mm512_permutexvar_epi16(interleave, halves));
+            _mm512_storeu_si512(dst + k * ld + r, round_lane_pairs(a, b));
         }
     }
 }
