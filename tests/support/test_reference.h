@@ -17,6 +17,8 @@
 #include "mfa.h"
 #include "test_util.h"
 
+TEST_ORACLE_BEGIN
+
 typedef struct ref_problem {
     int64_t batch, heads_q, heads_kv, seq_q, seq_k, head_dim, head_dim_v;
     double scale; /* already resolved: never 0 */
@@ -443,5 +445,7 @@ static int ref_compare_merge(const mfa_tensor* out, const mfa_tensor* lse, const
             }
     return 1;
 }
+
+TEST_ORACLE_END
 
 #endif
