@@ -169,9 +169,14 @@ static inline bool plain_softmax_row(const float* s, float* p, int64_t n_pad, vi
         top = masked(at);
         at += W;
     }
-    for (const int64_t whole_end = any ? range.end / W * W : 0; at < whole_end; at += W)
-        top = vmax(top, vload(s + at));
-    if (at < end) top = vmax(top, masked(at));
+    /* Four running maxima: one would wait out the max's latency on every vector. */
+    const int64_t whole_end = any ? range.end / W * W : 0;
+    vf tops[4] = {top, hidden, hidden, hidden};
+    for (; at + 4 * W <= whole_end; at += 4 * W)
+        for (int u = 0; u < 4; ++u) tops[u] = vmax(tops[u], vload(s + at + u * W));
+    for (; at < whole_end; at += W) tops[0] = vmax(tops[0], vload(s + at));
+    if (at < end) tops[0] = vmax(tops[0], masked(at));
+    top = vmax(vmax(tops[0], tops[1]), vmax(tops[2], tops[3]));
     const float old_max = *row_max;
     /* false for a max of -inf, +inf or NaN, or one whose exponent overflows. */
     const bool kept = __builtin_isfinite(old_max * kLog2e) &&
