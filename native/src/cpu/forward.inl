@@ -283,6 +283,20 @@ static inline key_span strip_keys(const mfa_cpu_sequence& seq, int64_t i, int64_
     return keys;
 }
 
+/* Keys of the forward block of rows [i0, i0 + rows) at j0 (j0 < key_hi): block_k of them, or
+ * up to wide_block_k (whole multiples of block_k, or the rest of the keys) where every row sees
+ * all of them; wide_block_k is block_k where a mask applies. */
+static inline int64_t forward_block_keys(const mfa_cpu_plan* plan, const mfa_cpu_sequence& seq,
+                                         int64_t i0, int64_t rows, int64_t j0, int64_t key_hi) {
+    const int64_t n = min64(plan->block_k, key_hi - j0);
+    if (plan->wide_block_k == plan->block_k || mfa_cpu_key_begin(&seq, i0 + rows - 1) > j0)
+        return n;
+    const int64_t seen = min64(mfa_cpu_key_end(&seq, i0), key_hi) - j0;
+    int64_t wide = min64(plan->wide_block_k, seen);
+    if (j0 + wide < key_hi) wide = wide / plan->block_k * plan->block_k;
+    return wide > n ? wide : n;
+}
+
 template <class Storage, class Ops>
 static void forward_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
     const mfa_problem* p = plan->problem;
@@ -322,8 +336,8 @@ static void forward_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
 
     /* Visible ranges move monotonically with the row, so the block's keys are one interval. */
     const int64_t key_hi = mfa_cpu_key_end(&seq, i0 + rows - 1);
-    for (int64_t j0 = panel_floor(mfa_cpu_key_begin(&seq, i0)); j0 < key_hi; j0 += plan->block_k) {
-        const int64_t n = min64(plan->block_k, key_hi - j0);
+    for (int64_t j0 = panel_floor(mfa_cpu_key_begin(&seq, i0)), n = 0; j0 < key_hi; j0 += n) {
+        n = forward_block_keys(plan, seq, i0, rows, j0, key_hi);
         const int64_t n_pad = mfa_cpu_round_up(n, NR);
         const mask_tile_kind mask =
             mask_tile(plan, b, h, i0, rows, j0, n, false, t.bias, n_pad, n_pad);

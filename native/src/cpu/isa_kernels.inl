@@ -42,10 +42,21 @@ static void for_dtype(const mfa_cpu_plan* plan, int64_t task, float* slot) {
     }
 }
 
+/* On AMX tiles, a P V product loads and stores O's tiles once per block of keys: on Emerald
+ * Rapids they cost about as much as the products of 128 keys, so blocks that no mask or band
+ * cuts run 512 keys at a time. Everywhere else the products hold O in registers, and longer
+ * blocks gained nothing measurable. */
+#if MFA_CPU_AMX
+static const int64_t kWideBlockK = 512;
+#else
+static const int64_t kWideBlockK = 0;
+#endif
+
 const mfa_cpu_kernels kernels = {
     MFA_CPU_ISA_NAME,
     NR,
     MFA_CPU_BF16_DOT,
+    kWideBlockK,
     append_task,
     for_dtype<forward_pack_task<f32_storage, f32_operands>,
               forward_pack_task<f16_storage, f32_operands>,

@@ -18,6 +18,8 @@ typedef struct mfa_cpu_kernels {
     const char* isa_name;      /* "AVX-512 + BF16", "AVX-512", "AVX2", "NEON", "SSE2", "portable" */
     int64_t panel_width;       /* units per packed panel: the micro-kernel's register width */
     int bf16_pairs;            /* bf16 problems run on bf16 operand pairs (plan.h operand_pairs) */
+    int64_t wide_block_k;      /* keys of a bf16 forward block that no mask or band cuts
+                                  (plan.h wide_block_k); 0: plain blocks only */
     mfa_cpu_task append;       /* paged caches: one unit's k_new and v_new rows into the caches */
     mfa_cpu_task forward_pack; /* K and V of the chunk's key/value heads */
     mfa_cpu_task forward;      /* blocks of query rows: O and, if requested, lse */

@@ -55,6 +55,9 @@ typedef struct mfa_cpu_plan {
      * the padded sequence they walk, so that tiles are sized by the work. */
     int64_t block_q;
     int64_t block_k;
+    /* The forward's longest block of keys, for keys that every row of a query block sees with
+     * no mask: a multiple of block_k, at least block_k (forward_block_keys). */
+    int64_t wide_block_k;
     /* Rows converted by one pack task. */
     int64_t pack_rows;
     /* The chunk: units (key/value heads of sequences) [first_kv_head, first_kv_head +
@@ -307,7 +310,7 @@ typedef struct mfa_cpu_forward_tiles {
 static inline int64_t mfa_cpu_forward_tiles_carve(const mfa_cpu_plan* plan, float* base,
                                                   mfa_cpu_forward_tiles* tiles) {
     const mfa_problem* p = plan->problem;
-    const int64_t bq = plan->block_q, bk = plan->block_k;
+    const int64_t bq = plan->block_q, bk = plan->wide_block_k;
     const int64_t dv = mfa_cpu_round_up(p->head_dim_v, plan->panel_width);
     mfa_cpu_carver c = {base, 0};
     tiles->q = mfa_cpu_carve(&c, bq * mfa_cpu_units(plan, p->head_dim));
