@@ -18,6 +18,9 @@ from _backends import (
 CASES = _cases.CASES + [
     Case(1000, 1000, 64, 32, causal=True),
     Case(129, 1000, 256, 192, window=(100, 100)),
+    # bf16 key blocks that several blocks of queries see: all of them, and under a causal band.
+    Case(600, 257, 64, 48, dtype="bf16"),
+    Case(700, 640, 64, 64, causal=True, dtype="bf16"),
 ]
 
 # With the case added here, the simulator's head dimensions fall into every row of the planner's
