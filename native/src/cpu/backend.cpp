@@ -155,9 +155,8 @@ mfa_status make_plan(const cpu_state* state, const mfa_problem* p, mfa_cpu_plan*
     plan.seq_k_padded = mfa_cpu_round_up(plan.seq_k_max, nr);
     plan.block_q = std::max(std::min(kBlockQ, plan.seq_q_padded), nr);
     plan.block_k = std::max(std::min(kBlockK, plan.seq_k_padded), nr);
-    const int64_t wide = plan.operand_pairs && !mfa_view_present(&p->mask)
-                             ? state->kernels->wide_block_k
-                             : 0;
+    const int64_t wide =
+        plan.operand_pairs && !mfa_view_present(&p->mask) ? state->kernels->wide_block_k : 0;
     plan.wide_block_k =
         plan.block_k < kBlockK
             ? plan.block_k

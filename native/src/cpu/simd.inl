@@ -14,7 +14,7 @@
 
 #include <stdint.h>
 #include <string.h>
-#if (MFA_CPU_VECTOR_BYTES == 64 && defined(__AVX512F__)) || \
+#if (MFA_CPU_VECTOR_BYTES == 64 && defined(__AVX512F__)) ||                                        \
     (MFA_CPU_VECTOR_BYTES == 32 && defined(__AVX__))
 #include <immintrin.h>
 #endif
