@@ -5,6 +5,7 @@ and memory: test_bench_timing.py; the roof probes: test_bench_roof.py.)"""
 
 import io
 import json
+import shutil
 import subprocess
 import sys
 import types
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 from _errors import raises
 from mfa_native import MFAError, bench
+from mfa_native._library import library_path
 from mfa_native.bench import cli, peers, report, timing
 from mfa_native.bench.cases import GRIDS, Case, cases
 
@@ -74,6 +76,27 @@ def test_runs_end_to_end_and_agrees_with_numpy(tmp_path, backend):
     assert "GINSTRS" in stdout and "busy" in stdout and "GPU ms" not in stdout
     assert " !" not in stdout
     assert document["roofs"] == {} and "roof" not in document["rows"][0]["results"]["mfa"]
+
+
+def test_another_build_is_timed_beside_mfa_through_its_c_abi(tmp_path):
+    # A copy of this libmfa is a library of its own to the loader, as a baseline build is.
+    copy = tmp_path / f"baseline-{library_path.name}"
+    shutil.copyfile(library_path, copy)
+    stdout, document = _run_bench(tmp_path, "--build", str(copy), "--dtypes", "f32", "bf16")
+    assert f"build {copy} (libmfa {mfa_native.__version__})" in stdout
+    assert "build ms" in stdout and "x build" in stdout
+    assert len(document["rows"]) == 12
+    for row in document["rows"]:
+        build = row["results"]["build"]
+        # The same kernels on the same arrays: the same results, bit for bit.
+        assert build["max_relative_difference_to_mfa"] == 0.0 and not build["disagrees"]
+        assert build["ms"] > 0 and build["speedup_of_mfa"] > 0
+
+
+def test_a_build_that_cannot_be_loaded_is_a_clear_error(tmp_path, capsys):
+    missing = tmp_path / "libmfa-missing.so"
+    assert bench.main(["--build", str(missing), "--no-roof", "--no-memory-check"]) == 2
+    assert f"bench: --build {missing}: " in capsys.readouterr().err
 
 
 def test_decode_runs_forward_only_against_the_bandwidth_roof(tmp_path):

@@ -152,6 +152,10 @@ peak extra MiB
 ``--memory-check`` (on by default for cpu) also runs mfa alone at the project's memory targets:
 float32, B=1, H=8, N=16384, D=64, forward (< 64 MB extra) and forward + backward (< 128 MB).
 
+``--build LIBRARY`` adds the peer "build": another libmfa (a baseline build's shared library)
+loaded beside mfa_native's and called through the C ABI on the same arrays, so that a change
+is measured against its baseline in one run, interleaved call by call; the grids' cases only.
+
 Results go to a table on stdout, to JSON with ``--json`` and to a PNG of speed (from wall
 time) against N with ``--plot`` when matplotlib is installed. Timing numbers on shared
 machines are noisy: compare peers within one run.

@@ -9,7 +9,7 @@ import time
 import mfa_native
 from mfa_native.bench import cases as grids
 from mfa_native.bench import features, report, roof, timing
-from mfa_native.bench.peers import FACTORIES, MfaPeer, cpu_count, inputs, make_peers
+from mfa_native.bench.peers import FACTORIES, BuildPeer, MfaPeer, cpu_count, inputs, make_peers
 
 __all__ = ["main", "DEFAULTS"]
 
@@ -188,6 +188,13 @@ def _parser():
         ),
     )
     parser.add_argument(
+        "--build",
+        metavar="LIBRARY",
+        help="also time another libmfa build (the path of its shared library) as the peer "
+        "'build', through its C ABI in this process: a change against its baseline, "
+        "interleaved call by call (grids only; the studies time mfa_native's library alone)",
+    )
+    parser.add_argument(
         "--memory",
         action=argparse.BooleanOptionalAction,
         help="measure every row's peak extra memory (default: on, off with --quick)",
@@ -338,6 +345,12 @@ def main(argv=None):
     threads = arguments.threads or cpu_count()
     others = [name for name in dict.fromkeys(arguments.peers) if name != "mfa"]
     peers = [mfa] + make_peers(others, mfa.backend, threads, naive_max_seq=arguments.naive_max_seq)
+    if arguments.build:
+        try:
+            peers.append(BuildPeer(arguments.build, mfa.backend, threads))
+        except (ValueError, RuntimeError) as error:
+            print(f"bench: {error}", file=sys.stderr)
+            return 2
     model = report.cpu_model()
     print(
         f"{mfa.label} on {mfa.context.device_name}; {model or 'CPU model unknown'} "

@@ -16,7 +16,16 @@ import numpy as np
 import mfa_native
 from mfa_native.bench import naive
 
-__all__ = ["Peer", "MfaPeer", "TorchPeer", "MlxPeer", "NumpyPeer", "FACTORIES", "make_peers"]
+__all__ = [
+    "Peer",
+    "MfaPeer",
+    "BuildPeer",
+    "TorchPeer",
+    "MlxPeer",
+    "NumpyPeer",
+    "FACTORIES",
+    "make_peers",
+]
 
 
 def cpu_count():
@@ -163,6 +172,104 @@ class MfaPeer(Peer):
             gradients = mfa_native.attention_backward(dout, q, k, v, out, lse, **options)
             self._add_gpu_time()
             return gradients
+
+        return {"fwd": forward, "fwd+bwd": forward_backward}
+
+
+class BuildPeer(Peer):
+    """mfa as another libmfa build runs it: the library at ``path`` loaded beside mfa_native's
+    own and called through its C ABI (mfa_attention_forward, mfa_attention_backward) on the
+    same host arrays, so that a change is timed against its baseline build in one process,
+    interleaved with it call by call (``--build``)."""
+
+    name = "build"
+
+    def __init__(self, path, backend, threads):
+        from mfa_native._library import ffi
+
+        self._ffi = ffi
+        self.path = path
+        # Its own symbols first (RTLD_DEEPBIND, glibc): the library's calls between its exported
+        # functions must not reach mfa_native's copy of them.
+        flags = ffi.RTLD_NOW | ffi.RTLD_LOCAL | getattr(ffi, "RTLD_DEEPBIND", 0)
+        try:
+            self.lib = ffi.dlopen(path, flags)
+        except OSError as error:
+            raise ValueError(f"--build {path}: {error}") from None
+        options = ffi.new("mfa_context_options*")
+        self.lib.mfa_context_options_init(options)
+        options.num_threads = threads
+        backends = {
+            "cpu": self.lib.MFA_BACKEND_CPU,
+            "metal": self.lib.MFA_BACKEND_METAL,
+            "metal-sim": self.lib.MFA_BACKEND_METAL_SIM,
+        }
+        handle = ffi.new("mfa_context**")
+        self._check(self.lib.mfa_context_create(backends[backend], options, handle))
+        self.context = ffi.gc(handle[0], self.lib.mfa_context_destroy)
+        self.version = ffi.string(self.lib.mfa_version_string()).decode()
+
+    @property
+    def label(self):
+        return f"build {self.path} (libmfa {self.version})"
+
+    def _check(self, status):
+        if status != self.lib.MFA_OK:
+            ffi = self._ffi
+            raise RuntimeError(
+                f"{self.path}: {ffi.string(self.lib.mfa_status_string(status)).decode()}: "
+                f"{ffi.string(self.lib.mfa_last_error()).decode()}"
+            )
+
+    def _tensor(self, array):
+        """An mfa_tensor over a numpy array of rank 4 (elements, not bytes, for strides)."""
+        dtypes = {
+            np.dtype(np.float32): self.lib.MFA_DTYPE_F32,
+            np.dtype(np.float16): self.lib.MFA_DTYPE_F16,
+            np.dtype(numpy_dtype("bf16")): self.lib.MFA_DTYPE_BF16,
+        }
+        tensor = self._ffi.new("mfa_tensor*")
+        tensor.data = self._ffi.cast("void*", array.ctypes.data)
+        tensor.dtype = dtypes[array.dtype]
+        tensor.shape = list(array.shape)
+        tensor.strides = [stride // array.itemsize for stride in array.strides]
+        return tensor
+
+    def prepare(self, case, q, k, v, dout):
+        lib = self.lib
+        params = self._ffi.new("mfa_attention_params*")
+        lib.mfa_attention_params_init(params)
+        params.causal = int(case.causal)
+        params.alignment = lib.MFA_ALIGN_TOP_LEFT  # as MfaPeer calls mfa_native
+        if case.window is not None:
+            left, right = case.window
+            params.window_left = -1 if left is None else left
+            params.window_right = -1 if right is None else right
+        out = np.empty((*q.shape[:-1], v.shape[-1]), q.dtype)
+        lse = np.empty((*q.shape[:-1], 1), np.float32)
+        grads = [np.empty_like(array) for array in (q, k, v)]
+        tq, tk, tv, tout, tlse = (self._tensor(array) for array in (q, k, v, out, lse))
+        # The tensors hold the arrays' addresses only: the calls keep the arrays alive.
+        arrays = (q, k, v, dout, out, lse, grads)
+
+        def forward():
+            self._check(lib.mfa_attention_forward(self.context, params, tq, tk, tv, tout, tlse))
+            assert arrays
+            return out
+
+        if dout is None:
+            return {"fwd": forward}
+        tdout = self._tensor(dout)
+        tdq, tdk, tdv = (self._tensor(array) for array in grads)
+
+        def forward_backward():
+            forward()
+            self._check(
+                lib.mfa_attention_backward(
+                    self.context, params, tq, tk, tv, tout, tdout, tlse, tdq, tdk, tdv
+                )
+            )
+            return grads
 
         return {"fwd": forward, "fwd+bwd": forward_backward}
 
