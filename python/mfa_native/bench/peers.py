@@ -189,11 +189,10 @@ class BuildPeer(Peer):
 
         self._ffi = ffi
         self.path = path
-        # Its own symbols first (RTLD_DEEPBIND, glibc): the library's calls between its exported
-        # functions must not reach mfa_native's copy of them.
-        flags = ffi.RTLD_NOW | ffi.RTLD_LOCAL | getattr(ffi, "RTLD_DEEPBIND", 0)
+        # Local, as mfa_native loads its own: neither library's symbols can then stand in for
+        # the other's in its calls between its own exported functions.
         try:
-            self.lib = ffi.dlopen(path, flags)
+            self.lib = ffi.dlopen(path, ffi.RTLD_NOW | ffi.RTLD_LOCAL)
         except OSError as error:
             raise ValueError(f"--build {path}: {error}") from None
         options = ffi.new("mfa_context_options*")
@@ -249,12 +248,10 @@ class BuildPeer(Peer):
         lse = np.empty((*q.shape[:-1], 1), np.float32)
         grads = [np.empty_like(array) for array in (q, k, v)]
         tq, tk, tv, tout, tlse = (self._tensor(array) for array in (q, k, v, out, lse))
-        # The tensors hold the arrays' addresses only: the calls keep the arrays alive.
-        arrays = (q, k, v, dout, out, lse, grads)
 
-        def forward():
+        # The tensors hold the arrays' addresses only: the function keeps the arrays alive.
+        def forward(arrays=(q, k, v, dout, out, lse, grads)):
             self._check(lib.mfa_attention_forward(self.context, params, tq, tk, tv, tout, tlse))
-            assert arrays
             return out
 
         if dout is None:
