@@ -980,14 +980,18 @@ static void run_attention(reader* r, bool backward, bool compute) {
     if (compute) compute_outcome(&c, &caps, &expected, &unrunnable);
 
     /* Runnable: every tensor lies inside memory we own, holding values of its own dtype, and
-     * (backward) out and lse are the ones the reference forward pass fills in. */
+     * (backward) out and lse are the ones the reference forward pass fills in, in memory of
+     * their own that no other tensor lives in: that pass writes them after the inputs are
+     * filled, and would change an input aliased onto them under the library's feet. */
     bool backed = true;
     for (int i = 0; i < (backward ? ROLES : DOUT); ++i) {
         const fuzz_tensor* f = &c.tensors[i];
         if (!f->present) continue;
+        const bool forward_result = i == OUT || i == LSE;
         if (f->lives_in < 0 || !spans_inside(f, &c.tensors[f->lives_in].own) ||
             c.tensors[f->lives_in].t.dtype != f->t.dtype ||
-            (backward && (i == OUT || i == LSE) && f->lives_in != i))
+            (backward && forward_result && f->lives_in != i) ||
+            (backward && !forward_result && (f->lives_in == OUT || f->lives_in == LSE)))
             backed = false;
     }
     const mfa_tensor* q = &c.tensors[Q].t;
