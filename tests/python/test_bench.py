@@ -82,10 +82,10 @@ def test_another_build_is_timed_beside_mfa_through_its_c_abi(tmp_path):
     # A copy of this libmfa is a library of its own to the loader, as a baseline build is.
     copy = tmp_path / f"baseline-{library_path.name}"
     shutil.copyfile(library_path, copy)
-    stdout, document = _run_bench(tmp_path, "--build", str(copy), "--dtypes", "f32", "bf16")
+    stdout, document = _run_bench(tmp_path, "--build", str(copy), "--dtypes", "bf16", "--no-memory")
     assert f"build {copy} (libmfa {mfa_native.__version__})" in stdout
     assert "build ms" in stdout and "x build" in stdout
-    assert len(document["rows"]) == 12
+    assert len(document["rows"]) == 6
     for row in document["rows"]:
         build = row["results"]["build"]
         # The same kernels on the same arrays: the same results, bit for bit.
