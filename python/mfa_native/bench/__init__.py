@@ -155,6 +155,8 @@ float32, B=1, H=8, N=16384, D=64, forward (< 64 MB extra) and forward + backward
 ``--build LIBRARY`` adds the peer "build": another libmfa (a baseline build's shared library)
 loaded beside mfa_native's and called through the C ABI on the same arrays, so that a change
 is measured against its baseline in one run, interleaved call by call; the grids' cases only.
+Its calls skip mfa_native's Python layer (some 30-50 us each): on calls of a few milliseconds
+that favours the build by a few percent, which a run against a copy of the same library shows.
 
 Results go to a table on stdout, to JSON with ``--json`` and to a PNG of speed (from wall
 time) against N with ``--plot`` when matplotlib is installed. Timing numbers on shared
