@@ -187,9 +187,12 @@ class BuildPeer(Peer):
     name = "build"
 
     def __init__(self, path, backend, threads):
+        from mfa_native._context import _BACKENDS, DTYPES
         from mfa_native._library import ffi
 
         self._ffi = ffi
+        # The enums' values are the C ABI's, the same in every build.
+        self._dtypes = DTYPES
         self.path = path
         # Local, as mfa_native loads its own: neither library's symbols can then stand in for
         # the other's in its calls between its own exported functions.
@@ -200,13 +203,8 @@ class BuildPeer(Peer):
         options = ffi.new("mfa_context_options*")
         self.lib.mfa_context_options_init(options)
         options.num_threads = threads
-        backends = {
-            "cpu": self.lib.MFA_BACKEND_CPU,
-            "metal": self.lib.MFA_BACKEND_METAL,
-            "metal-sim": self.lib.MFA_BACKEND_METAL_SIM,
-        }
         handle = ffi.new("mfa_context**")
-        self._check(self.lib.mfa_context_create(backends[backend], options, handle))
+        self._check(self.lib.mfa_context_create(_BACKENDS[backend], options, handle))
         self.context = ffi.gc(handle[0], self.lib.mfa_context_destroy)
         self.version = ffi.string(self.lib.mfa_version_string()).decode()
 
@@ -224,14 +222,9 @@ class BuildPeer(Peer):
 
     def _tensor(self, array):
         """An mfa_tensor over a numpy array of rank 4 (elements, not bytes, for strides)."""
-        dtypes = {
-            np.dtype(np.float32): self.lib.MFA_DTYPE_F32,
-            np.dtype(np.float16): self.lib.MFA_DTYPE_F16,
-            np.dtype(numpy_dtype("bf16")): self.lib.MFA_DTYPE_BF16,
-        }
         tensor = self._ffi.new("mfa_tensor*")
         tensor.data = self._ffi.cast("void*", array.ctypes.data)
-        tensor.dtype = dtypes[array.dtype]
+        tensor.dtype = self._dtypes[array.dtype]
         tensor.shape = list(array.shape)
         tensor.strides = [stride // array.itemsize for stride in array.strides]
         return tensor
