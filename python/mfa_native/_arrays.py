@@ -27,10 +27,9 @@ import struct
 import sys
 
 import cffi
-import ml_dtypes
 import numpy as np
 
-from ._context import DTYPES
+from ._context import bfloat16, is_storage_dtype
 from ._device import DeviceArray
 
 __all__ = [
@@ -124,15 +123,15 @@ _capsule_name = ctypes.pythonapi.PyCapsule_GetName
 _capsule_name.restype = ctypes.c_char_p
 _capsule_name.argtypes = (ctypes.py_object,)
 
-_F32, _F16, _BF16 = np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)
+_F32, _F16 = np.dtype(np.float32), np.dtype(np.float16)
 BOOL, INT32, UINT8 = np.dtype(np.bool_), np.dtype(np.int32), np.dtype(np.uint8)
+_DLPACK_BFLOAT16 = (4, 16, 1)
 # (DLDataTypeCode, bits, lanes) -> numpy dtype: the dtypes libmfa reads (storage dtypes, masks,
-# integer arrays, mask summaries), and a few others so that their rejection names them as numpy
-# does.
+# integer arrays, mask summaries; bfloat16, _DLPACK_BFLOAT16, is bfloat16()'s), and a few others
+# so that their rejection names them as numpy does.
 _DLPACK_DTYPES = {
     (2, 32, 1): _F32,
     (2, 16, 1): _F16,
-    (4, 16, 1): _BF16,
     (6, 8, 1): BOOL,
     (0, 32, 1): INT32,
     (1, 8, 1): UINT8,
@@ -207,18 +206,25 @@ def _type_error(name, array):
     )
 
 
+_STORAGE_NAMES = ("float32", "float16", "bfloat16")
+
+
 def _check_dtype(name, dtype, required):
-    """required None accepts any of the storage dtypes, a tuple any of its dtypes; otherwise the
-    array must have exactly the dtype given."""
+    """required None accepts any of the storage dtypes, a tuple any of its dtypes (None among
+    them: any storage dtype); otherwise the array must have exactly the dtype given."""
     if required is None:
-        if dtype not in DTYPES:
+        if not is_storage_dtype(dtype):
             raise TypeError(
                 f"{name}.dtype must be float32, float16 or bfloat16 (native byte order), "
                 f"got {dtype}"
             )
     elif isinstance(required, tuple):
-        if dtype not in required:
-            names = [str(option) for option in required]
+        if dtype not in required and not (None in required and is_storage_dtype(dtype)):
+            names = [
+                named
+                for option in required
+                for named in (_STORAGE_NAMES if option is None else (str(option),))
+            ]
             wanted = ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else names[0]
             raise TypeError(f"{name}.dtype must be {wanted}, got {dtype}")
     elif dtype != required:
@@ -285,6 +291,18 @@ NUMPY = _NumpyKind()
 # ---- torch ----------------------------------------------------------------------------------
 
 
+def _numpy_dtype(to_numpy, dtype, library_bfloat16, from_numpy=None):
+    """The numpy dtype of a torch or MLX dtype by to_numpy (None: one mfa does not read); the
+    library's bfloat16 joins to_numpy, and from_numpy if given, when first met (bfloat16())."""
+    numpy_dtype = to_numpy.get(dtype)
+    if numpy_dtype is None and dtype == library_bfloat16:
+        numpy_dtype = bfloat16()
+        if from_numpy is not None:
+            from_numpy[numpy_dtype] = dtype
+        to_numpy[dtype] = numpy_dtype
+    return numpy_dtype
+
+
 class _TorchKind:
     """torch tensors, read through their own attributes: three times cheaper than a DLPack
     export, and it sees MPS storage as the Metal buffer plus offset that it is."""
@@ -297,7 +315,6 @@ class _TorchKind:
         self.to_numpy = {
             torch.float32: _F32,
             torch.float16: _F16,
-            torch.bfloat16: _BF16,
             torch.bool: BOOL,
             torch.int32: INT32,
             torch.uint8: UINT8,
@@ -310,7 +327,9 @@ class _TorchKind:
                 f"{name} requires grad, and mfa_native.attention does not record autograd: "
                 "use mfa_native.torch.attention (differentiable), or pass tensor.detach()"
             )
-        numpy_dtype = self.to_numpy.get(tensor.dtype) or str(tensor.dtype)
+        numpy_dtype = _numpy_dtype(
+            self.to_numpy, tensor.dtype, self.torch.bfloat16, self.from_numpy
+        ) or str(tensor.dtype)
         _check_dtype(name, numpy_dtype, dtype)
         return self._view(name, tensor, numpy_dtype)
 
@@ -390,7 +409,6 @@ class _MlxKind:
         self.to_numpy = {
             mx.float32: _F32,
             mx.float16: _F16,
-            mx.bfloat16: _BF16,
             mx.bool_: BOOL,
             mx.int32: INT32,
             mx.uint8: UINT8,
@@ -401,7 +419,10 @@ class _MlxKind:
     def read(self, name, array, dtype):
         if self.metal:
             return _read_dlpack(self, name, array, dtype)
-        numpy_dtype = self.to_numpy.get(array.dtype) or str(array.dtype).rsplit(".", 1)[-1]
+        numpy_dtype = (
+            _numpy_dtype(self.to_numpy, array.dtype, self.mx.bfloat16)
+            or str(array.dtype).rsplit(".", 1)[-1]
+        )
         _check_dtype(name, numpy_dtype, dtype)
         memory = memoryview(array)  # evaluates the array first, as its DLPack export does
         itemsize = numpy_dtype.itemsize
@@ -544,8 +565,12 @@ def _read_dlpack(kind, name, array, dtype):
         raise ValueError(f"{name}.__dlpack__() returned a capsule named {capsule_name!r}")
     fields = _TENSOR_FIELDS.unpack(_string_at(tensor, _TENSOR_FIELDS.size))
     address, _, _, ndim, code, bits, lanes, shape_at, strides_at, byte_offset = fields
-    numpy_dtype = _DLPACK_DTYPES.get(
-        (code, bits, lanes), f"DLPack dtype (code {code}, {bits} bits, {lanes} lanes)"
+    numpy_dtype = (
+        bfloat16()
+        if (code, bits, lanes) == _DLPACK_BFLOAT16
+        else _DLPACK_DTYPES.get(
+            (code, bits, lanes), f"DLPack dtype (code {code}, {bits} bits, {lanes} lanes)"
+        )
     )
     _check_dtype(name, numpy_dtype, dtype)
     shape = _int64s(ndim).unpack(_string_at(shape_at, 8 * ndim)) if ndim else ()

@@ -42,7 +42,7 @@ from ._arrays import (
     read_array,
     synchronize,
 )
-from ._context import DTYPES, Context, available_backends, resolve_context
+from ._context import ARRAY_DTYPES, Context, available_backends, resolve_context
 from ._device import encoding_target
 from ._keywords import MFA_NAMES, keyword_hints
 from ._library import ffi, lib
@@ -53,14 +53,6 @@ _ALIGNMENTS = {"bottom_right": lib.MFA_ALIGN_BOTTOM_RIGHT, "top_left": lib.MFA_A
 _BATCH, _HEADS, _SEQ, _DIM = range(4)
 _AXIS_NAMES = ("batch", "heads", "sequence length", "head dim")
 _F32 = np.dtype(np.float32)
-# numpy dtype -> mfa_dtype of every array a call may pass: the storage dtypes, boolean masks
-# and mask summaries (one byte each), integer arrays.
-_MFA_DTYPES = {
-    **DTYPES,
-    BOOL: lib.MFA_DTYPE_BOOL,
-    UINT8: lib.MFA_DTYPE_BOOL,
-    INT32: lib.MFA_DTYPE_I32,
-}
 _ARGS = ffi.typeof("mfa_attention_args*")
 _ARGS_SIZE = ffi.sizeof("mfa_attention_args")
 _ARRAYS = ffi.typeof("mfa_array[]")
@@ -290,7 +282,7 @@ class _Call:
         memory, pack, size = ffi.buffer(arrays), _ARRAY.pack_into, _ARRAY.size
         for index, (_, view, (shape, strides)) in enumerate(self.roles):
             pack(
-                memory, index * size, *_memory_fields(view), _MFA_DTYPES[view.dtype], *shape,
+                memory, index * size, *_memory_fields(view), ARRAY_DTYPES[view.dtype], *shape,
                 *strides,
             )  # fmt: skip
         return arrays, {role: arrays + index for index, (role, _, _) in enumerate(self.roles)}
@@ -1384,7 +1376,7 @@ def mask_summary(mask: Array, seq_q: int, seq_k: int, *, backend: Backend = None
         and keys ``64 c .. 64 c + 63``: 0 every pair hidden (false, or -inf), 2 every pair
         visible with nothing added (true, or 0), 1 anything else.
     """
-    view = read_array("mask", mask, (BOOL, *DTYPES))
+    view = read_array("mask", mask, (BOOL, None))
     seq_q = _positive("seq_q", seq_q)
     seq_k = _positive("seq_k", seq_k)
     if view.ndim > 4:

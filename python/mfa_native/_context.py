@@ -8,7 +8,6 @@ import threading
 import weakref
 from typing import Any, Callable, TypedDict, TypeVar
 
-import ml_dtypes
 import numpy as np
 
 from ._library import ffi, lib
@@ -41,13 +40,48 @@ _STATUS_NAMES = {
     value: name[len("MFA_ERROR_") :] if name.startswith("MFA_ERROR_") else name[len("MFA_") :]
     for value, name in ffi.typeof("mfa_status").elements.items()
 }
-# numpy dtype -> mfa_dtype. Non-native byte orders compare unequal and are rejected.
+# numpy dtype -> mfa_dtype. Non-native byte orders compare unequal and are rejected. bfloat16
+# joins on first use (bfloat16()); nothing iterates over these dicts, which may grow meanwhile.
 DTYPES: dict[np.dtype[Any], int] = {
     np.dtype(np.float32): lib.MFA_DTYPE_F32,
     np.dtype(np.float16): lib.MFA_DTYPE_F16,
-    np.dtype(ml_dtypes.bfloat16): lib.MFA_DTYPE_BF16,
 }
-_DTYPE_NAMES = {value: dtype.name for dtype, value in DTYPES.items()}
+# numpy dtype -> mfa_dtype of every array a call may pass: the storage dtypes, boolean masks
+# and mask summaries (one byte each), integer arrays. bfloat16 joins it as it joins DTYPES.
+ARRAY_DTYPES: dict[np.dtype[Any], int] = {
+    **DTYPES,
+    np.dtype(np.bool_): lib.MFA_DTYPE_BOOL,
+    np.dtype(np.uint8): lib.MFA_DTYPE_BOOL,
+    np.dtype(np.int32): lib.MFA_DTYPE_I32,
+}
+_DTYPE_NAMES = {
+    lib.MFA_DTYPE_F32: "float32",
+    lib.MFA_DTYPE_F16: "float16",
+    lib.MFA_DTYPE_BF16: "bfloat16",
+}
+
+
+def bfloat16() -> np.dtype[Any]:
+    """numpy's bfloat16 (ml_dtypes'), from then on one of DTYPES.
+
+    ml_dtypes is imported here, on first use, rather than with mfa_native: its 0.7 release
+    takes about a second to import (it registers thousands of numpy ufunc loops), five times
+    the rest of ``import mfa_native``. No numpy array is bfloat16 before something imports
+    ml_dtypes; a bfloat16 tensor of another library, or a bfloat16 result, calls this first.
+    """
+    import ml_dtypes
+
+    dtype: np.dtype[Any] = np.dtype(ml_dtypes.bfloat16)
+    ARRAY_DTYPES.setdefault(dtype, lib.MFA_DTYPE_BF16)
+    DTYPES.setdefault(dtype, lib.MFA_DTYPE_BF16)
+    return dtype
+
+
+def is_storage_dtype(dtype: Any) -> bool:
+    """Whether dtype is float32, float16 or bfloat16, in native byte order."""
+    if dtype in DTYPES:
+        return True
+    return getattr(dtype, "name", None) == "bfloat16" and dtype == bfloat16()
 
 
 class MFAError(Exception):

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ._context import DTYPES, check
+from ._context import check, is_storage_dtype
 from ._library import ffi, lib
 
 __all__ = ["empty"]
@@ -51,7 +51,7 @@ def empty(shape: int | Sequence[int], dtype: npt.DTypeLike = np.float32) -> npt.
         dtype = np.dtype(dtype)
     except TypeError as error:
         raise TypeError(f"dtype must be float32, float16 or bfloat16, got {dtype!r}") from error
-    if dtype not in DTYPES:
+    if not is_storage_dtype(dtype):
         raise TypeError(f"dtype must be float32, float16 or bfloat16, got {dtype}")
     nbytes = dtype.itemsize
     for size in shape:

@@ -48,11 +48,9 @@ _KERNELS: dict[str, tuple[str, Callable[[int, int], int]]] = {
 
 
 def _dtype(name: str) -> np.dtype[Any]:
-    if name == "bfloat16":
-        import ml_dtypes
+    from ._context import bfloat16
 
-        return np.dtype(ml_dtypes.bfloat16)  # type: ignore[no-any-return]
-    return np.dtype(name)
+    return bfloat16() if name == "bfloat16" else np.dtype(name)
 
 
 def census(

@@ -320,14 +320,7 @@ def test_the_wrapped_signature_is_visible():
 # ---- optional dependencies stay optional -----------------------------------------------------
 
 
-def test_importing_mfa_native_imports_neither_torch_nor_mlx():
-    script = (
-        "import sys, numpy as np, mfa_native\n"
-        "q = np.ones((1, 2, 3, 4), np.float32)\n"
-        "mfa_native.attention(q, q, q)\n"
-        "loaded = sorted(m for m in ('torch', 'mlx', 'mlx.core') if m in sys.modules)\n"
-        "assert not loaded, loaded\n"
-    )
+def _run_python(script):
     result = subprocess.run(
         [sys.executable, "-c", script],
         capture_output=True,
@@ -335,3 +328,64 @@ def test_importing_mfa_native_imports_neither_torch_nor_mlx():
         timeout=float(os.environ.get("MFA_TEST_TIMEOUT", "600")),
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_importing_mfa_native_imports_neither_torch_nor_mlx_nor_ml_dtypes():
+    # ml_dtypes takes a second to import (0.7): mfa_native imports it at its first bfloat16.
+    _run_python(
+        "import sys, numpy as np, mfa_native\n"
+        "q = np.ones((1, 2, 3, 4), np.float32)\n"
+        "mfa_native.attention(q, q, q)\n"
+        "deferred = ('torch', 'mlx', 'mlx.core', 'ml_dtypes')\n"
+        "loaded = sorted(m for m in deferred if m in sys.modules)\n"
+        "assert not loaded, loaded\n"
+    )
+
+
+# A fresh interpreter in which ml_dtypes is not imported before mfa_native meets a bfloat16
+# array of `make` (numpy, torch or MLX, from float32 values; as_float64 reads one back): the
+# result must be bfloat16 and agree with the float64 reference within bf16's rounding of the
+# output (2^-8 relative, values below 4) and of the probabilities (as much again).
+_BFLOAT16_FIRST = """
+import sys
+import numpy as np
+import mfa_native
+values = np.random.default_rng(5).standard_normal((1, 2, 16, 8)).astype(np.float32)
+{make}
+out = mfa_native.attention(q, q, q)
+assert "ml_dtypes" in sys.modules
+assert {is_bfloat16}, out.dtype
+x = as_float64(q)
+scores = x @ x.swapaxes(-1, -2) / np.sqrt(8)
+p = np.exp(scores - scores.max(-1, keepdims=True))
+expected = (p / p.sum(-1, keepdims=True)) @ x
+error = np.abs(as_float64(out) - expected).max()
+assert error < 2.0**-5, error
+"""
+_BFLOAT16_MAKERS = {
+    "numpy": (
+        "import ml_dtypes\nq = values.astype(ml_dtypes.bfloat16)\n"
+        "as_float64 = lambda a: a.astype(np.float64)",
+        "out.dtype.name == 'bfloat16'",
+    ),
+    "torch": (
+        "import torch\nq = torch.from_numpy(values).to(torch.bfloat16)\n"
+        "as_float64 = lambda a: a.double().numpy()\n"
+        "assert 'ml_dtypes' not in sys.modules",
+        "out.dtype == torch.bfloat16",
+    ),
+    "mlx": (
+        "import mlx.core as mx\nq = mx.array(values).astype(mx.bfloat16)\n"
+        "as_float64 = lambda a: np.asarray(a.astype(mx.float32), np.float64)\n"
+        "assert 'ml_dtypes' not in sys.modules",
+        "out.dtype == mx.bfloat16",
+    ),
+}
+
+
+@pytest.mark.parametrize("producer", sorted(_BFLOAT16_MAKERS))
+def test_a_first_bfloat16_array_of_any_kind_is_read(producer):
+    if producer != "numpy":
+        pytest.importorskip({"torch": "torch", "mlx": "mlx.core"}[producer])
+    make, is_bfloat16 = _BFLOAT16_MAKERS[producer]
+    _run_python(_BFLOAT16_FIRST.format(make=make, is_bfloat16=is_bfloat16))

@@ -40,9 +40,9 @@ def numpy_dtype(name):
         return np.dtype(np.float32)
     if name == "f16":
         return np.dtype(np.float16)
-    import ml_dtypes
+    from mfa_native._context import bfloat16
 
-    return np.dtype(ml_dtypes.bfloat16)
+    return bfloat16()
 
 
 # Values generated at a time for bf16 and f16 inputs: 64 MiB of float32.
