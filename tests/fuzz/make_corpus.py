@@ -498,6 +498,14 @@ def seeds():
     )
     yield "feat-mask-dtype-i32", features(mask="bool", mutations=[mutation("dtype", "mask", 4)])
     yield "feat-sinks-shape", features(sinks=True, mutations=[mutation("shape", "sinks", 3, 1)])
+    # 2^40 sinks in 4 bytes: a zero stride, which must not make the fuzzer fill 2^40 elements.
+    yield (
+        "feat-sinks-zero-stride",
+        features(
+            sinks=True,
+            mutations=[mutation("stride", "sinks", 0, dim=3), mutation("shape", "sinks", 2**40, 3)],
+        ),
+    )
     yield (
         "feat-block-mask-code",
         features(mask="bool", block_mask=True, mutations=[mutation("value", "block_mask", (0, 3))]),
