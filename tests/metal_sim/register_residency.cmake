@@ -8,8 +8,9 @@ if(NOT status EQUAL 0)
 endif()
 execute_process(
   COMMAND ${PYTHON} ${CHECK} ${SOURCE} --variants ${WORK_DIR}/variants.json
-          --compiler ${COMPILER} --codegen ${CODEGEN} "--preprocess-flags=${PREPROCESS_FLAGS}"
-          "--compile-options=${COMPILE_OPTIONS}" --work-dir ${WORK_DIR}
+          --compiler ${COMPILER} --opt ${OPT} --codegen ${CODEGEN}
+          "--preprocess-flags=${PREPROCESS_FLAGS}" "--compile-options=${COMPILE_OPTIONS}"
+          --work-dir ${WORK_DIR}
   RESULT_VARIABLE status)
 if(NOT status EQUAL 0)
   message(FATAL_ERROR "register residency check failed")

@@ -4,8 +4,9 @@
 For every pipeline variant the planner can ask for (planner_variants' JSON lines: a kernel and
 its function constants), the file is compiled as the simulator compiles it, but with the
 function constants folded in as constexpr values (metal_sim_codegen.py --fold-constants) and
-the simdgroup matrix operations as opaque calls on values (-DMFA_SIM_RESIDENCY_CHECK=1), at
--O2 to LLVM IR, the variant's kernel alone (--only-kernel). The variant fails if its kernel, or
+the simdgroup matrix operations as opaque calls on values (-DMFA_SIM_RESIDENCY_CHECK=1), to
+LLVM IR, the variant's kernel alone (--only-kernel), optimised by LLVM's -O2 pipeline less two
+passes (see reduced_o2_pipeline). The variant fails if its kernel, or
 any function it calls that the optimiser did not inline, keeps an array on the stack (an
 `alloca` of an array type: a fragment array with a dynamic index, which on a GPU lives in
 memory instead of registers) or, in code with matrix operations, carries a loop marked
@@ -54,6 +55,32 @@ def unroll_disabled_nodes(ir):
     return {n for n, body in nodes.items() if set(re.findall(r"!(\d+)", body)) & disable}
 
 
+# Correlated value propagation and global value numbering took 40 % and 15 % of the -O2
+# compile of a large variant, and neither promotes an array to registers: that is SROA's work,
+# after the inliner and full unrolling have made the indices constant. A pipeline with less
+# simplification can only leave more in memory, never less; the check's own test
+# (tests/metal_sim/residency_findings.cmake) holds it to its findings.
+REMOVED_PASSES = ("correlated-propagation", "gvn<>")
+
+
+def reduced_o2_pipeline(opt):
+    """LLVM's -O2 module pipeline, as this opt prints it, without REMOVED_PASSES."""
+    printed = subprocess.run(
+        [opt, "-passes=default<O2>", "-print-pipeline-passes", "-disable-output"],
+        input="",
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    kept = printed
+    for name in REMOVED_PASSES:
+        # An element of a comma-separated list, or the last one before a closing parenthesis.
+        kept = kept.replace(name + ",", "").replace("," + name + ")", ")")
+    if not kept or kept == printed:
+        sys.exit(f"residency: {opt} printed no -O2 pipeline with {', '.join(REMOVED_PASSES)}")
+    return kept
+
+
 def check_variant(args, preprocessed, number, variant):
     stem = os.path.join(args.work_dir, f"variant{number}")
     generated = stem + ".cpp"
@@ -73,20 +100,33 @@ def check_variant(args, preprocessed, number, variant):
         ],
         check=True,
     )
+    # -O2 for the front end's output (no optnone, the optimiser's attributes), no LLVM pass.
     subprocess.run(
         [
             args.compiler,
             "-std=c++17",
             "-O2",
-            "-mllvm",
-            "-inline-threshold=100000",
-            "-S",
+            "-Xclang",
+            "-disable-llvm-passes",
+            "-c",
             "-emit-llvm",
             *args.compile_options,
             # A pass's kernel does not run the code of the others, where the block constants it
             # leaves unset fold to 0: divisions by them there are dead, not errors.
             "-Wno-division-by-zero",
             generated,
+            "-o",
+            stem + ".bc",
+        ],
+        check=True,
+    )
+    subprocess.run(
+        [
+            args.opt,
+            "-inline-threshold=100000",
+            f"-passes={args.pipeline}",
+            "-S",
+            stem + ".bc",
             "-o",
             stem + ".ll",
         ],
@@ -123,6 +163,7 @@ def main():
     parser.add_argument("source", help="the .metal file")
     parser.add_argument("--variants", required=True, help="planner_variants' output")
     parser.add_argument("--compiler", required=True)
+    parser.add_argument("--opt", required=True, help="LLVM's opt, of the compiler's version")
     parser.add_argument("--codegen", required=True)
     parser.add_argument("--preprocess-flags", required=True, help="';'-separated")
     parser.add_argument("--compile-options", required=True, type=lambda s: s.split(";"))
@@ -130,6 +171,7 @@ def main():
     parser.add_argument("--jobs", type=int, default=2)
     args = parser.parse_args()
     os.makedirs(args.work_dir, exist_ok=True)
+    args.pipeline = reduced_o2_pipeline(args.opt)
     preprocessed = os.path.join(args.work_dir, "residency.ii")
     subprocess.run(
         [
