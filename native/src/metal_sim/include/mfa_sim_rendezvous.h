@@ -17,9 +17,10 @@ namespace sim_detail {
 // The leader's share of a rendezvous, run for the whole SIMD-group. What a simulated operation
 // does in the simulator's own memory (the lanes' records, on their stacks) is no access of the
 // kernel's: this is compiled without the race detector's load and store tracing, which would
-// otherwise be most of the simulator's time.
+// otherwise be most of the simulator's time. The operation is inlined into it (flatten): an
+// operation left out of line, as the optimiser leaves a matrix product's, keeps its tracing.
 template <class Record, class Operation>
-__attribute__((noinline, no_sanitize("coverage"))) void
+__attribute__((noinline, flatten, no_sanitize("coverage"))) void
 lead_untraced(Operation& operation, Record* const* records, uint lanes) {
     operation(records, lanes);
 }
