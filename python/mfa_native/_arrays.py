@@ -127,8 +127,8 @@ _F32, _F16 = np.dtype(np.float32), np.dtype(np.float16)
 BOOL, INT32, UINT8 = np.dtype(np.bool_), np.dtype(np.int32), np.dtype(np.uint8)
 _DLPACK_BFLOAT16 = (4, 16, 1)
 # (DLDataTypeCode, bits, lanes) -> numpy dtype: the dtypes libmfa reads (storage dtypes, masks,
-# integer arrays, mask summaries; bfloat16, _DLPACK_BFLOAT16, is bfloat16()'s), and a few others
-# so that their rejection names them as numpy does.
+# integer arrays, mask summaries; _DLPACK_BFLOAT16 joins when first met, see _numpy_dtype), and
+# a few others so that their rejection names them as numpy does.
 _DLPACK_DTYPES = {
     (2, 32, 1): _F32,
     (2, 16, 1): _F16,
@@ -292,8 +292,9 @@ NUMPY = _NumpyKind()
 
 
 def _numpy_dtype(to_numpy, dtype, library_bfloat16, from_numpy=None):
-    """The numpy dtype of a torch or MLX dtype by to_numpy (None: one mfa does not read); the
-    library's bfloat16 joins to_numpy, and from_numpy if given, when first met (bfloat16())."""
+    """The numpy dtype of a torch, MLX or DLPack dtype by to_numpy (None: one mfa does not
+    read); the library's bfloat16 joins to_numpy, and from_numpy if given, when first met
+    (bfloat16())."""
     numpy_dtype = to_numpy.get(dtype)
     if numpy_dtype is None and dtype == library_bfloat16:
         numpy_dtype = bfloat16()
@@ -566,11 +567,8 @@ def _read_dlpack(kind, name, array, dtype):
     fields = _TENSOR_FIELDS.unpack(_string_at(tensor, _TENSOR_FIELDS.size))
     address, _, _, ndim, code, bits, lanes, shape_at, strides_at, byte_offset = fields
     numpy_dtype = (
-        bfloat16()
-        if (code, bits, lanes) == _DLPACK_BFLOAT16
-        else _DLPACK_DTYPES.get(
-            (code, bits, lanes), f"DLPack dtype (code {code}, {bits} bits, {lanes} lanes)"
-        )
+        _numpy_dtype(_DLPACK_DTYPES, (code, bits, lanes), _DLPACK_BFLOAT16)
+        or f"DLPack dtype (code {code}, {bits} bits, {lanes} lanes)"
     )
     _check_dtype(name, numpy_dtype, dtype)
     shape = _int64s(ndim).unpack(_string_at(shape_at, 8 * ndim)) if ndim else ()
