@@ -154,10 +154,11 @@ static inline key_span strip_queries(const mfa_cpu_sequence& seq, int64_t j, int
  * The first four run strip by strip of key rows (one strip of all of them where the band hides
  * nothing), each strip's P and dS made between its products (P stays in s, dS replaces dP, so
  * that both are there for the row products). Where the band hides part of the tile (a causal
- * diagonal, a window's edges) the strips are MR rows and each runs over the queries it sees, and
- * dQ runs strip by strip of MR query rows over the keys each sees, as the forward's products do:
- * a causal diagonal tile then costs about 60 % of a full one. Columns a strip skips are never
- * read as P, and its dS there is set to 0, which is what dQ's strips read of them. */
+ * diagonal, a window's edges) the strips are Ops::strip_rows rows and each runs over the queries it
+ * sees, and dQ runs strip by strip of as many query rows over the keys each sees, as the
+ * forward's products do: a causal diagonal tile then costs about 60 % of a full one. Columns a
+ * strip skips are never read as P, and its dS there is set to 0, which is what dQ's strips read
+ * of them. */
 template <class Storage, class Ops>
 static void key_block_grads(const mfa_cpu_plan* plan, const unit_task& u, int64_t stripe,
                             int64_t j0, const mfa_cpu_backward_tiles& t) {
@@ -206,7 +207,7 @@ static void key_block_grads(const mfa_cpu_plan* plan, const unit_task& u, int64_
                 probabilities_row_for(mods, mask == kTileBias);
             const bool banded = mfa_cpu_query_begin(&seq, j0 + rows - 1) > i0 ||
                                 mfa_cpu_query_end(&seq, j0) < i0 + n;
-            const int64_t strip = banded ? MR : rows;
+            const int64_t strip = banded ? Ops::strip_rows : rows;
             for (int64_t r0 = 0; r0 < rows; r0 += strip) {
                 const int64_t count = min64(strip, rows - r0);
                 const key_span span =
@@ -262,13 +263,13 @@ static void key_block_grads(const mfa_cpu_plan* plan, const unit_task& u, int64_
                              d_pad);
                 continue;
             }
-            for (int64_t q0 = 0; q0 < n; q0 += MR) {
-                const key_span seen = strip_keys(seq, i0 + q0, min64(MR, n - q0), j0, rows);
+            for (int64_t q0 = 0; q0 < n; q0 += Ops::strip_rows) {
+                const int64_t count = min64(Ops::strip_rows, n - q0);
+                const key_span seen = strip_keys(seq, i0 + q0, count, j0, rows);
                 if (seen.end <= seen.begin) continue;
                 const int64_t k0 = Ops::units(seen.begin);
-                Ops::gemm_at(min64(MR, n - q0), d, Ops::units(seen.end) - k0,
-                             ds_t + k0 * n_pad + q0, n_pad, keys + k0 * NR, key_panels,
-                             dq + (i0 + q0) * d_pad, d_pad);
+                Ops::gemm_at(count, d, Ops::units(seen.end) - k0, ds_t + k0 * n_pad + q0, n_pad,
+                             keys + k0 * NR, key_panels, dq + (i0 + q0) * d_pad, d_pad);
             }
         }
     }

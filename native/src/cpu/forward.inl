@@ -343,16 +343,18 @@ static void forward_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
             mask_tile(plan, b, h, i0, rows, j0, n, false, t.bias, n_pad, n_pad);
         if (mask == kTileHidden) continue;
         /* Where the band hides part of the tile (a causal diagonal, a window's edges), the
-         * products run strip by strip of MR rows over the keys each strip sees: a causal
-         * diagonal tile then costs about half a full one. The columns a strip skips are never
-         * read as scores (the softmax passes mask them, whatever they hold) and become 0 in P. */
+         * products run strip by strip of Ops::strip_rows rows over the keys each strip sees: a
+         * causal diagonal tile then costs about half a full one. The columns a strip skips are
+         * never read as scores (the softmax passes mask them, whatever they hold) and become 0
+         * in P. */
         const bool banded =
             mfa_cpu_key_begin(&seq, i0 + rows - 1) > j0 || mfa_cpu_key_end(&seq, i0) < j0 + n;
+        const int64_t strip = Ops::strip_rows;
         if (banded) {
-            for (int64_t r0 = 0; r0 < rows; r0 += MR) {
-                const key_span keys = strip_keys(seq, i0 + r0, min64(MR, rows - r0), j0, n);
+            for (int64_t r0 = 0; r0 < rows; r0 += strip) {
+                const key_span keys = strip_keys(seq, i0 + r0, min64(strip, rows - r0), j0, n);
                 if (keys.end > keys.begin)
-                    Ops::gemm(min64(MR, rows - r0), keys.end - keys.begin, du, t.q + r0 * du, du,
+                    Ops::gemm(min64(strip, rows - r0), keys.end - keys.begin, du, t.q + r0 * du, du,
                               pack.kt + (j0 + keys.begin) * du, du * NR,
                               t.s + r0 * n_pad + keys.begin, n_pad, false);
             }
@@ -389,11 +391,11 @@ static void forward_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
         const float* probabilities = Ops::operand_row(t.s, t.p, 0, n_pad);
         const int64_t ld = Ops::units(n_pad);
         if (banded) {
-            for (int64_t r0 = 0; r0 < rows; r0 += MR) {
-                const key_span keys = strip_keys(seq, i0 + r0, min64(MR, rows - r0), j0, n);
+            for (int64_t r0 = 0; r0 < rows; r0 += strip) {
+                const key_span keys = strip_keys(seq, i0 + r0, min64(strip, rows - r0), j0, n);
                 const int64_t u0 = Ops::units(keys.begin);
                 if (keys.end > keys.begin)
-                    Ops::gemm(min64(MR, rows - r0), dv, Ops::units(keys.end) - u0,
+                    Ops::gemm(min64(strip, rows - r0), dv, Ops::units(keys.end) - u0,
                               probabilities + r0 * ld + u0, ld,
                               pack.v + Ops::units(j0 + keys.begin) * NR, v_stride,
                               t.o + r0 * dv_pad, dv_pad, true);

@@ -172,6 +172,10 @@ static void gemm_packed_at(int64_t m, int64_t cols, int64_t depth, const float* 
 struct f32_operands {
     static int64_t units(int64_t depth) { return depth; }
 
+    /* Rows per strip where a band hides part of a tile (forward.inl, backward.inl): the
+     * micro-kernel's height, so that strips cost no remainder rows. */
+    static const int64_t strip_rows = MR;
+
     template <class Storage>
     static void pack_rows(const strided_rows& src, int64_t count, int64_t width, float* dst,
                           int64_t ld) {

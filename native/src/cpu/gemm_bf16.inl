@@ -324,6 +324,9 @@ static void gemm_packed_bf16_at(int64_t m, int64_t cols, int64_t depth, const fl
 struct bf16_pair_operands {
     static int64_t units(int64_t depth) { return (depth + 1) / 2; }
 
+    /* Rows per strip of a banded tile: f32_operands::strip_rows. */
+    static const int64_t strip_rows = MR;
+
     template <class Storage>
     static void pack_rows(const strided_rows& src, int64_t count, int64_t width, float* dst,
                           int64_t ld) {
