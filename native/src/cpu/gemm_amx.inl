@@ -8,9 +8,9 @@
  * Layouts, and why no repacking is needed: an A row of pairs (lda units apart) is already an A
  * tile row; a B panel (gemm.inl: depth steps of NR = 32 units) holds, at each reduction step,
  * one pair per column, which is the VNNI layout TDPBF16PS wants for B, so a B tile is 16 steps of
- * one half of a panel, loaded with a stride of NR units. Tiles cover whole 16-row blocks and
- * whole 16-pair steps; the row and depth remainders go through the vdpbf16ps micro-kernel, which
- * accumulates onto what the tiles stored.
+ * one half of a panel, loaded with a stride of NR units. Tiles cover whole 16-row blocks, and a
+ * reduction's last partial step on tiles of its own shape; the remaining rows go through the
+ * vdpbf16ps micro-kernel.
  *
  * Tile state: the configuration is loaded at the start of every product and released at its
  * end. Another library may use AMX on the same thread between two of our calls (oneDNN does,
@@ -50,6 +50,21 @@ static inline void configure_tiles(void) {
         config.bytes_per_row[t] = 64;
         config.rows[t] = (uint8_t)kTileRows;
     }
+    _tile_loadconfig(&config);
+}
+
+/* The tiles of a product whose reduction ends in a partial step of `tail` pairs (1 .. 15): C
+ * blocks of 16 x 16 in 0-1, the whole steps' A block in 2 and B halves in 4-5, and the last
+ * step's A block in 3 (16 rows of `tail` pairs) and B halves in 6-7 (`tail` rows). */
+static inline void configure_tiles_with_tail(int64_t tail) {
+    amx_tile_config config = {};
+    config.palette = 1;
+    for (int t = 0; t < 8; ++t) {
+        config.bytes_per_row[t] = 64;
+        config.rows[t] = (uint8_t)kTileRows;
+    }
+    config.bytes_per_row[3] = (uint16_t)(tail * 4);
+    config.rows[6] = config.rows[7] = (uint8_t)tail;
     _tile_loadconfig(&config);
 }
 
@@ -94,17 +109,59 @@ static inline void amx_panel(int64_t steps, const uint32_t* a, int64_t lda, cons
     }
 }
 
+/* C rows [0, 16) x one panel's 32 columns (+)= A * B over `steps` whole steps and then `tail`
+ * pairs (configure_tiles_with_tail's tiles). */
+static inline void amx_panel_with_tail(int64_t steps, const uint32_t* a, int64_t lda,
+                                       const float* b, float* c, int64_t ldc, bool accumulate) {
+    const long c_stride = (long)(ldc * 4), a_stride = (long)(lda * 4), b_stride = (long)(NR * 4);
+    if (accumulate) {
+        _tile_loadd(0, c, c_stride);
+        _tile_loadd(1, c + kTileCols, c_stride);
+    } else {
+        _tile_zero(0);
+        _tile_zero(1);
+    }
+    for (int64_t k = 0; k < steps; k += kTileSteps) {
+        _tile_loadd(4, b + k * NR, b_stride);
+        _tile_loadd(5, b + k * NR + kTileCols, b_stride);
+        _tile_loadd(2, a + k, a_stride);
+        _tile_dpbf16ps(0, 2, 4);
+        _tile_dpbf16ps(1, 2, 5);
+    }
+    _tile_loadd(6, b + steps * NR, b_stride);
+    _tile_loadd(7, b + steps * NR + kTileCols, b_stride);
+    _tile_loadd(3, a + steps, a_stride);
+    _tile_dpbf16ps(0, 3, 6);
+    _tile_dpbf16ps(1, 3, 7);
+    _tile_stored(0, c, c_stride);
+    _tile_stored(1, c + kTileCols, c_stride);
+}
+
 /* C[m x cols] (+)= A * B over `depth` pairs, A rows of pairs lda units apart (gemm_packed_bf16's
- * contract): the whole 16-row blocks and 16-pair steps on tiles, the rest on vdpbf16ps. */
+ * contract): the whole 16-row blocks on tiles, the rest on vdpbf16ps. A reduction that ends in a
+ * partial step (head dimensions 80, 112, ...) takes it on tiles configured for it, 16 rows at a
+ * time; on vdpbf16ps, its 8 pairs of D = 80 took as long as the 32 before them. */
 static void gemm_amx(int64_t m, int64_t cols, int64_t depth, const float* a_units, int64_t lda,
                      const float* b, int64_t panel_stride, float* c, int64_t ldc, bool accumulate) {
     const int64_t rows = m / kTileRows * kTileRows, steps = depth / kTileSteps * kTileSteps;
-    if (rows == 0 || steps == 0) {
+    if (rows == 0) {
         gemm_packed_bf16(m, cols, depth, a_units, lda, b, panel_stride, c, ldc, accumulate);
         return;
     }
     const uint32_t* a = (const uint32_t*)a_units;
     const int64_t panels = (cols + NR - 1) / NR;
+    if (steps < depth) {
+        configure_tiles_with_tail(depth - steps);
+        for (int64_t p = 0; p < panels; ++p)
+            for (int64_t r = 0; r < rows; r += kTileRows)
+                amx_panel_with_tail(steps, a + r * lda, lda, b + p * panel_stride,
+                                    c + r * ldc + p * NR, ldc, accumulate);
+        _tile_release();
+        if (rows < m)
+            gemm_packed_bf16(m - rows, cols, depth, a_units + rows * lda, lda, b, panel_stride,
+                             c + rows * ldc, ldc, accumulate);
+        return;
+    }
     configure_tiles();
     for (int64_t p = 0; p < panels; ++p) {
         int64_t r = 0;
@@ -116,9 +173,6 @@ static void gemm_amx(int64_t m, int64_t cols, int64_t depth, const float* a_unit
                          accumulate);
     }
     _tile_release();
-    if (steps < depth)
-        gemm_packed_bf16(rows, cols, depth - steps, a_units + steps, lda, b + steps * NR,
-                         panel_stride, c, ldc, true);
     if (rows < m)
         gemm_packed_bf16(m - rows, cols, depth, a_units + rows * lda, lda, b, panel_stride,
                          c + rows * ldc, ldc, accumulate);
