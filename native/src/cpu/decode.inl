@@ -456,25 +456,6 @@ static void interleave_value_pairs(const char* const* value, int64_t count, int6
  * thread in between (another library's tiles can only come between calls), and a configuration
  * and release per product cost as much as a quarter of a block's tile products. */
 
-/* v[i]'s lane j becomes v[j]'s lane i (16 x 16 units): blocks of h lanes swapped between rows h
- * apart, h = 8, 4, 2, 1. */
-static inline void transpose_units(__m512i* v) {
-    for (int h = 8; h > 0; h /= 2) {
-        int32_t low[16], high[16];
-        for (int j = 0; j < 16; ++j) {
-            low[j] = (j & h) ? 16 + j - h : j;
-            high[j] = (j & h) ? 16 + j : j + h;
-        }
-        const __m512i to_low = _mm512_loadu_si512(low), to_high = _mm512_loadu_si512(high);
-        for (int i = 0; i < 16; ++i)
-            if (!(i & h)) {
-                const __m512i a = v[i], b = v[i + h];
-                v[i] = _mm512_permutex2var_epi32(a, to_low, b);
-                v[i + h] = _mm512_permutex2var_epi32(a, to_high, b);
-            }
-    }
-}
-
 /* The probabilities s[c * W + r] of keys c < n rounded to bf16 (nearest even, as the forward's
  * P), as W rows of pairs of keys: unit r * ldp + k holds keys 2k and 2k + 1 of row r, zero from
  * key n to the end of its step of 32 keys. Rounded a pair of keys per vector, then transposed. */

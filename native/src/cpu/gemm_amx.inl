@@ -109,9 +109,9 @@ static inline void amx_panel(int64_t steps, const uint32_t* a, int64_t lda, cons
     }
 }
 
-/* C rows [0, 16) x one panel's 32 columns (+)= A * B over `steps` whole steps and then `tail`
- * pairs (configure_tiles_with_tail's tiles). */
-static inline void amx_panel_with_tail(int64_t steps, const uint32_t* a, int64_t lda,
+/* C rows [0, 16) x one panel's 32 columns (+)= A * B over `steps` whole steps and then, with
+ * `tail`, the partial step configure_tiles_with_tail shaped (on its tiles either way). */
+static inline void amx_panel_with_tail(int64_t steps, bool tail, const uint32_t* a, int64_t lda,
                                        const float* b, float* c, int64_t ldc, bool accumulate) {
     const long c_stride = (long)(ldc * 4), a_stride = (long)(lda * 4), b_stride = (long)(NR * 4);
     if (accumulate) {
@@ -128,11 +128,13 @@ static inline void amx_panel_with_tail(int64_t steps, const uint32_t* a, int64_t
         _tile_dpbf16ps(0, 2, 4);
         _tile_dpbf16ps(1, 2, 5);
     }
-    _tile_loadd(6, b + steps * NR, b_stride);
-    _tile_loadd(7, b + steps * NR + kTileCols, b_stride);
-    _tile_loadd(3, a + steps, a_stride);
-    _tile_dpbf16ps(0, 3, 6);
-    _tile_dpbf16ps(1, 3, 7);
+    if (tail) {
+        _tile_loadd(6, b + steps * NR, b_stride);
+        _tile_loadd(7, b + steps * NR + kTileCols, b_stride);
+        _tile_loadd(3, a + steps, a_stride);
+        _tile_dpbf16ps(0, 3, 6);
+        _tile_dpbf16ps(1, 3, 7);
+    }
     _tile_stored(0, c, c_stride);
     _tile_stored(1, c + kTileCols, c_stride);
 }
@@ -154,7 +156,7 @@ static void gemm_amx(int64_t m, int64_t cols, int64_t depth, const float* a_unit
         configure_tiles_with_tail(depth - steps);
         for (int64_t p = 0; p < panels; ++p)
             for (int64_t r = 0; r < rows; r += kTileRows)
-                amx_panel_with_tail(steps, a + r * lda, lda, b + p * panel_stride,
+                amx_panel_with_tail(steps, true, a + r * lda, lda, b + p * panel_stride,
                                     c + r * ldc + p * NR, ldc, accumulate);
         _tile_release();
         if (rows < m)
@@ -178,39 +180,95 @@ static void gemm_amx(int64_t m, int64_t cols, int64_t depth, const float* a_unit
                          c + rows * ldc, ldc, accumulate);
 }
 
+/* v[i]'s lane j becomes v[j]'s lane i (16 x 16 units): blocks of h lanes swapped between rows h
+ * apart, h = 8, 4, 2, 1. Unrolled whole, so that the 16 vectors and the permutations stay in
+ * registers (a loop over h kept them on the stack, where each round waited on the last one's
+ * stores). */
+static inline void transpose_units(__m512i* v) {
+#pragma GCC unroll 4
+    for (int h = 8; h > 0; h /= 2) {
+        int32_t low[16], high[16];
+#pragma GCC unroll 16
+        for (int j = 0; j < 16; ++j) {
+            low[j] = (j & h) ? 16 + j - h : j;
+            high[j] = (j & h) ? 16 + j : j + h;
+        }
+        const __m512i to_low = _mm512_loadu_si512(low), to_high = _mm512_loadu_si512(high);
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; ++i)
+            if (!(i & h)) {
+                const __m512i a = v[i], b = v[i + h];
+                v[i] = _mm512_permutex2var_epi32(a, to_low, b);
+                v[i + h] = _mm512_permutex2var_epi32(a, to_high, b);
+            }
+    }
+}
+
 /* C[m x cols] += A^T * B, A's pair k of row r at a + k * a_stride + r (gemm_packed_bf16_at's
- * contract). Tiles read A by rows, so each 16-row block's pairs are transposed into a buffer of
- * at most kTransposedSteps steps first, once for all panels. */
+ * contract). Tiles read A by rows, so the pairs of each block of 32 rows (or 16) are transposed
+ * into a buffer of at most kTransposedSteps steps first, 16 x 16 units at a time, once for all
+ * panels; a partial last step runs on tiles shaped for it (gemm_amx), 16 rows at a time. The
+ * rows past the last whole 16 go through vdpbf16ps. */
 static const int64_t kTransposedSteps = 128;
+
+/* Rows [r, r + 16 * blocks) of A^T, steps [k0, k0 + n), into block (kTransposedSteps units a
+ * row); units past n in a last group of 16 steps are zero. */
+static inline void transpose_steps(const uint32_t* a, int64_t a_stride, int64_t r, int64_t k0,
+                                   int64_t n, int blocks, uint32_t* block) {
+    for (int half = 0; half < blocks; ++half)
+        for (int64_t k = 0; k < n; k += 16) {
+            __m512i units[16];
+#pragma GCC unroll 16
+            for (int i = 0; i < 16; ++i)
+                units[i] =
+                    k + i < n
+                        ? _mm512_loadu_si512(a + (k0 + k + i) * a_stride + r + half * kTileRows)
+                        : _mm512_setzero_si512();
+            transpose_units(units);
+#pragma GCC unroll 16
+            for (int j = 0; j < 16; ++j)
+                _mm512_storeu_si512(block + (half * kTileRows + j) * kTransposedSteps + k,
+                                    units[j]);
+        }
+}
 
 static void gemm_amx_at(int64_t m, int64_t cols, int64_t depth, const float* a_units,
                         int64_t a_stride, const float* b, int64_t panel_stride, float* c,
                         int64_t ldc) {
-    const int64_t rows = m / kTileRows * kTileRows, steps = depth / kTileSteps * kTileSteps;
-    if (rows == 0 || steps == 0) {
+    const int64_t rows = m / kTileRows * kTileRows, tail = depth % kTileSteps;
+    if (rows == 0) {
         gemm_packed_bf16_at(m, cols, depth, a_units, a_stride, b, panel_stride, c, ldc);
         return;
     }
     const uint32_t* a = (const uint32_t*)a_units;
     const int64_t panels = (cols + NR - 1) / NR;
-    uint32_t block[kTileRows * kTransposedSteps];
-    configure_tiles();
-    for (int64_t r = 0; r < rows; r += kTileRows) {
-        for (int64_t k0 = 0; k0 < steps; k0 += kTransposedSteps) {
-            const int64_t n = steps - k0 < kTransposedSteps ? steps - k0 : kTransposedSteps;
-            for (int64_t k = 0; k < n; ++k) {
-                const uint32_t* from = a + (k0 + k) * a_stride + r;
-                for (int64_t i = 0; i < kTileRows; ++i) block[i * kTransposedSteps + k] = from[i];
+    alignas(64) uint32_t block[2 * kTileRows * kTransposedSteps];
+    if (tail)
+        configure_tiles_with_tail(tail);
+    else
+        configure_tiles();
+    /* Without a tail, two row blocks share each B tile; with one, its tiles leave room for one. */
+    const int blocks = tail ? 1 : 2;
+    for (int64_t r = 0; r < rows; r += kTileRows * blocks) {
+        const int here = r + kTileRows * blocks <= rows ? blocks : 1;
+        for (int64_t k0 = 0; k0 < depth; k0 += kTransposedSteps) {
+            const int64_t n = depth - k0 < kTransposedSteps ? depth - k0 : kTransposedSteps;
+            transpose_steps(a, a_stride, r, k0, n, here, block);
+            const int64_t whole = n / kTileSteps * kTileSteps;
+            for (int64_t p = 0; p < panels; ++p) {
+                const float* bp = b + p * panel_stride + k0 * NR;
+                float* cp = c + r * ldc + p * NR;
+                if (tail)
+                    amx_panel_with_tail(whole, whole < n, block, kTransposedSteps, bp, cp, ldc,
+                                        true);
+                else if (here == 2)
+                    amx_panel<2>(n, block, kTransposedSteps, bp, cp, ldc, true);
+                else
+                    amx_panel<1>(n, block, kTransposedSteps, bp, cp, ldc, true);
             }
-            for (int64_t p = 0; p < panels; ++p)
-                amx_panel<1>(n, block, kTransposedSteps, b + p * panel_stride + k0 * NR,
-                             c + r * ldc + p * NR, ldc, true);
         }
     }
     _tile_release();
-    if (steps < depth)
-        gemm_packed_bf16_at(rows, cols, depth - steps, a_units + steps * a_stride, a_stride,
-                            b + steps * NR, panel_stride, c, ldc);
     if (rows < m)
         gemm_packed_bf16_at(m - rows, cols, depth, a_units + rows, a_stride, b, panel_stride,
                             c + rows * ldc, ldc);
