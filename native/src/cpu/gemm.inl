@@ -174,7 +174,7 @@ struct f32_operands {
 
     /* Rows per strip where a band hides part of a tile (forward.inl, backward.inl): the
      * micro-kernel's height, so that strips cost no remainder rows. */
-    static const int64_t strip_rows = MR;
+    static constexpr int64_t strip_rows = MR;
 
     template <class Storage>
     static void pack_rows(const strided_rows& src, int64_t count, int64_t width, float* dst,

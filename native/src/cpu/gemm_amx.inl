@@ -279,7 +279,7 @@ struct amx_pair_operands : bf16_pair_operands {
     /* Strips of a banded tile as tall as two tiles: a strip of fewer rows than a tile would
      * run on vdpbf16ps (gemm_amx's row remainder), some ten times slower than the tiles, which
      * more than pays for the hidden scores a taller strip computes. */
-    static const int64_t strip_rows = 2 * kTileRows;
+    static constexpr int64_t strip_rows = 2 * kTileRows;
 
     static void gemm(int64_t m, int64_t cols, int64_t depth, const float* a, int64_t lda,
                      const float* b, int64_t panel_stride, float* c, int64_t ldc, bool accumulate) {

@@ -325,7 +325,7 @@ struct bf16_pair_operands {
     static int64_t units(int64_t depth) { return (depth + 1) / 2; }
 
     /* Rows per strip of a banded tile: f32_operands::strip_rows. */
-    static const int64_t strip_rows = MR;
+    static constexpr int64_t strip_rows = MR;
 
     template <class Storage>
     static void pack_rows(const strided_rows& src, int64_t count, int64_t width, float* dst,
