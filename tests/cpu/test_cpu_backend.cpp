@@ -198,24 +198,27 @@ struct Tensor {
     std::vector<char> memory;
     mfa_view view;
 
-    /* layout 0: [B,H,N,D]; 1: [B,N,H,D]; 2: padded strides with every other element;
+    /* layout 0: [B,H,N,D]; 1: [B,N,H,D]; 2: padded strides with every other element; 3: as 0,
+     * one element past the start of its memory (16-bit rows 2 bytes past a 4-byte boundary, as
+     * a numpy view x[..., 1:] has them: pairs read in place may assume no wider alignment);
      * reverse: the sequence axis runs backwards (negative stride). */
     Tensor(mfa_dtype type, int64_t b, int64_t h, int64_t n, int64_t d, int layout = 0,
            bool reverse = false)
         : dtype(type), shape{b, h, n, d} {
         int64_t s[4] = {0, 0, 0, 0};
-        if (layout == 0) {
+        const int64_t lead = layout == 3 ? 1 : 0;
+        if (layout == 0 || layout == 3) {
             s[3] = 1, s[2] = d, s[1] = n * d, s[0] = h * n * d;
         } else if (layout == 1) {
             s[3] = 1, s[1] = d, s[2] = h * d, s[0] = n * h * d;
         } else {
             s[3] = 2, s[2] = 2 * d + 3, s[1] = s[2] * n + 5, s[0] = s[1] * h;
         }
-        int64_t span = 1;
+        int64_t span = lead + 1;
         for (int i = 0; i < 4; ++i) span += (shape[i] - 1) * s[i];
         memory.assign((size_t)std::max<int64_t>(span, 1) * mfa_dtype_size(dtype), 0);
         view = mfa_view{};
-        view.data = memory.data();
+        view.data = memory.data() + lead * (int64_t)mfa_dtype_size(dtype);
         for (int i = 0; i < 4; ++i) view.stride[i] = s[i];
         if (reverse && n > 0) {
             view.data += (n - 1) * s[2] * (int64_t)mfa_dtype_size(dtype);
@@ -594,6 +597,14 @@ static const Case cases[] = {
      true},
     {"bf16 GQA bshd, Nq > Nk causal", MFA_DTYPE_BF16, 1, 6, 2, 150, 100, 80, 96, -1, 0, true, 1,
      false},
+    /* bf16 rows read in place as pairs (the K^T panels, decoding's keys) from memory aligned to 2
+     * bytes only: decoding's 2 rows take the dot-product path, its 16 the lanes (or AMX) path. */
+    {"bf16 rows 2 bytes off 4-byte alignment, causal, GQA", MFA_DTYPE_BF16, 1, 4, 2, 150, 170, 64,
+     48, -1, 0, true, 3, false},
+    {"decode bf16 2 rows, 2 bytes off 4-byte alignment", MFA_DTYPE_BF16, 1, 4, 2, 1, 700, 64, 64,
+     -1, -1, true, 3, false},
+    {"decode bf16 16 rows, 2 bytes off 4-byte alignment", MFA_DTYPE_BF16, 1, 8, 1, 2, 700, 64, 64,
+     -1, -1, true, 3, false, 1, 1, 0, kNoGradients},
     /* Decoding (group x Nq <= 16): K and V read in place or converted per block, keys split over
      * tasks (3 threads want 12 tasks: these heads split 4 to 6 ways) and merged. */
     {"decode GQA 4, Nq 4, causal, split keys", MFA_DTYPE_F32, 1, 8, 2, 4, 3000, 64, 64, -1, 0, true,
@@ -767,15 +778,18 @@ static void check_finite(const char* label, const char* what, Tensor& t) {
 static void run_case(const mfa_backend_ops* ops, void* state, const Case& c, std::mt19937& rng) {
     const int64_t B = c.batch, Hq = c.heads_q, Hkv = c.heads_kv, Nq = c.seq_q, Nk = c.seq_k;
     const int64_t D = c.dim, Dv = c.dim_v;
+    /* k and dv mix the other layouts in, but for layout 3, which every tensor has. */
+    const int k_layout = c.layout == 3 ? 3 : (c.layout + 1) % 3;
+    const int dv_layout = c.layout == 3 ? 3 : (c.layout + 2) % 3;
     Tensor q(c.dtype, B, Hq, Nq, D, c.layout, c.reverse);
-    Tensor k(c.dtype, B, Hkv, Nk, D, (c.layout + 1) % 3, false);
+    Tensor k(c.dtype, B, Hkv, Nk, D, k_layout, false);
     Tensor v(c.dtype, B, Hkv, Nk, Dv, c.layout, c.reverse);
     Tensor out(c.dtype, B, Hq, Nq, Dv, c.layout, false);
     Tensor lse(MFA_DTYPE_F32, B, Hq, Nq, 1, 0, c.reverse);
     Tensor dout(c.dtype, B, Hq, Nq, Dv, c.layout, false);
     Tensor dq(c.dtype, B, Hq, Nq, D, c.layout, c.reverse);
     Tensor dk(c.dtype, B, Hkv, Nk, D, c.layout, false);
-    Tensor dv(c.dtype, B, Hkv, Nk, Dv, (c.layout + 2) % 3, c.reverse);
+    Tensor dv(c.dtype, B, Hkv, Nk, Dv, dv_layout, c.reverse);
     q.fill_normal(rng, c.q_magnitude);
     k.fill_normal(rng, c.k_magnitude);
     v.fill_normal(rng);

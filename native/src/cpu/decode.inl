@@ -63,7 +63,7 @@ template <>
 struct vector_rows<f32_storage> {
     enum { in_place = 1, step = W };
     typedef f32_storage read_as;
-    static vf load(const char* p) { return vload((const float*)p); }
+    static vf load(const char* p) { return vload_units(p); }
     static int64_t query_offset(int64_t x) { return x; }
     static vf mac(vf acc, vf query, vf key) { return acc + query * key; }
 };
@@ -88,7 +88,7 @@ struct bf16_pair_rows {
 template <>
 struct vector_rows<bf16_pair_rows> {
     enum { in_place = 1, step = 2 * W };
-    static vf load(const char* p) { return vload((const float*)p); }
+    static vf load(const char* p) { return vload_units(p); }
     static int64_t query_offset(int64_t x) { return x / 2; }
 #if defined(__x86_64__)
     static vf mac(vf acc, vf query, vf key) {
@@ -255,9 +255,7 @@ struct f32_lanes {
 #if MFA_CPU_BF16_DOT
 struct bf16_pair_lanes {
     enum { size = 2, step = 2 };
-    static vf mac(vf acc, vf query, const char* key) {
-        return dot_pairs(acc, query, (const uint32_t*)key);
-    }
+    static vf mac(vf acc, vf query, const char* key) { return dot_pairs(acc, query, key); }
 };
 #endif
 

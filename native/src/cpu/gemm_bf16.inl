@@ -129,12 +129,16 @@ static void pack_pair_panels_transposed(const strided_rows& src, int64_t count, 
 /* ---- Per architecture ---------------------------------------------------------------------- */
 
 #if defined(__x86_64__)
-/* acc += the pairwise products of b's bf16 pairs with the pair at a, broadcast to every lane.
- * Inline assembly, because clang 16 crashes selecting vdpbf16ps with a folded broadcast from
- * the intrinsic (and the memory-broadcast form is the one wanted: it costs no register). */
-static inline vf dot_pairs(vf acc, vf b, const uint32_t* a) {
+/* acc += the pairwise products of b's bf16 pairs with the pair at a (aligned to 2 bytes at
+ * least), broadcast to every lane. Inline assembly, because clang 16 crashes selecting vdpbf16ps
+ * with a folded broadcast from the intrinsic (and the memory-broadcast form is the one wanted: it
+ * costs no register); the operand is the pair's 4 bytes, with no alignment of a wider type. */
+static inline vf dot_pairs(vf acc, vf b, const void* a) {
+    typedef char pair_bytes[4];
     __m512 sum = (__m512)acc;
-    __asm__("vdpbf16ps %2%{1to16%}, %1, %0" : "+v"(sum) : "v"((__m512)b), "m"(*a));
+    __asm__("vdpbf16ps %2%{1to16%}, %1, %0"
+            : "+v"(sum)
+            : "v"((__m512)b), "m"(*(const pair_bytes*)a));
     return (vf)sum;
 }
 
@@ -168,8 +172,10 @@ static inline void round_pairs_across_rows(const float* src, int64_t count, int6
     }
 }
 #elif defined(__aarch64__)
-static inline vf dot_pairs(vf acc, vf b, const uint32_t* a) {
-    const bfloat16x8_t pair = vreinterpretq_bf16_u32(vld1q_dup_u32(a));
+static inline vf dot_pairs(vf acc, vf b, const void* a) {
+    uint32_t unit;
+    memcpy(&unit, a, sizeof unit);
+    const bfloat16x8_t pair = vreinterpretq_bf16_u32(vdupq_n_u32(unit));
     return (vf)vbfdotq_f32((float32x4_t)acc, vreinterpretq_bf16_f32((float32x4_t)b), pair);
 }
 

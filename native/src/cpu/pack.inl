@@ -207,7 +207,7 @@ static inline vf load_vector(const char* p) {
 }
 template <>
 inline vf load_vector<f32_storage>(const char* p) {
-    return vload((const float*)p);
+    return vload_units(p);
 }
 template <>
 inline vf load_vector<bf16_storage>(const char* p) {

@@ -25,6 +25,7 @@ typedef float vf __attribute__((vector_size(MFA_CPU_VECTOR_BYTES)));
 typedef int32_t vi __attribute__((vector_size(MFA_CPU_VECTOR_BYTES)));
 typedef float vf_unaligned
     __attribute__((vector_size(MFA_CPU_VECTOR_BYTES), aligned(4), may_alias));
+typedef float vf_bytes __attribute__((vector_size(MFA_CPU_VECTOR_BYTES), aligned(1), may_alias));
 
 static const int W = MFA_CPU_VECTOR_BYTES / 4;
 
@@ -33,6 +34,10 @@ static const float kLog2e = 1.44269504088896341f;
 
 static inline vf vload(const float* p) { return *(const vf_unaligned*)p; }
 static inline void vstore(float* p, vf x) { *(vf_unaligned*)p = x; }
+/* W 32-bit units from memory aligned only to 2 bytes: f32 values, or pairs of 16-bit values read
+ * in place from a row that may start at any element (a bf16 view one element into its buffer).
+ * One unaligned vector load, as vload is. */
+static inline vf vload_units(const char* p) { return *(const vf_bytes*)p; }
 /* x - (+0) is x for every x, -0 included, so compilers fold this to a plain broadcast (x + 0
  * would not fold: -0 + 0 is +0). */
 static inline vf vsplat(float x) { return x - vf{}; }
