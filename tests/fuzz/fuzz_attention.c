@@ -514,6 +514,13 @@ static bool overlaps_itself(const fuzz_tensor* f) {
     return repeated;
 }
 
+/* Whether every element of a tensor has memory of its own, as the forward's results do: the
+ * quick nested-strides test, else the list of its elements; one too large to list that the
+ * quick test rejects counts as overlapping. */
+static bool elements_distinct(const fuzz_tensor* f) {
+    return strides_nested(&f->t) || (listable(f) && !overlaps_itself(f));
+}
+
 /* The byte range [first, end) the tensor spans; false when it leaves the address space. */
 static bool byte_range(const fuzz_tensor* f, __int128* first, __int128* end) {
     const int64_t es = storage_size((int)f->t.dtype);
@@ -984,7 +991,10 @@ static void run_attention(reader* r, bool backward, bool compute) {
     /* Runnable: every tensor lies inside memory we own, holding values of its own dtype, and
      * (backward) out and lse are the ones the reference forward pass fills in, in memory of
      * their own that no other tensor lives in: that pass writes them after the inputs are
-     * filled, and would change an input aliased onto them under the library's feet. */
+     * filled, and would change an input aliased onto them under the library's feet. Nor may
+     * they overlap themselves (a zero batch stride): two rows' results would share elements,
+     * the last written would stand for both, and the backward would get an out and lse that no
+     * forward pass returns, which mfa.h leaves undefined. */
     bool backed = true;
     for (int i = 0; i < (backward ? ROLES : DOUT); ++i) {
         const fuzz_tensor* f = &c.tensors[i];
@@ -992,7 +1002,7 @@ static void run_attention(reader* r, bool backward, bool compute) {
         const bool forward_result = i == OUT || i == LSE;
         if (f->lives_in < 0 || !spans_inside(f, &c.tensors[f->lives_in].own) ||
             c.tensors[f->lives_in].t.dtype != f->t.dtype ||
-            (backward && forward_result && f->lives_in != i) ||
+            (backward && forward_result && (f->lives_in != i || !elements_distinct(f))) ||
             (backward && !forward_result && (f->lives_in == OUT || f->lives_in == LSE)))
             backed = false;
     }
