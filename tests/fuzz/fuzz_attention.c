@@ -1934,6 +1934,12 @@ static outcome features_outcome(const features_call* c, const mfa_capabilities* 
     if (c->initial_state) features |= MFA_FEATURE_INITIAL_STATE;
     const uint32_t have = c->backward ? caps->backward_features : caps->features;
     if (features & ~have) violation(&o, MFA_ERROR_UNSUPPORTED);
+    /* The metal planner (a context with a GPU family) plans sequences of at most 2^30 rows,
+     * the bound max_seqlen of packed sequences included. */
+    const int64_t planned = (int64_t)1 << 30;
+    if (caps->gpu_family != MFA_GPU_FAMILY_NONE && layout == LAYOUT_PACKED &&
+        (c->max_seqlen_q > planned || c->max_seqlen_k > planned))
+        violation(&o, MFA_ERROR_UNSUPPORTED);
     return o;
 }
 
