@@ -375,9 +375,10 @@ typedef enum mfa_direction { MFA_FORWARD = 0, MFA_BACKWARD = 1 } mfa_direction;
  * [1, Hkv, total_k, .]. cu_q and cu_k are I32 [1, 1, 1, B + 1]: they start at 0, never decrease
  * and end at total_q and total_k. max_seqlen_q and max_seqlen_k, in [1, 2^31 - 1], bound every
  * sequence's length (the metal backends, which plan sequences of at most 2^30 rows, refuse a
- * larger bound with MFA_ERROR_UNSUPPORTED). Causal, window, alignment and ALiBi apply within each sequence, i and j
- * being its local row and key and p(i) aligned with its own lengths; a mask is indexed
- * (b, h, i, j) the same way, shaped [B or 1, Hq or 1, max_seqlen_q or 1, max_seqlen_k or 1].
+ * larger bound with MFA_ERROR_UNSUPPORTED). Causal, window, alignment and ALiBi apply within
+ * each sequence, i and j being its local row and key and p(i) aligned with its own lengths; a
+ * mask is indexed (b, h, i, j) the same way, shaped [B or 1, Hq or 1, max_seqlen_q or 1,
+ * max_seqlen_k or 1].
  * Sequences may be empty. No padding exists, so none is computed.
  *
  * Paged KV cache (block_table; flash-attn's flash_attn_with_kvcache; forward only). k and v are
