@@ -135,3 +135,39 @@ def test_layout_forward_and_backward(backend, arrangement_name, dtype):
             assert gradient is view
             assert_only_view_written(buffer, index)
     check_backward(case, [to_layout(g, layout) for g in gradients], dout, q, k, v, out_bhsd)
+
+
+def one_element_in(array):
+    """A view equal to array whose rows start one element into a buffer: 16-bit rows 2 bytes
+    past a 4-byte boundary, as numpy slices such as x[..., 1:] are."""
+    buffer = np.full((*array.shape[:-1], array.shape[-1] + 1), np.nan, dtype=array.dtype)
+    buffer[..., 1:] = array
+    return buffer[..., 1:]
+
+
+@pytest.mark.parametrize(
+    "backend, dtype",
+    [
+        pytest.param(backend, dtype, id=f"{backend.id}-{dtype}")
+        for backend in BACKENDS
+        for dtype in ("f16", "bf16")
+    ],
+)
+@pytest.mark.parametrize("num_queries", [40, 2], ids=["prefill", "decode"])
+def test_rows_one_element_into_their_buffer(backend, dtype, num_queries):
+    """Rows that start at an odd element, with a head dimension wide enough (64) for the
+    kernels' vector and pair paths: those paths may assume the itemsize's alignment, no more.
+    Two queries of a grouped-query case are a decoding step on the cpu backend."""
+    case = Case(num_queries, 70, 64, 64, query_heads=8, kv_heads=2, dtype=dtype, causal=True)
+    rng = case.rng()
+    q, k, v = case.inputs(rng)
+    dout = case.output_gradient(rng)
+    inputs = [one_element_in(x) for x in (q, k, v)]
+    assert all(x.ctypes.data % 4 == 2 for x in inputs)
+    context = backend.context()
+    out, lse = mfa_native.attention(*inputs, **case.options, return_lse=True, backend=context)
+    check_forward(case, out, lse, q, k, v)
+    gradients = mfa_native.attention_backward(
+        one_element_in(dout), *inputs, one_element_in(out), lse, **case.options, backend=context
+    )
+    check_backward(case, gradients, dout, q, k, v, out)
