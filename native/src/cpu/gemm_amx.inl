@@ -158,21 +158,17 @@ static void gemm_amx(int64_t m, int64_t cols, int64_t depth, const float* a_unit
             for (int64_t r = 0; r < rows; r += kTileRows)
                 amx_panel_with_tail(steps, true, a + r * lda, lda, b + p * panel_stride,
                                     c + r * ldc + p * NR, ldc, accumulate);
-        _tile_release();
-        if (rows < m)
-            gemm_packed_bf16(m - rows, cols, depth, a_units + rows * lda, lda, b, panel_stride,
-                             c + rows * ldc, ldc, accumulate);
-        return;
-    }
-    configure_tiles();
-    for (int64_t p = 0; p < panels; ++p) {
-        int64_t r = 0;
-        for (; r + 2 * kTileRows <= rows; r += 2 * kTileRows)
-            amx_panel<2>(steps, a + r * lda, lda, b + p * panel_stride, c + r * ldc + p * NR, ldc,
-                         accumulate);
-        if (r < rows)
-            amx_panel<1>(steps, a + r * lda, lda, b + p * panel_stride, c + r * ldc + p * NR, ldc,
-                         accumulate);
+    } else {
+        configure_tiles();
+        for (int64_t p = 0; p < panels; ++p) {
+            int64_t r = 0;
+            for (; r + 2 * kTileRows <= rows; r += 2 * kTileRows)
+                amx_panel<2>(steps, a + r * lda, lda, b + p * panel_stride, c + r * ldc + p * NR,
+                             ldc, accumulate);
+            if (r < rows)
+                amx_panel<1>(steps, a + r * lda, lda, b + p * panel_stride, c + r * ldc + p * NR,
+                             ldc, accumulate);
+        }
     }
     _tile_release();
     if (rows < m)
