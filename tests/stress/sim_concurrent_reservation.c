@@ -3,10 +3,12 @@
  * mappings the simulator makes for its fiber stacks must be bounded while the context lives
  * and given back when it is destroyed.
  *
- * CALLERS threads each make CALLS backward calls (3; 1 under a sanitizer) on one context with num_threads = 128, on
- * q [1, 32, 8, 8] and k, v [1, 32, 256, 8] (f32). Every output lives in a buffer of canary
- * bytes: a guard before and after it and a gap after every element (strided views), so that a
- * byte written outside an element shows, and so does any write at all by a call that fails.
+ * CALLERS threads each make CALLS backward calls (3; 1 under a sanitizer) on one context with
+ * num_threads = 128, on q [1, 32, 8, 8] and k, v [1, 32, 128, 8] (f32): enough threadgroups
+ * that all the callers' workers want their fiber stacks at once (as many mappings live as with
+ * 256 keys). Every output lives in a buffer of canary bytes: a guard before and after it and a
+ * gap after every element (strided views), so that a byte written outside an element shows,
+ * and so does any write at all by a call that fails.
  * A successful call's gradients are checked against the float64 reference.
  *
  * All of that twice (once under a sanitizer), with a new context each round: the mappings counted in /proc/self/maps
@@ -32,7 +34,7 @@ enum { CALLS = 1, ROUNDS = 1 };
 enum { CALLS = 3, ROUNDS = 2 };
 #endif
 enum { DEFAULT_CALLERS = 6, WORKERS = 128 };
-enum { B = 1, HQ = 32, HKV = 32, NQ = 8, NK = 256, D = 8 };
+enum { B = 1, HQ = 32, HKV = 32, NQ = 8, NK = 128, D = 8 };
 
 #define CANARY      0xC3 /* as f32 bytes: -390.9, nothing a gradient here comes near */
 #define GUARD_BYTES 256
