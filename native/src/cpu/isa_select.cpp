@@ -45,47 +45,63 @@ struct isa_choice {
 
 bool always(void) { return true; }
 
+/* What each build needs of the CPU; [[maybe_unused]] where a build left out of this library
+ * leaves a test unused. */
 #if defined(__x86_64__)
-bool has_avx512(void) {
+[[maybe_unused]] bool has_avx512(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
            __builtin_cpu_supports("fma");
 }
 
-bool has_avx512_bf16(void) {
+[[maybe_unused]] bool has_avx512_bf16(void) {
     __builtin_cpu_init();
     return has_avx512() && __builtin_cpu_supports("avx512bf16");
 }
 
-#if MFA_CPU_WITH_AMX
 /* AMX-BF16 with the tile data state granted (cpu_features.h). */
-bool has_amx_bf16(void) { return has_avx512_bf16() && mfa_cpu_amx_bf16_granted(); }
-#endif
+[[maybe_unused]] bool has_amx_bf16(void) { return has_avx512_bf16() && mfa_cpu_amx_bf16_granted(); }
 
-bool has_avx2(void) {
+[[maybe_unused]] bool has_avx2(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 #endif
 
 #if defined(__aarch64__)
-bool has_neon_bf16(void) { return mfa_cpu_arm_bf16(); }
+[[maybe_unused]] bool has_neon_bf16(void) { return mfa_cpu_arm_bf16(); }
 #endif
 
-/* Fastest first. */
+/* Fastest first. A build left out of this library (CMake's MFA_CPU_KERNELS) has no kernels. */
 const isa_choice choices[] = {
 #if defined(__x86_64__)
-#if MFA_CPU_WITH_AMX
+#if MFA_CPU_WITH_AMXBF16
     {"amxbf16", mfa_cpu_kernels_amx_bf16, has_amx_bf16},
 #else
-    {"amxbf16", nullptr, nullptr}, /* left out of this build (MFA_CPU_AMX=OFF) */
+    {"amxbf16", nullptr, nullptr},
 #endif
+#if MFA_CPU_WITH_AVX512BF16
     {"avx512bf16", mfa_cpu_kernels_avx512_bf16, has_avx512_bf16},
+#else
+    {"avx512bf16", nullptr, nullptr},
+#endif
+#if MFA_CPU_WITH_AVX512
     {"avx512", mfa_cpu_kernels_avx512, has_avx512},
+#else
+    {"avx512", nullptr, nullptr},
+#endif
+#if MFA_CPU_WITH_AVX2
     {"avx2", mfa_cpu_kernels_avx2, has_avx2},
+#else
+    {"avx2", nullptr, nullptr},
+#endif
 #elif defined(__aarch64__)
+#if MFA_CPU_WITH_NEONBF16
     {"neonbf16", mfa_cpu_kernels_neon_bf16, has_neon_bf16},
+#else
+    {"neonbf16", nullptr, nullptr},
+#endif
 #endif
     {"portable", mfa_cpu_kernels_portable, always},
 };
@@ -100,7 +116,7 @@ mfa_status mfa_cpu_select_kernels(const mfa_cpu_kernels** kernels) {
             if (!choice.kernels)
                 return mfa_set_error(MFA_ERROR_UNSUPPORTED,
                                      "MFA_CPU_ISA=%s: this library was built without the %s "
-                                     "kernels (MFA_CPU_AMX=OFF)",
+                                     "kernels (MFA_CPU_KERNELS)",
                                      pinned, choice.name);
             if (!choice.supported())
                 return mfa_set_error(MFA_ERROR_UNSUPPORTED,
