@@ -211,7 +211,8 @@ static int rows_take_vectors(const mfa_operand_view* view, const int64_t shape[4
 static mfa_status bind_operand(const mfa_problem* problem, mfa_pass_plan* pass, mfa_operand operand,
                                int writable, int64_t copies, int64_t* copy_stride) {
     mfa_operand_view view;
-    mfa_problem_operand(problem, operand, &view);
+    if (!mfa_problem_operand(problem, operand, &view))
+        return mfa_set_error(MFA_ERROR_INTERNAL, "metal planner: no operand %d", (int)operand);
     int64_t stride[4], shape[4];
     memcpy(shape, view.shape, sizeof shape);
     if (view.view) {
