@@ -45,62 +45,61 @@ struct isa_choice {
 
 bool always(void) { return true; }
 
-/* What each build needs of the CPU; [[maybe_unused]] where a build left out of this library
- * leaves a test unused. */
 #if defined(__x86_64__)
-[[maybe_unused]] bool has_avx512(void) {
+bool has_avx512(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
            __builtin_cpu_supports("fma");
 }
 
-[[maybe_unused]] bool has_avx512_bf16(void) {
+bool has_avx512_bf16(void) {
     __builtin_cpu_init();
     return has_avx512() && __builtin_cpu_supports("avx512bf16");
 }
 
 /* AMX-BF16 with the tile data state granted (cpu_features.h). */
-[[maybe_unused]] bool has_amx_bf16(void) { return has_avx512_bf16() && mfa_cpu_amx_bf16_granted(); }
+bool has_amx_bf16(void) { return has_avx512_bf16() && mfa_cpu_amx_bf16_granted(); }
 
-[[maybe_unused]] bool has_avx2(void) {
+bool has_avx2(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 #endif
 
 #if defined(__aarch64__)
-[[maybe_unused]] bool has_neon_bf16(void) { return mfa_cpu_arm_bf16(); }
+bool has_neon_bf16(void) { return mfa_cpu_arm_bf16(); }
 #endif
 
-/* Fastest first. A build left out of this library (CMake's MFA_CPU_KERNELS) has no kernels. */
+/* Fastest first. A build left out of this library (CMake's MFA_CPU_KERNELS) has no kernels, and
+ * is never picked. */
 const isa_choice choices[] = {
 #if defined(__x86_64__)
 #if MFA_CPU_WITH_AMXBF16
     {"amxbf16", mfa_cpu_kernels_amx_bf16, has_amx_bf16},
 #else
-    {"amxbf16", nullptr, nullptr},
+    {"amxbf16", nullptr, has_amx_bf16},
 #endif
 #if MFA_CPU_WITH_AVX512BF16
     {"avx512bf16", mfa_cpu_kernels_avx512_bf16, has_avx512_bf16},
 #else
-    {"avx512bf16", nullptr, nullptr},
+    {"avx512bf16", nullptr, has_avx512_bf16},
 #endif
 #if MFA_CPU_WITH_AVX512
     {"avx512", mfa_cpu_kernels_avx512, has_avx512},
 #else
-    {"avx512", nullptr, nullptr},
+    {"avx512", nullptr, has_avx512},
 #endif
 #if MFA_CPU_WITH_AVX2
     {"avx2", mfa_cpu_kernels_avx2, has_avx2},
 #else
-    {"avx2", nullptr, nullptr},
+    {"avx2", nullptr, has_avx2},
 #endif
 #elif defined(__aarch64__)
 #if MFA_CPU_WITH_NEONBF16
     {"neonbf16", mfa_cpu_kernels_neon_bf16, has_neon_bf16},
 #else
-    {"neonbf16", nullptr, nullptr},
+    {"neonbf16", nullptr, has_neon_bf16},
 #endif
 #endif
     {"portable", mfa_cpu_kernels_portable, always},

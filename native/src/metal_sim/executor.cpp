@@ -268,8 +268,8 @@ struct Worker {
     std::vector<ShadowMemory> threadgroup_shadow;
     // The last two pages an access found no range in and no range reaches into. Most traced
     // accesses off the thread's stack are to the function constants and the argument block,
-    // which no range holds: without this each of them scanned every range (a third of a
-    // traced simulation's time).
+    // which no range holds: without this each of them scanned every range (a quarter of the
+    // kernel suite's time).
     static constexpr uintptr_t kPageBytes = 4096, kNoPage = ~uintptr_t{0};
     uintptr_t untracked_pages[2] = {kNoPage, kNoPage};
     unsigned next_untracked_page = 0;
