@@ -104,6 +104,17 @@ struct vector_rows<bf16_pair_rows> {
 };
 #endif
 
+/* p, which the optimizer can no longer see through. Loads at constant offsets from a row
+ * pointer, p + c for c = 0, 1, ..., are otherwise rewritten by GCC 12 as the row's base plus one
+ * loop-invariant register per offset; those overflow the general registers and live in vector
+ * ones, each load then paying a move on an FMA port (measured on Emerald Rapids: the f32 decode
+ * of 16 rows in the lanes runs 10-16 % faster with opaque rows). */
+template <class T>
+static inline T opaque(T p) {
+    __asm__("" : "+r"(p));
+    return p;
+}
+
 /* Accumulator registers the products below keep in flight: half the register file. */
 #if MFA_CPU_VECTOR_BYTES == 64 || defined(__aarch64__)
 static const int kDecodeAccumulators = 16;
@@ -191,7 +202,7 @@ static inline void accumulate_columns(const float* p, int64_t ldp, const char* c
         for (int c = 0; c < VECS; ++c) acc[r][c] = vload(o + r * ldo + x0 + c * W);
     for (int64_t j = 0; j < keys; ++j) {
         ahead->step(1);
-        const char* row = value[j] + x0 * size;
+        const char* row = opaque(value[j] + x0 * size);
         vf v[VECS];
         for (int c = 0; c < VECS; ++c) v[c] = vector_rows<Rows>::load(row + c * W * size);
         for (int r = 0; r < ROWS; ++r) {
@@ -263,7 +274,9 @@ template <int KEYS, class Lanes>
 static inline void dot_lanes(const float* qt, const char* const* key, int64_t keys, int64_t depth,
                              float* s, row_prefetch* ahead) {
     /* Reduction steps per pass over the keys: their queries stay in registers, and each key's
-     * address is loaded once for all of them (KEYS addresses do not fit the registers). */
+     * address is loaded once for all of them (KEYS addresses do not fit the registers: opaque
+     * keeps the compiler from hoisting them out of the pass). The keys' loop is unrolled, so
+     * that the sums stay in registers. */
     enum { kSteps = 4 };
     const int64_t passes = depth / (kSteps * Lanes::step);
     const int64_t lines = ahead->lines_per(keys / KEYS * passes + 1);
@@ -275,8 +288,10 @@ static inline void dot_lanes(const float* qt, const char* const* key, int64_t ke
             ahead->spread(lines);
             vf query[kSteps];
             for (int u = 0; u < kSteps; ++u) query[u] = vload(qt + (x / Lanes::step + u) * W);
+            const char* const* rows = opaque(key + j);
+#pragma GCC unroll 16
             for (int c = 0; c < KEYS; ++c) {
-                const char* row = key[j + c] + x * Lanes::size;
+                const char* row = rows[c] + x * Lanes::size;
                 for (int u = 0; u < kSteps; ++u)
                     acc[c] = Lanes::mac(acc[c], query[u], row + u * Lanes::step * Lanes::size);
             }
@@ -396,7 +411,7 @@ static void accumulate_lanes(const float* p, const char* const* value, int64_t c
         for (int64_t j = 0; j < count; ++j) {
             ahead->spread(lines);
             const vf weights = vload(p + j * W);
-            const char* row = value[j] + 4 * x0;
+            const char* row = opaque(value[j] + 4 * x0);
             for (int c = 0; c < kCols; ++c) acc[c] = Lanes::mac(acc[c], weights, row + 4 * c);
         }
         for (int c = 0; c < kCols; ++c) vstore(ot + (x0 + c) * W, acc[c]);
