@@ -191,10 +191,10 @@ def _contiguous_strides(shape):
     return tuple(strides)
 
 
-def _numpy_address(array):
+def _numpy_address(array, contiguous):
     """The address of array's first element. A contiguous array is asked through the buffer
     protocol, which costs half of building its __array_interface__."""
-    if array.flags.c_contiguous:
+    if contiguous:
         return int(_dlpack.cast(_UINTPTR, _dlpack.from_buffer(array)))
     return array.__array_interface__["data"][0]
 
@@ -239,25 +239,37 @@ def _check_alignment(name, address, itemsize):
 # ---- numpy ----------------------------------------------------------------------------------
 
 
-def _read_numpy(name, array, dtype):
-    _check_dtype(name, array.dtype, dtype)
-    itemsize = array.itemsize
-    byte_strides = array.strides
+@functools.lru_cache(maxsize=256)
+def _element_strides(byte_strides, itemsize):
+    """Strides in bytes as strides in elements; None where one is not a whole number of them.
+    Cached: the arrays of a model repeat a few layouts, and converting them anew took a tenth
+    of a small call's Python time."""
     if any(stride % itemsize for stride in byte_strides):
+        return None
+    return tuple(stride // itemsize for stride in byte_strides)
+
+
+def _read_numpy(name, array, dtype):
+    array_dtype = array.dtype
+    _check_dtype(name, array_dtype, dtype)
+    itemsize = array_dtype.itemsize
+    strides = _element_strides(array.strides, itemsize)
+    if strides is None:
         raise ValueError(
-            f"{name}.strides {byte_strides} must be multiples of the itemsize {itemsize}"
+            f"{name}.strides {array.strides} must be multiples of the itemsize {itemsize}"
         )
-    if not array.flags.aligned:
+    flags = array.flags  # a new object at each access
+    if not flags.aligned:
         raise ValueError(f"{name} must be aligned to its itemsize {itemsize}")
     return ArrayView(
         NUMPY,
         CPU,
-        _numpy_address(array),
+        _numpy_address(array, flags.c_contiguous),
         0,
-        array.dtype,
+        array_dtype,
         array.shape,
-        tuple(stride // itemsize for stride in byte_strides),
-        array.flags.writeable,
+        strides,
+        flags.writeable,
         array,
     )
 
@@ -273,7 +285,7 @@ class _NumpyKind:
             view = ArrayView(
                 NUMPY,
                 CPU,
-                _numpy_address(array),
+                _numpy_address(array, True),
                 0,
                 dtype,
                 shape,

@@ -147,13 +147,15 @@ class _Layout:
         # logical(padded) -> (batch, heads, seq, dim) of a shape or strides tuple with one
         # entry put in front (1 for shapes, 0 for strides), which stands for a missing axis.
         self.logical = operator.itemgetter(*(0 if axis is None else axis + 1 for axis in self.axes))
+        # [B, H, N, D] arrays are the C API's view as they are: no tuples to rebuild.
+        self.identity = self.axes == (0, 1, 2, 3)
 
     def size(self, array, logical):
         axis = self.axes[logical]
         return 1 if axis is None else array.shape[axis]
 
     def sizes(self, array):
-        return self.logical((1, *array.shape))
+        return array.shape if self.identity else self.logical((1, *array.shape))
 
     def shape(self, batch, heads, seq, dim):
         """The array shape holding the given logical sizes in this layout and rank."""
@@ -165,6 +167,8 @@ class _Layout:
 
     def view(self, view):
         """(shape, strides) of the C API's [B, H, N, D] view of an array in this layout."""
+        if self.identity:
+            return view.shape, view.strides
         return self.logical((1, *view.shape)), self.logical((0, *view.strides))
 
     def require_nonempty(self, name, array):
