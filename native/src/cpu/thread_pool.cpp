@@ -13,6 +13,29 @@ namespace mfa_cpu {
 
 namespace {
 
+/* The CPU's hint that this thread is waiting in a loop: the other hardware thread of the core
+ * runs meanwhile, and leaving the loop does not mispredict. */
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+/* Returns once done() is true or `limit` has passed, checking it between pause hints. */
+template <class Done>
+void spin_until(Done done, std::chrono::microseconds limit) {
+    const auto until = std::chrono::steady_clock::now() + limit;
+    for (;;) {
+        for (int i = 0; i < 8; ++i) {
+            if (done()) return;
+            cpu_relax();
+        }
+        if (std::chrono::steady_clock::now() >= until) return;
+    }
+}
+
 #if defined(__linux__)
 /* The CPUs the calling thread may run on, ascending; empty if they cannot be read. Counted
  * first, so that the list is one allocation and starting a pool frees nothing. */
@@ -189,6 +212,14 @@ void ThreadPool::run(int64_t count, Task task, void* context) {
     }
     /* All indices are claimed; the job may still be queued if no worker has seen that yet. */
     jobs_.erase(std::remove(jobs_.begin(), jobs_.end(), &job), jobs_.end());
+    if (job.finished != job.count) {
+        /* The lock is taken again after the spin: the worker that counts the last task holds it
+         * until it no longer touches the job, which lives on this stack. */
+        lock.unlock();
+        spin_until([&job] { return job.finished.load(std::memory_order_acquire) == job.count; },
+                   kCallerSpin);
+        lock.lock();
+    }
     job_finished_.wait(lock, [&job] { return job.finished == job.count; });
     if (shared && --queued_jobs_ == 0) idle_since_ = std::chrono::steady_clock::now();
 }
