@@ -240,7 +240,19 @@ def _backward(ctx: Any, dout: Tensor, *_dlse: Tensor | None) -> tuple[Tensor | N
     given = iter(saved)
     tensors = [None if tensor is None else next(given) for tensor in ctx.options[:_TENSOR_OPTIONS]]
     options = (*tensors, *ctx.options[_TENSOR_OPTIONS:])
-    dq, dk, dv, dsinks = _backward_op(dout, q, k, v, out, lse, *options)
+    arguments = (dout, q, k, v, out, lse)
+    if (
+        torch.compiler.is_compiling()
+        or torch.is_grad_enabled()
+        or not _reaches_kernel_unchanged(arguments, options)
+    ):
+        # Through the dispatcher: traced, faked, or with create_graph=True, where the
+        # operator's own autograd formula must refuse a second differentiation.
+        dq, dk, dv, dsinks = _backward_op(*arguments, *options)
+    else:
+        # The usual backward (grad mode off, plain tensors): the kernel the dispatcher would
+        # call, without its conversion of the arguments (some 25 us a call).
+        dq, dk, dv, dsinks = _backward_kernel(*arguments, *options)
     sinks_gradient = dsinks if _Options(*options).sinks is not None else None
     return (dq, dk, dv, None, None, None, sinks_gradient) + (None,) * (len(options) - 4)
 
@@ -289,7 +301,7 @@ class _Attention(torch.autograd.Function):
     ) -> Any:
         # The options travel as one object (an argument of apply() costs about 0.25 us); the
         # sinks, which options holds too, are an input of their own for autograd to see.
-        # direct: _reaches_kernel_unchanged(q, k, v, options), as the caller found. lse is an
+        # direct: _reaches_kernel_unchanged((q, k, v), options), as the caller found. lse is an
         # output only where the caller asks for it: each output costs autograd some 1 us.
         if direct:
             out, lse = _forward(q, k, v, options)
@@ -330,14 +342,14 @@ _dispatch_modes = torch._C._len_torch_dispatch_stack
 _function_modes = torch._C._is_torch_function_mode_enabled
 
 
-def _reaches_kernel_unchanged(q: Tensor, k: Tensor, v: Tensor, options: _Options) -> bool:
-    """Whether the dispatcher would hand these arguments to _forward_kernel as they are: no
-    dispatch or function mode is active and every tensor is a plain CPU or MPS tensor. Such
-    calls go to the kernel directly, as the dispatcher would send them, without its conversion
-    of the arguments (some 10 us a call)."""
+def _reaches_kernel_unchanged(tensors: Sequence[Tensor], options: Sequence[Any]) -> bool:
+    """Whether the dispatcher would hand these operands and options to an operator's kernel
+    (_forward_kernel, _backward_kernel) as they are: no dispatch or function mode is active and
+    every tensor is a plain CPU or MPS tensor. Such calls go to the kernel directly, as the
+    dispatcher would send them, without its conversion of the arguments (some 10 us a call)."""
     if _dispatch_modes() or _function_modes():
         return False
-    for tensor in (q, k, v, *options[:_TENSOR_OPTIONS]):
+    for tensor in (*tensors, *options[:_TENSOR_OPTIONS]):
         if tensor is not None and (
             type(tensor) is not Tensor or _dispatch_keys(tensor).raw_repr() not in _PLAIN_KEYS
         ):
@@ -353,7 +365,7 @@ def _attend(
     if torch.compiler.is_compiling():
         # Dynamo traces the operator, autograd formula included.
         return cast("tuple[Tensor, Tensor]", _forward_op(q, k, v, *options))
-    direct = _reaches_kernel_unchanged(q, k, v, options)
+    direct = _reaches_kernel_unchanged((q, k, v), options)
     sinks = options.sinks
     if torch.is_grad_enabled() and (
         q.requires_grad
