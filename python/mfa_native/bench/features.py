@@ -371,7 +371,8 @@ def _decode_roof(setup):
 def _busy(function, samples):
     """function, also appending to samples the process CPU time / wall time of each call: the
     threads it kept busy (a worker blocked on a lock or asleep adds no CPU time; one stalled on
-    memory does)."""
+    memory does, and so does the caller while it spins for its job's last tasks, at most one
+    task's time: thread_pool.h says why it spins)."""
 
     def timed():
         cpu, wall = time.process_time(), time.perf_counter()
