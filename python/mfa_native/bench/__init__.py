@@ -150,7 +150,7 @@ peak extra MiB
     freed heap memory is returned to the OS so that it cannot hide the call's peak).
 
 ``--memory-check`` (on by default for cpu) also runs mfa alone at the project's memory targets:
-float32, B=1, H=8, N=16384, D=64, forward (< 64 MB extra) and forward + backward (< 128 MB).
+float32, B=1, H=8, N=16384, D=64, forward (< 16 MiB extra) and forward + backward (< 128 MiB).
 
 ``--build LIBRARY`` adds the peer "build": another libmfa (a baseline build's shared library)
 loaded beside mfa_native's and called through the C ABI on the same arrays, so that a change
