@@ -34,7 +34,12 @@
  * against the build without it: 13-15 % faster at Nk 128, 3 % at 512, unchanged at 2048.
  * Workers do not spin: idle workers that spin between calls made such loops up to 16 % faster
  * still, but a model's own operators between the calls (torch's threads on the same cores) then
- * ran 5 % slower.
+ * ran 5 % slower. Nor do they spin between the passes of one call (packing, then the products),
+ * where a woken worker can be packed onto the caller's CPU too: spinning there for the next pass
+ * for up to 1 ms made forward calls after 50 ms pauses 1.3-1.8x faster on a 2-core AMD EPYC
+ * (Zen 4) KVM guest, but a loop of a torch matmul and an mfa forward call 16-34 % slower (B 1,
+ * N 1024 causal; at B 8, N 256, noisier, 5-57 %), with a spin of 1 ms as with one of 50 us
+ * (torch's threads spin after their own work on the same two CPUs).
  *
  * fork(): a pool may be used in the child of a fork() made while other threads were inside
  * calls on it. Around every fork the pool's lock is taken (pthread_atfork), so the child gets it
