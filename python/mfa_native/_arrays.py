@@ -435,11 +435,13 @@ class _MlxKind:
     def read(self, name, array, dtype):
         if self.metal:
             return _read_dlpack(self, name, array, dtype)
-        numpy_dtype = (
-            _numpy_dtype(self.to_numpy, array.dtype, self.mx.bfloat16)
-            or str(array.dtype).rsplit(".", 1)[-1]
+        mlx_dtype = array.dtype
+        numpy_dtype = self.to_numpy.get(mlx_dtype) or (
+            _numpy_dtype(self.to_numpy, mlx_dtype, self.mx.bfloat16)
+            or str(mlx_dtype).rsplit(".", 1)[-1]
         )
-        _check_dtype(name, numpy_dtype, dtype)
+        if numpy_dtype is not dtype:  # k and v are read with q's very dtype object
+            _check_dtype(name, numpy_dtype, dtype)
         memory = memoryview(array)  # evaluates the array first, as its DLPack export does
         itemsize = numpy_dtype.itemsize
         shape = memory.shape
@@ -452,7 +454,8 @@ class _MlxKind:
             # does not make; MLX hands out its buffer whatever the flags.
             address = int(_dlpack.cast(_UINTPTR, _dlpack.from_buffer(array)))
             strides = tuple(stride // itemsize for stride in memory.strides)
-        _check_alignment(name, address, itemsize)
+        if address % itemsize:
+            _check_alignment(name, address, itemsize)
         return ArrayView(self, CPU, address, 0, numpy_dtype, shape, strides, False, array)
 
     def empty(self, specs, like=None):

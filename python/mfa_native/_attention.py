@@ -629,10 +629,11 @@ def _lse_shape(arrays, sizes):
     return sizes[:3] if arrays.rank == 4 else sizes[1:3]
 
 
-def _forward(q, call, arrays, sizes, options, extra=()):
+def _forward(q, call, arrays, sizes, options, extra=(), lse_kind=None):
     """The outputs of a forward call whose inputs are read into call: out (shaped by arrays, of
-    logical sizes (B, Hq, Nq, Dv)) and lse, given or allocated, then the call. options: the
-    entry point's params, softcap, return_lse, accumulate, backend, out and lse."""
+    logical sizes (B, Hq, Nq, Dv)) and lse, given or allocated (lse as lse_kind, None: q's
+    kind), then the call. options: the entry point's params, softcap, return_lse,
+    accumulate, backend, out and lse."""
     params, softcap, return_lse, accumulate, backend, out, lse = options
     return_lse = _flag("return_lse", return_lse)
     accumulate = _flag("accumulate", accumulate)
@@ -651,14 +652,14 @@ def _forward(q, call, arrays, sizes, options, extra=()):
     context = resolve_context(backend)
     call.check_memory(context)
 
-    results = iter(
-        allocate(
-            q.kind,
-            ([(out_shape, q.dtype)] if out is None else [])
-            + ([(lse_shape, _F32)] if lse is None and return_lse else []),
-            call.memory,
+    out_specs = [(out_shape, q.dtype)] if out is None else []
+    lse_specs = [(lse_shape, _F32)] if lse is None and return_lse else []
+    if lse_kind is None or not lse_specs:
+        results = iter(allocate(q.kind, out_specs + lse_specs, call.memory))
+    else:
+        results = iter(
+            allocate(q.kind, out_specs, call.memory) + allocate(lse_kind, lse_specs, call.memory)
         )
-    )
     if out is None:
         out, out_view = next(results)
     if lse is None and return_lse:
@@ -866,10 +867,12 @@ def attention(
 
 def attend(
     q, k, v, causal, causal_alignment, window, scale, mask, block_mask, softcap, alibi_slopes,
-    sinks, layout, return_lse, accumulate, backend, out, lse,
+    sinks, layout, return_lse, accumulate, backend, out, lse, lse_kind=None,
 ):  # fmt: skip
     """:func:`attention` with every argument given in its order: the adapters call it so,
-    without a keyword interface to bind (the same checks, in the same order)."""
+    without a keyword interface to bind (the same checks, in the same order). lse_kind: the
+    kind of array an lse that is not given is allocated as (None: q's), for an adapter that
+    keeps the lse to itself."""
     q, k, v, arrays = _read_inputs(q, k, v, layout)
     params = _params(causal, causal_alignment, window, scale)
     batch, heads_q, seq_q, _ = arrays.sizes(q)
@@ -879,9 +882,8 @@ def attend(
     masked = (batch, heads_q, seq_q, arrays.size(k, _SEQ))
     cap = _read_modifiers(call, q.dtype, masked, mask, block_mask, softcap, alibi_slopes, sinks)
     sizes = (batch, heads_q, seq_q, arrays.size(v, _DIM))
-    return _forward(
-        q, call, arrays, sizes, (params, cap, return_lse, accumulate, backend, out, lse)
-    )
+    options = (params, cap, return_lse, accumulate, backend, out, lse)
+    return _forward(q, call, arrays, sizes, options, lse_kind=lse_kind)
 
 
 @keyword_hints(MFA_NAMES)

@@ -45,8 +45,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 import mlx.core as mx
+import numpy as np
 
 from . import _attention
+from ._arrays import NUMPY
 from ._context import available_backends
 from ._keywords import keyword_hints
 
@@ -63,28 +65,35 @@ _SCORES = (
 
 
 class _Options:
-    """A call's options (the scores, the backend) and, once its forward has run, its
-    log-sum-exp: the residual its VJP reads. It is the custom functions' last positional
-    argument, which MLX, as it is not an array, hands on as it is to the forward and the VJP
-    (keyword arguments cost more: MLX flattens and rebuilds their dict for each call). The lse
-    travels here rather than as a second output: each output of a custom function is one more
-    array that MLX wraps and then shares the buffer of (some 1-2 us a call)."""
+    """A call's options (the scores, the backend, whether the caller gets the lse) and, once
+    its forward has run, its log-sum-exp: the residual its VJP reads. It is the custom
+    functions' last positional argument, which MLX, as it is not an array, hands on as it is to
+    the forward and the VJP (keyword arguments cost more: MLX flattens and rebuilds their dict
+    for each call). The lse travels here rather than as a second output: each output of a
+    custom function is one more array that MLX wraps and then shares the buffer of (some
+    1-2 us a call). An lse that only the VJP reads is a numpy array where the arrays are in
+    CPU memory (the cpu backend): MLX makes an array of host memory only by copying it, a
+    fixed cost of some 1 us that a numpy array does not have."""
 
-    __slots__ = ("scores", "backend", "lse")
+    __slots__ = ("scores", "backend", "return_lse", "lse")
     scores: _Scores
     backend: str
-    lse: mx.array  # set by the forward
+    return_lse: bool
+    lse: mx.array | np.ndarray  # set by the forward
 
-    def __init__(self, scores: _Scores, backend: str) -> None:
+    def __init__(self, scores: _Scores, backend: str, return_lse: bool) -> None:
         self.scores = scores
         self.backend = backend
+        self.return_lse = return_lse
 
 
 def _forward(
     q: mx.array, k: mx.array, v: mx.array, sinks: mx.array | None, options: _Options
 ) -> mx.array:
+    backend = options.backend
+    lse_kind = NUMPY if backend == "cpu" and not options.return_lse else None
     out, options.lse = _attention.attend(
-        q, k, v, *options.scores, sinks, "bhsd", True, False, options.backend, None, None
+        q, k, v, *options.scores, sinks, "bhsd", True, False, backend, None, None, lse_kind
     )
     return cast("mx.array", out)
 
@@ -219,7 +228,7 @@ def attention(
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
     scores = (causal, causal_alignment, window, scale, mask, block_mask, softcap, alibi_slopes)
-    out, lse = _attend(q, k, v, scores, sinks, stream)
+    out, lse = _attend(q, k, v, scores, sinks, stream, return_lse)
     return (out, lse) if return_lse else out
 
 
@@ -230,10 +239,12 @@ def _attend(
     scores: _Scores,
     sinks: mx.array | None,
     stream: None | mx.Stream | mx.Device,
-) -> tuple[mx.array, mx.array]:
+    return_lse: bool,
+) -> tuple[mx.array, Any]:
     """(out, lse) through the custom function that fits: with sinks or without. lse is the
-    array mfa wrote, outside the custom function's graph: a constant, with no gradient."""
-    options = _Options(scores, _backend_of(stream))
+    array mfa wrote, outside the custom function's graph: a constant, with no gradient; an
+    mx.array where return_lse asks for it to be returned."""
+    options = _Options(scores, _backend_of(stream), return_lse)
     if sinks is None:
         out = _attention_out(q, k, v, options)
     else:
@@ -309,7 +320,7 @@ def scaled_dot_product_attention(
     if q.ndim != 4:
         raise ValueError(f"q must have rank 4 (B, H, N, D), as in MLX, got shape {q.shape}")
     scores = (causal, "bottom_right", None, scale, array_mask, None, None, None)
-    return _attend(q, k, v, scores, sinks, stream)[0]
+    return _attend(q, k, v, scores, sinks, stream, False)[0]
 
 
 # Ring attention over mx.distributed, defined in mfa_native.mlx_ring and reached from here too.
