@@ -292,7 +292,12 @@ def test_result_sources_sit_half_a_page_into_a_page():
     place). The C library and MLX's allocator put large blocks 16 and 24 bytes past a page
     boundary, and a copy between addresses that close modulo the page size is some ten times
     slower (4K aliasing): every source starts half a page in, whatever its size."""
-    for shape, dtype in [((1, 8, 128, 64), np.dtype(np.float32)), ((3, 5, 7), _arrays.BOOL)]:
-        source = _arrays._uninitialized(shape, dtype)
+    sources = [
+        ((1, 8, 128, 64), np.dtype(np.float32)),
+        ((3, 5, 7), _arrays.BOOL),
+        ((2, 40), _arrays.bfloat16()),  # no buffer format: the array itself, not a memoryview
+    ]
+    for shape, dtype in sources:
+        source = np.asarray(_arrays._uninitialized(shape, dtype))
         assert source.shape == shape and source.dtype == dtype
         assert source.ctypes.data % 4096 == 2048
