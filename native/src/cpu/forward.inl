@@ -339,6 +339,7 @@ static void forward_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
     for (int64_t j0 = panel_floor(mfa_cpu_key_begin(&seq, i0)), n = 0; j0 < key_hi; j0 += n) {
         n = forward_block_keys(plan, seq, i0, rows, j0, key_hi);
         const int64_t n_pad = mfa_cpu_round_up(n, NR);
+        const int64_t s_ld = mfa_cpu_score_stride(n_pad);
         const mask_tile_kind mask =
             mask_tile(plan, b, h, i0, rows, j0, n, false, t.bias, n_pad, n_pad);
         if (mask == kTileHidden) continue;
@@ -356,10 +357,10 @@ static void forward_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
                 if (keys.end > keys.begin)
                     Ops::gemm(min64(strip, rows - r0), keys.end - keys.begin, du, t.q + r0 * du, du,
                               pack.kt + (j0 + keys.begin) * du, du * NR,
-                              t.s + r0 * n_pad + keys.begin, n_pad, false);
+                              t.s + r0 * s_ld + keys.begin, s_ld, false);
             }
         } else {
-            Ops::gemm(rows, n, du, t.q, du, pack.kt + j0 * du, du * NR, t.s, n_pad, false);
+            Ops::gemm(rows, n, du, t.q, du, pack.kt + j0 * du, du * NR, t.s, s_ld, false);
         }
         const scores_row_fn scores = scores_row_for(mods, mask == kTileBias);
         const bool plain = plain_scores && mask != kTileBias;
@@ -369,8 +370,8 @@ static void forward_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
             for (int64_t r = r0; r < r0 + W; ++r) {
                 sums[r - r0] = vf{};
                 if (r >= rows) continue;
-                float* s = t.s + r * n_pad;
-                float* operand = Ops::operand_row(t.s, t.p, r, n_pad);
+                float* s = t.s + r * s_ld;
+                float* operand = Ops::operand_row(t.s, t.p, r, s_ld);
                 const visible_range range = keys_of_query(seq, i0 + r, j0, n);
                 if (plain && plain_softmax_row<Ops>(s, operand, n_pad, range, p->scale,
                                                     exponent_scale, t.row_max + r, t.row_sum + r,
@@ -388,8 +389,8 @@ static void forward_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
                     t.row_sum[r] += block_sums[r - r0];
             }
         }
-        const float* probabilities = Ops::operand_row(t.s, t.p, 0, n_pad);
-        const int64_t ld = Ops::units(n_pad);
+        const float* probabilities = Ops::operand_row(t.s, t.p, 0, s_ld);
+        const int64_t ld = Ops::units(s_ld);
         if (banded) {
             for (int64_t r0 = 0; r0 < rows; r0 += strip) {
                 const key_span keys = strip_keys(seq, i0 + r0, min64(strip, rows - r0), j0, n);

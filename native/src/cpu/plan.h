@@ -300,6 +300,15 @@ static inline int64_t mfa_cpu_kv_grads_carve(const mfa_cpu_plan* plan, float* ba
 
 /* ---- Per-thread tiles ---------------------------------------------------------------------- */
 
+/* The distance in floats between rows of the forward's S (and, halved, of its P pairs) for tiles
+ * of n_pad columns. Rows a multiple of 1 KiB apart fall into a few L1 sets (4 for 1 KiB, 2 for
+ * 2 KiB, as the 512-key blocks of the AMX build are), and the 16 rows an AMX tile stores or loads
+ * at once then evict each other: such rows get 32 floats more, which keeps P's rows of pairs at
+ * 64-byte boundaries. bf16 forward at D 64 on Emerald Rapids: 3-11 % faster. */
+static inline int64_t mfa_cpu_score_stride(int64_t n_pad) {
+    return n_pad % 256 == 0 ? n_pad + 32 : n_pad;
+}
+
 /* Forward task: its Q rows (units(D) per row), S, P as operand units when they are pairs (else
  * P is S itself), the O accumulator, the running max and sum per row, and with a mask the
  * tile's additive bias (f32; -inf hides). */
@@ -314,8 +323,9 @@ static inline int64_t mfa_cpu_forward_tiles_carve(const mfa_cpu_plan* plan, floa
     const int64_t dv = mfa_cpu_round_up(p->head_dim_v, plan->panel_width);
     mfa_cpu_carver c = {base, 0};
     tiles->q = mfa_cpu_carve(&c, bq * mfa_cpu_units(plan, p->head_dim));
-    tiles->s = mfa_cpu_carve(&c, bq * bk);
-    tiles->p = plan->operand_pairs ? mfa_cpu_carve(&c, bq * bk / 2) : tiles->s;
+    const int64_t s_ld = mfa_cpu_score_stride(bk); /* at least any block's own: bk is the widest */
+    tiles->s = mfa_cpu_carve(&c, bq * s_ld);
+    tiles->p = plan->operand_pairs ? mfa_cpu_carve(&c, bq * s_ld / 2) : tiles->s;
     tiles->o = mfa_cpu_carve(&c, bq * dv);
     tiles->row_max = mfa_cpu_carve(&c, bq);
     tiles->row_sum = mfa_cpu_carve(&c, bq);
