@@ -141,6 +141,20 @@ static inline void amx_panel_with_tail(int64_t steps, bool tail, const uint32_t*
     _tile_stored(1, c + kTileCols, c_stride);
 }
 
+/* Rows of A per group in gemm_amx: the product runs a group of rows at a time against every
+ * panel, so that the group's A tiles (up to 16 KiB: a third of the L1d, beside a B panel of up to
+ * 16 KiB) are loaded from L1 while B's panels pass through once per group. Panels outermost,
+ * over all rows, reloaded all of A from L2 for each panel where A outgrew L1 beside one: with
+ * these groups Q K^T runs 22 % faster at D 128 (64-row groups) and 11 % at D 256 (32), and
+ * the same at D 64, where all 128 rows make one group (single-thread product on Emerald Rapids). */
+static const int64_t kGroupBytes = 16384;
+
+static inline int64_t amx_row_group(int64_t depth) {
+    const int64_t pair = 2 * kTileRows;
+    const int64_t rows = kGroupBytes / (depth * 4) / pair * pair;
+    return rows > pair ? rows : pair;
+}
+
 /* C[m x cols] (+)= A * B over `depth` pairs, A rows of pairs lda units apart (gemm_packed_bf16's
  * contract): the whole 16-row blocks on tiles, the rest on vdpbf16ps. A reduction that ends in a
  * partial step (head dimensions 80, 112, ...) takes it on tiles configured for it, 16 rows at a
@@ -154,22 +168,26 @@ static void gemm_amx(int64_t m, int64_t cols, int64_t depth, const float* a_unit
     }
     const uint32_t* a = (const uint32_t*)a_units;
     const int64_t panels = (cols + NR - 1) / NR;
-    if (steps < depth) {
+    const int64_t group = amx_row_group(depth);
+    if (steps < depth)
         configure_tiles_with_tail(depth - steps);
-        for (int64_t p = 0; p < panels; ++p)
-            for (int64_t r = 0; r < rows; r += kTileRows)
-                amx_panel_with_tail(steps, true, a + r * lda, lda, b + p * panel_stride,
-                                    c + r * ldc + p * NR, ldc, accumulate);
-    } else {
+    else
         configure_tiles();
+    for (int64_t r0 = 0; r0 < rows; r0 += group) {
+        const int64_t r1 = r0 + group < rows ? r0 + group : rows;
         for (int64_t p = 0; p < panels; ++p) {
-            int64_t r = 0;
-            for (; r + 2 * kTileRows <= rows; r += 2 * kTileRows)
-                amx_panel<2>(steps, a + r * lda, lda, b + p * panel_stride, c + r * ldc + p * NR,
-                             ldc, accumulate);
-            if (r < rows)
-                amx_panel<1>(steps, a + r * lda, lda, b + p * panel_stride, c + r * ldc + p * NR,
-                             ldc, accumulate);
+            const float* bp = b + p * panel_stride;
+            if (steps < depth) {
+                for (int64_t r = r0; r < r1; r += kTileRows)
+                    amx_panel_with_tail(steps, true, a + r * lda, lda, bp, c + r * ldc + p * NR,
+                                        ldc, accumulate);
+                continue;
+            }
+            int64_t r = r0;
+            for (; r + 2 * kTileRows <= r1; r += 2 * kTileRows)
+                amx_panel<2>(steps, a + r * lda, lda, bp, c + r * ldc + p * NR, ldc, accumulate);
+            if (r < r1)
+                amx_panel<1>(steps, a + r * lda, lda, bp, c + r * ldc + p * NR, ldc, accumulate);
         }
     }
     _tile_release();
