@@ -187,16 +187,23 @@ static void probabilities_row(float* x, int64_t n, const score_modifiers& m, int
     const vf hidden = vsplat(-__builtin_inff()), log2e = vsplat(kLog2e), zero = vsplat(0.0f);
     const score_vectors mv = vectors_of(m);
     vf dist = vsplat((float)distance) + lane_offsets();
-    for (int64_t c = 0; c < n; c += W) {
+    /* One vector's P; `edge`: the vector may hold hidden columns. */
+    const auto probabilities = [&](int64_t c, bool edge) {
         vf sech2 = vf{};
         vf v = score_of<KINDS, true>(vload(x + c), mv, dist, (KINDS & kBias) ? bias + c : nullptr,
                                      &sech2);
         if (KINDS & kSoftcap) vstore(softcap_grad + c, sech2);
         if (KINDS & kAlibi) dist += vsplat((float)W);
-        if (c < range.begin || c + W > range.end)
+        if (edge && (c < range.begin || c + W > range.end))
             v = vselect(lanes_within(c, range.begin, range.end), v, hidden);
         const vf exponent = v - vload(lse + c);
         vstore(x + c, vexp2(vselect(exponent > zero, zero, exponent) * log2e));
+    };
+    /* Rows that see every column (most of them) run without the range tests. */
+    if (range.begin <= 0 && range.end >= n) {
+        for (int64_t c = 0; c < n; c += W) probabilities(c, false);
+    } else {
+        for (int64_t c = 0; c < n; c += W) probabilities(c, true);
     }
 }
 
