@@ -247,6 +247,23 @@ def test_an_lse_returned_and_then_changed_in_place_is_refused_by_the_backward():
     assert q.grad is not None and torch.isfinite(q.grad).all()
 
 
+@pytest.mark.parametrize("create_graph", [False, True], ids=["backward", "create_graph"])
+@pytest.mark.parametrize("case", CASES[:2], ids=[case.id for case in CASES[:2]])
+def test_gradients_through_the_lse_the_forward_keeps(case, create_graph):
+    """Without return_lse the forward keeps its lse to itself, outside autograd's saved
+    tensors: the backward reads it by the kernel directly, and with create_graph=True through
+    the operator; both against the float64 reference."""
+    rng = case.rng()
+    q, k, v = case.inputs(rng)
+    dout = case.output_gradient(rng)
+    leaves = [to_torch(x).requires_grad_() for x in (q, k, v)]
+    out = mfa_torch.attention(*leaves, **case.options)
+    gradients = torch.autograd.grad(out, leaves, to_torch(dout), create_graph=create_graph)
+    check_backward(
+        case, [to_numpy(g.detach()) for g in gradients], dout, q, k, v, to_numpy(out.detach())
+    )
+
+
 def test_double_backward_is_refused_clearly():
     q = torch.randn(1, 2, 5, 8, requires_grad=True)
     out = mfa_torch.attention(q, q, q, causal=True)
