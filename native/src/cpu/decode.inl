@@ -483,10 +483,8 @@ static void interleave_value_pairs(const char* const* value, int64_t count, int6
  * Measured here (Emerald Rapids, KVM guest), a tile load or store costs about as much as a
  * TDPBF16PS, and a tile load of data that vector stores have just written waits for them to
  * drain (V's interleaved rows: nearly as long again as the product); so V is interleaved before
- * the softmax, whose vector work covers the drain. The task configures the tiles once and releases
- * them before it returns, not per product as gemm_amx.inl does: nothing but the task runs on its
- * thread in between (another library's tiles can only come between calls), and a configuration
- * and release per product cost as much as a quarter of a block's tile products. */
+ * the softmax, whose vector work covers the drain. The tiles are configured as gemm_amx.inl's
+ * products have them, and stay so until the task ends (use_tiles, release_tiles). */
 
 /* The probabilities s[c * W + r] of keys c < n rounded to bf16 (nearest even, as the forward's
  * P), as W rows of pairs of keys: unit r * ldp + k holds keys 2k and 2k + 1 of row r, zero from
@@ -735,7 +733,7 @@ static void decode_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
         }
     }
 #if MFA_CPU_AMX
-    if (amx) configure_tiles();
+    if (amx) use_tiles(0);
 #endif
     if (amx)
         for (int64_t x = rows * ldv; x < W * ldv; ++x) t.o[x] = 0.0f;
@@ -899,9 +897,6 @@ static void decode_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
         next_key_rows = done;
     }
 
-#if MFA_CPU_AMX
-    if (amx) _tile_release();
-#endif
     if (lanes && !amx) lanes_to_rows(t.o, rows, ldv, o_rows, ldv);
     for (int64_t r = 0; r < rows; ++r) {
         const float lse = finish_row(o_rows + r * ldv, ldv, t.row_max[r], t.row_sum[r]);

@@ -40,6 +40,9 @@ static void for_dtype(const mfa_cpu_plan* plan, int64_t task, float* slot) {
         case MFA_DTYPE_BF16: BF16(plan, task, slot); break;
         default: break; /* the core hands backends f32, f16 and bf16 problems only */
     }
+#if MFA_CPU_AMX
+    release_tiles(); /* the task's products left their tile configuration loaded */
+#endif
 }
 
 /* On AMX tiles, a P V product loads and stores O's tiles once per block of keys: on Emerald
