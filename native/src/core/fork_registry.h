@@ -1,11 +1,11 @@
 /* The process's list of live objects of one kind (the cpu backend's thread pools, metal-sim's
- * fiber stack pools), so that a fork() finds each one consistent: the prepare handler takes the
- * list's lock and every object's mutex_ (held only briefly, never while work runs), the parent's
- * handler gives them back, and the child's has each object make itself fresh with
- * reset_in_fork_child() (which must also make mutex_ a new, unlocked mutex: the threads behind
- * whatever the parent had locked or was waiting on stayed in the parent), then makes its own lock
- * anew. Allocated once and never destroyed, so that objects destroyed during static destruction
- * still find it.
+ * fiber stack pools and scratch pools), so that a fork() finds each one consistent: the prepare
+ * handler takes the list's lock and every object's mutex_ (held only briefly, never while work
+ * runs), the parent's handler gives them back, and the child's has each object make itself fresh
+ * with reset_in_fork_child() (which must also make mutex_ a new, unlocked mutex: the threads
+ * behind whatever the parent had locked or was waiting on stayed in the parent), then makes its
+ * own lock anew. Allocated once and never destroyed, so that objects destroyed during static
+ * destruction still find it.
  *
  * C++ only. T befriends ForkRegistry<T>, has members mutex_, next_ and prev_ (T*, null before
  * add()), calls add(this) once constructed and remove(this) first when destroyed. */

@@ -27,6 +27,7 @@
 #endif
 
 #include "core/backend.h"
+#include "core/fork_registry.h"
 #include "metal_sim/command_buffer.h"
 #include "metal_sim/fiber.h"
 #include "metal_sim/sim.h"
@@ -37,16 +38,20 @@ namespace {
 // The context's scratch: blocks given back by finished calls are kept for later ones (up to
 // kPooledBytes in all), as the frameworks' allocators keep GPU memory, so that encoded calls do
 // not allocate per call. A block kept in the pool is poisoned under AddressSanitizer, so a pass
-// that touched scratch after its call gave it back would be reported.
+// that touched scratch after its call gave it back would be reported. A context is shared by
+// the threads that call on it, and a fork() may come while one of them is inside take() or
+// give_back(): the pool is in the process's fork registry, so that the child gets it consistent
+// and unlocked (a block an unfinished call of the parent held is simply not the child's).
 class ScratchPool {
   public:
     static constexpr size_t kPooledBytes = size_t(64) << 20;
     static constexpr size_t kPoolSlots = 64;
 
-    ScratchPool() = default;
+    ScratchPool() { mfa::ForkRegistry<ScratchPool>::add(this); }
     ScratchPool(const ScratchPool&) = delete;
     ScratchPool& operator=(const ScratchPool&) = delete;
     ~ScratchPool() {
+        mfa::ForkRegistry<ScratchPool>::remove(this);
         for (Block* block : free_) release(block);
     }
 
@@ -97,6 +102,12 @@ class ScratchPool {
     }
 
   private:
+    friend class mfa::ForkRegistry<ScratchPool>;
+
+    // A fresh mutex over the one the prepare handler locked (its storage reused, as the
+    // registry allows); the kept blocks stay the child's.
+    void reset_in_fork_child() { new (&mutex_) std::mutex; }
+
     // A block's size, then its bytes: a 64-byte header, so the payload is 64-byte aligned.
     struct alignas(64) Block {
         size_t bytes;
@@ -121,6 +132,8 @@ class ScratchPool {
     std::mutex mutex_;
     std::vector<Block*> free_; // kept, poisoned; capacity reserved at creation
     size_t pooled_ = 0;
+    ScratchPool* next_ = nullptr; // in the process's list of pools, for fork()
+    ScratchPool* prev_ = nullptr;
 };
 
 struct SimState {
