@@ -104,17 +104,6 @@ struct vector_rows<bf16_pair_rows> {
 };
 #endif
 
-/* p, which the optimizer can no longer see through. Loads at constant offsets from a row
- * pointer, p + c for c = 0, 1, ..., are otherwise rewritten by GCC 12 as the row's base plus one
- * loop-invariant register per offset; those overflow the general registers and live in vector
- * ones, each load then paying a move on an FMA port (measured on Emerald Rapids: the f32 decode
- * of 16 rows in the lanes runs 10-16 % faster with opaque rows). */
-template <class T>
-static inline T opaque(T p) {
-    __asm__("" : "+r"(p));
-    return p;
-}
-
 /* Accumulator registers the products below keep in flight: half the register file. */
 #if MFA_CPU_VECTOR_BYTES == 64 || defined(__aarch64__)
 static const int kDecodeAccumulators = 16;

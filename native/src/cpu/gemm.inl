@@ -35,15 +35,23 @@ template <int ROWS, int VECS>
 static inline void micro_tile(int64_t depth, const float* a, int64_t lda, const float* b, float* c,
                               int64_t ldc, bool accumulate) {
     vf acc[ROWS][VECS];
+    /* A's rows through their own addresses (opaque), each load one base register plus k:
+     * computed from a and lda, GCC advances one address by lda from row to row, an add per row
+     * and step (seven of the loop's 31 instructions at AVX2's 6 x 16, eight at AVX-512's 8 x 32).
+     * Without them the AVX2 f32 forward ran 1-3 % faster in the median of each of three runs on
+     * 2 cores of an AMD EPYC (Zen 3), each cell 0.98-1.09x. */
+    const float* row[ROWS];
 #pragma GCC unroll 16
-    for (int r = 0; r < ROWS; ++r)
+    for (int r = 0; r < ROWS; ++r) {
+        row[r] = opaque(a + r * lda);
         for (int v = 0; v < VECS; ++v) acc[r][v] = vsplat(0.0f);
+    }
     for (int64_t k = 0; k < depth; ++k) {
         vf bk[VECS];
         for (int v = 0; v < VECS; ++v) bk[v] = vload(b + k * NR + v * W);
 #pragma GCC unroll 16
         for (int r = 0; r < ROWS; ++r) {
-            const vf ar = vsplat(a[r * lda + k]);
+            const vf ar = vsplat(row[r][k]);
             for (int v = 0; v < VECS; ++v) acc[r][v] += ar * bk[v];
         }
     }

@@ -32,6 +32,19 @@ static const int W = MFA_CPU_VECTOR_BYTES / 4;
 static const float kLn2 = 0.693147180559945309f;
 static const float kLog2e = 1.44269504088896341f;
 
+/* p, which the optimizer can no longer see through, so that loads from it keep the addressing
+ * they are written with. GCC 12 otherwise rewrites loads at constant offsets from a row pointer,
+ * p + c for c = 0, 1, ..., as the row's base plus one loop-invariant register per offset; those
+ * overflow the general registers and live in vector ones, each load then paying a move on an FMA
+ * port (the f32 decode of 16 rows in the lanes ran 10-16 % faster with opaque rows on Emerald
+ * Rapids). And it rewrites loads from several rows lda apart, row[r][k], as one address advanced
+ * by lda from row to row, an add per row and step in the micro-kernel's loop (gemm.inl). */
+template <class T>
+static inline T opaque(T p) {
+    __asm__("" : "+r"(p));
+    return p;
+}
+
 static inline vf vload(const float* p) { return *(const vf_unaligned*)p; }
 static inline void vstore(float* p, vf x) { *(vf_unaligned*)p = x; }
 /* W 32-bit units from memory aligned only to 2 bytes: f32 values, or pairs of 16-bit values read
