@@ -210,9 +210,9 @@ static inline void accumulate_columns(const float* p, int64_t ldp, const char* c
 /* The column vectors a pass of ROWS rows accumulates: all the accumulators, at most 8 a row. On
  * AVX2 (16 registers), bf16 rows of a 4-row pass take 3 instead of 2: 12 accumulators, the three
  * widened vectors and the weight fill the register file. With 8 accumulators of 4-cycle FMAs and
- * the widening beside them the FMA ports went idle: 1.04-1.10x faster bf16 decoding of 4 query
- * heads per key/value head on 2 cores of an AMD EPYC (Zen 3). f32 rows, whose loads the FMAs
- * take as operands, ran 0.89-0.96x as fast with 3 and keep 2. */
+ * the widening beside them the FMA ports went idle: 1.02-1.10x faster bf16 decoding of 4 query
+ * heads per key/value head at D 128 on 2 cores of an AMD EPYC (Zen 3). f32 rows, whose loads
+ * the FMAs take as operands, ran 0.89-0.96x as fast with 3 and keep 2. */
 template <int ROWS, class Rows>
 struct value_vectors {
     enum {
