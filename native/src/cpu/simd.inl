@@ -189,16 +189,17 @@ static inline void fold_all(vf* v, int count) {
     }
 }
 
-/* out[c] = the sum of the lanes of v[c] for c < COUNT (a power of 2 no larger than W); v is
- * clobbered. */
+/* out[c] = the sum of the lanes of v[c] for c < COUNT; v is clobbered. Folded W vectors at a
+ * time, then what is left in powers of 2. */
 template <int COUNT>
 static inline void hsums(vf* v, float* out) {
-    static_assert(COUNT <= W && (COUNT & (COUNT - 1)) == 0, "COUNT: a power of 2 up to W");
-    fold_all<W>(v, COUNT);
-    if (COUNT == W)
+    enum { kFolded = COUNT >= W ? W : 1 << (31 - __builtin_clz(COUNT)) };
+    fold_all<W>(v, kFolded);
+    if (kFolded == W)
         vstore(out, v[0]);
     else
-        memcpy(out, &v[0], COUNT * sizeof(float));
+        memcpy(out, &v[0], kFolded * sizeof(float));
+    if constexpr (COUNT > kFolded) hsums<COUNT - kFolded>(v + kFolded, out + kFolded);
 }
 
 /* A W x W block of 32-bit values, row i in v[i], transposed in place: log2(W) rounds of the
