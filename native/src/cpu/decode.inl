@@ -263,7 +263,7 @@ static void decode_products(const float* q, int64_t rows, int64_t ldq, const cha
      * rows take 3 keys instead of 2: 12 sums and the 3 widened keys, the queries FMA operands
      * from memory. With 8 sums of 4-cycle FMAs each sum's chain was as long as the pass's FMAs
      * took, and the widening beside them left the FMA ports idle: bf16 decoding of 4 query heads
-     * per key/value head 1.00-1.08x faster at D 64 and 128 on 2 cores of an AMD EPYC (Zen 3);
+     * per key/value head 1.01-1.08x faster at D 64 and 128 on 2 cores of an AMD EPYC (Zen 3);
      * f32 rows, not widened, ran 0.93-1.04x as fast and keep 2. */
     enum {
         kQuadKeys = MFA_CPU_VECTOR_BYTES == 32 && Rows::size == 2 ? 3
