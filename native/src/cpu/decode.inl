@@ -111,6 +111,22 @@ static const int kDecodeAccumulators = 16;
 static const int kDecodeAccumulators = 8;
 #endif
 
+/* ... in a pass of ROWS rows of the row passes (dot_rows, accumulate_columns). On AVX2 (16
+ * registers) a pass of 4 bf16 rows keeps 12: 3 keys' sums (the queries FMA operands from
+ * memory) or 3 column vectors of O, beside the 3 widened vectors and the weight. With 8
+ * accumulators of 4-cycle FMAs each chain was as long as the pass's FMAs took, and the widening
+ * beside them left the FMA ports idle. On 2 cores of an AMD EPYC (Zen 3), bf16 decoding of 4
+ * query heads per key/value head ran 1.02-1.10x faster with 3 column vectors (D 128) and
+ * 1.01-1.08x faster again with 3 keys (D 64 and 128). f32 rows, not widened, ran 0.89-0.96x as
+ * fast with 3 column vectors and 0.93-1.04x with 3 keys, and keep 8. */
+template <int ROWS, class Rows>
+struct pass_accumulators {
+    enum {
+        count =
+            MFA_CPU_VECTOR_BYTES == 32 && Rows::size == 2 && ROWS == 4 ? 12 : kDecodeAccumulators
+    };
+};
+
 /* The rows the task reads after the ones in hand (this block's V during its K products, the next
  * block's K during its V products), brought into L2 a few rows per step of the products, so that
  * the loads of the products find their lines there: the hardware prefetchers alone follow the
@@ -211,20 +227,6 @@ static inline void accumulate_columns(const float* p, int64_t ldp, const char* c
         for (int c = 0; c < VECS; ++c) vstore(o + r * ldo + x0 + c * W, acc[r][c]);
 }
 
-/* The column vectors a pass of ROWS rows accumulates: all the accumulators, at most 8 a row. On
- * AVX2 (16 registers), bf16 rows of a 4-row pass take 3 instead of 2: 12 accumulators, the three
- * widened vectors and the weight fill the register file. With 8 accumulators of 4-cycle FMAs and
- * the widening beside them the FMA ports went idle: 1.02-1.10x faster bf16 decoding of 4 query
- * heads per key/value head at D 128 on 2 cores of an AMD EPYC (Zen 3). f32 rows, whose loads
- * the FMAs take as operands, ran 0.89-0.96x as fast with 3 and keep 2. */
-template <int ROWS, class Rows>
-struct value_vectors {
-    enum {
-        all = kDecodeAccumulators / ROWS > 8 ? 8 : kDecodeAccumulators / ROWS,
-        count = MFA_CPU_VECTOR_BYTES == 32 && Rows::size == 2 && ROWS == 4 ? 3 : all
-    };
-};
-
 /* ... over all columns [0, width), width a multiple of W, in passes over the keys of a few
  * columns each, the first of `row_passes` that share the prefetches evenly. Issued all in the
  * first pass (the next block's keys in a burst), they come faster than the memory system takes
@@ -233,7 +235,12 @@ template <int ROWS, class Rows>
 static inline void accumulate_rows(const float* p, int64_t ldp, const char* const* value,
                                    int64_t keys, int64_t width, float* o, int64_t ldo,
                                    row_prefetch* ahead, int64_t row_passes) {
-    enum { kVecs = value_vectors<ROWS, Rows>::count };
+    /* Column vectors a pass: all its accumulators, at most 8. */
+    enum {
+        kVecs = pass_accumulators<ROWS, Rows>::count / ROWS > 8
+                    ? 8
+                    : pass_accumulators<ROWS, Rows>::count / ROWS
+    };
     /* What whole passes leave: in pairs of vectors where a pass takes more than 2, then one. */
     const int64_t left = width % (kVecs * W) / W;
     const int64_t passes = width / (kVecs * W) + (kVecs > 2 ? left / 2 + left % 2 : left);
@@ -259,18 +266,13 @@ template <class Rows>
 static void decode_products(const float* q, int64_t rows, int64_t ldq, const char* const* key,
                             int64_t depth, int64_t keys, float* s, int64_t lds,
                             row_prefetch* ahead) {
-    /* Keys per pass: all the accumulators, at most W keys. On AVX2 (16 registers), four bf16
-     * rows take 3 keys instead of 2: 12 sums and the 3 widened keys, the queries FMA operands
-     * from memory. With 8 sums of 4-cycle FMAs each sum's chain was as long as the pass's FMAs
-     * took, and the widening beside them left the FMA ports idle: bf16 decoding of 4 query heads
-     * per key/value head 1.01-1.08x faster at D 64 and 128 on 2 cores of an AMD EPYC (Zen 3);
-     * f32 rows, not widened, ran 0.93-1.04x as fast and keep 2. */
+    /* Keys per pass: all its accumulators, in sums of at most W keys. */
     enum {
-        kQuadKeys = MFA_CPU_VECTOR_BYTES == 32 && Rows::size == 2 ? 3
-                    : kDecodeAccumulators / 4 < W                 ? kDecodeAccumulators / 4
-                                                                  : W,
-        kPairKeys = kDecodeAccumulators / 2 < W ? kDecodeAccumulators / 2 : W,
-        kSingleKeys = kDecodeAccumulators < W ? kDecodeAccumulators : W
+        kQuadKeys =
+            pass_accumulators<4, Rows>::count / 4 < W ? pass_accumulators<4, Rows>::count / 4 : W,
+        kPairKeys =
+            pass_accumulators<2, Rows>::count / 2 < W ? pass_accumulators<2, Rows>::count / 2 : W,
+        kSingleKeys = pass_accumulators<1, Rows>::count < W ? pass_accumulators<1, Rows>::count : W
     };
     int64_t r = 0;
     for (; r + 4 <= rows; r += 4)
