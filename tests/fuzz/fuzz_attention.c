@@ -5,9 +5,8 @@
  * mfa_context_capabilities.
  *
  * The input bytes decode into a call (docs/fuzzing.md lists the format): a valid problem of
- * small random shape and layout (larger in fuzz_attention_large, built with
- * FUZZ_LARGE_PROBLEMS: sequences up to 512, head dimensions up to 256), then up to eight
- * mutations that break one thing each (a NULL
+ * small random shape and layout (larger with --large-problems: sequences up to 512, head
+ * dimensions up to 256), then up to eight mutations that break one thing each (a NULL
  * tensor or data pointer, a dtype, a dimension or stride from a table of hostile values, an
  * aliased, misaligned or wild data pointer) and fuzzed attention parameters.
  *
@@ -40,24 +39,20 @@
 #define POISON      0xA5
 #define MAX_LISTED  ((int64_t)1 << 20) /* larger tensors' elements are not enumerated */
 #define GUARD_BYTES ((size_t)1 << 16)
-/* Problem sizes: the default target keeps calls tiny, so that the fuzzer makes thousands of
- * them a second; fuzz_attention_large (FUZZ_LARGE_PROBLEMS) reaches the kernels' multi-block
+/* Problem sizes: by default calls stay tiny, so that the fuzzer makes thousands of them a
+ * second; with --large-problems (an argument of the fuzzer's or the replay's command line:
+ * libFuzzer leaves those that start with "--" to the target) they reach the kernels' multi-block
  * and wide-head paths, N up to 512 and D up to 256, at a few calls a second. Larger tensors are
  * never allocated, and valid calls above the work limit (multiply-adds of one reference pass;
  * lower on the slow simulator) are not run. */
-#ifdef FUZZ_LARGE_PROBLEMS
-#define MAX_SEQ      512
-#define MAX_HEAD_DIM 256
-#define MAX_ELEMENTS ((int64_t)1 << 22)
-#define MAX_WORK     ((int64_t)1 << 27)
-#define MAX_SIM_WORK ((int64_t)1 << 24)
-#else
-#define MAX_SEQ      48
-#define MAX_HEAD_DIM 24
-#define MAX_ELEMENTS ((int64_t)1 << 16)
-#define MAX_WORK     ((int64_t)1 << 22)
-#define MAX_SIM_WORK MAX_WORK
-#endif
+typedef struct problem_limits {
+    int64_t seq, head_dim, elements, work, sim_work;
+} problem_limits;
+static const problem_limits small_problems = {48, 24, (int64_t)1 << 16, (int64_t)1 << 22,
+                                              (int64_t)1 << 22};
+static const problem_limits large_problems = {512, 256, (int64_t)1 << 22, (int64_t)1 << 27,
+                                              (int64_t)1 << 24};
+static const problem_limits* limits = &small_problems;
 
 enum role { Q, K, V, OUT, LSE, DOUT, DQ, DK, DV, ROLES };
 static const char* const role_names[ROLES] = {"q",    "k",  "v",  "out", "lse",
@@ -285,8 +280,9 @@ static void decode_problem(reader* r, call* c) {
     const int dtype = dtype_pick < 3 ? dtype_pick : (int)(int8_t)next_byte(r);
     const int64_t batch = 1 + next_byte(r) % 2, heads_kv = 1 + next_byte(r) % 2;
     const int64_t heads_q = heads_kv * (1 + next_byte(r) % 3);
-    const int64_t seq_q = next_size(r, MAX_SEQ), seq_k = next_size(r, MAX_SEQ);
-    const int64_t head_dim = next_size(r, MAX_HEAD_DIM), head_dim_v = next_size(r, MAX_HEAD_DIM);
+    const int64_t seq_q = next_size(r, limits->seq), seq_k = next_size(r, limits->seq);
+    const int64_t head_dim = next_size(r, limits->head_dim);
+    const int64_t head_dim_v = next_size(r, limits->head_dim);
     const int64_t shapes[ROLES][4] = {
         {batch, heads_q, seq_q, head_dim},    {batch, heads_kv, seq_k, head_dim},
         {batch, heads_kv, seq_k, head_dim_v}, {batch, heads_q, seq_q, head_dim_v},
@@ -873,7 +869,7 @@ static void allocate(fuzz_tensor* f, int count) {
         const __int128 elements = (__int128)f[i].hi - f[i].lo + 1;
         f[i].lives_in = -1;
         if (f[i].present && !f[i].overflow && es && shapes_positive(&f[i].t) &&
-            elements <= MAX_ELEMENTS && test_element_count(&f[i].t) <= MAX_ELEMENTS) {
+            elements <= limits->elements && test_element_count(&f[i].t) <= limits->elements) {
             allocation* a = &f[i].own;
             a->size = (size_t)elements * (size_t)es;
             a->block = (unsigned char*)malloc(a->size + 2 * CANARY_BYTES);
@@ -1349,8 +1345,8 @@ static void run_summary(reader* r) {
      * hostile size costs no memory, but would cost that much time). */
     const int64_t *ms = mask->shape, *ss = f[SUMMARY_OUT].t.shape;
     const bool too_long =
-        (double)ms[0] * (double)ms[1] * (double)ms[2] * (double)ms[3] > MAX_WORK ||
-        (double)ss[0] * (double)ss[1] * (double)seq_q * (double)seq_k > MAX_WORK;
+        (double)ms[0] * (double)ms[1] * (double)ms[2] * (double)ms[3] > limits->work ||
+        (double)ss[0] * (double)ss[1] * (double)seq_q * (double)seq_k > limits->work;
     if (!o.required && (!backed || too_long)) {
         ++stats.summaries[2];
         return release_all(f, SUMMARY_ARRAYS);
@@ -2443,7 +2439,7 @@ static void initialize(void) {
     mfa_context_options options;
     mfa_context_options_init(&options);
     options.num_threads = 1;
-    for (int i = 0; i < 4; ++i) max_work[i] = i < 2 ? MAX_WORK : MAX_SIM_WORK;
+    for (int i = 0; i < 4; ++i) max_work[i] = i < 2 ? limits->work : limits->sim_work;
     if (mfa_context_create(MFA_BACKEND_CPU, &options, &contexts[context_count++]) != MFA_OK)
         fail("cpu context: %s", mfa_last_error());
     options.num_threads = 2;
@@ -2461,6 +2457,12 @@ static void initialize(void) {
             MFA_OK)
             fail("metal-sim context: %s", mfa_last_error());
     }
+}
+
+int LLVMFuzzerInitialize(int* argc, char*** argv) {
+    for (int i = 1; i < *argc; ++i)
+        if (strcmp((*argv)[i], "--large-problems") == 0) limits = &large_problems;
+    return 0;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -1,6 +1,7 @@
 /* Runs the fuzz target over files and directories of inputs once each, without libFuzzer: the
  * committed corpus becomes a regression test in every build, sanitized or not, with any
- * compiler. Usage: fuzz_attention_replay PATH... */
+ * compiler. Usage: fuzz_attention_replay [--large-problems] PATH...; as under libFuzzer, the
+ * arguments that start with "--" are the target's own. */
 #define _DEFAULT_SOURCE
 #include <dirent.h>
 #include <stdint.h>
@@ -9,6 +10,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+int LLVMFuzzerInitialize(int* argc, char*** argv);
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
 
 static int run_file(const char* path) {
@@ -69,12 +71,11 @@ static int run_directory(const char* path) {
 }
 
 int main(int argc, char** argv) {
-    if (argc < 2) {
-        fprintf(stderr, "usage: %s FILE_OR_DIRECTORY...\n", argv[0]);
-        return 2;
-    }
-    int ran = 0;
+    LLVMFuzzerInitialize(&argc, &argv);
+    int ran = 0, paths = 0;
     for (int i = 1; i < argc; ++i) {
+        if (strncmp(argv[i], "--", 2) == 0) continue;
+        ++paths;
         struct stat info;
         if (stat(argv[i], &info) != 0) {
             perror(argv[i]);
@@ -86,6 +87,10 @@ int main(int argc, char** argv) {
             return 1;
         }
         ran += n;
+    }
+    if (paths == 0) {
+        fprintf(stderr, "usage: %s [--large-problems] FILE_OR_DIRECTORY...\n", argv[0]);
+        return 2;
     }
     printf("fuzz_attention_replay: %d inputs ran without a finding\n", ran);
     return 0;
