@@ -2459,9 +2459,18 @@ static void initialize(void) {
     }
 }
 
+/* The target's own arguments, those that start with "--" (libFuzzer's start with one "-"). */
 int LLVMFuzzerInitialize(int* argc, char*** argv) {
-    for (int i = 1; i < *argc; ++i)
-        if (strcmp((*argv)[i], "--large-problems") == 0) limits = &large_problems;
+    for (int i = 1; i < *argc; ++i) {
+        const char* argument = (*argv)[i];
+        if (strncmp(argument, "--", 2) != 0) continue;
+        if (strcmp(argument, "--large-problems") != 0) {
+            fprintf(stderr, "fuzz_attention: unknown argument %s (it takes --large-problems)\n",
+                    argument);
+            exit(2);
+        }
+        limits = &large_problems;
+    }
     return 0;
 }
 
