@@ -50,9 +50,6 @@ set(MFA_SIM_PREPROCESS_FLAGS -E -x c++ -std=c++17 -nostdinc -nostdinc++
 # pipeline creation (metal_sim_check_residency.py checks the loops as Metal specialises them).
 set(MFA_SIM_KERNEL_COMPILE_OPTIONS -fno-exceptions -fno-rtti -Wno-unused-parameter
     -Wno-pass-failed CACHE INTERNAL "metal-sim kernel compile options")
-# The executable build's tracing: every load and store a kernel makes calls the race detector and
-# census of the executor (executor.cpp); `func` is the coverage level the tracing needs, and adds
-# no instrumentation of its own. The residency check compiles without it.
 # Under AddressSanitizer the kernels keep every check but stack-use-after-return: with it, every
 # call of a kernel function that has a fragment array took a fake frame from the sanitizer's
 # heap, and the simulator's kernel tests ran 1.5-1.7 times as long (kernels_attention: 38 s against
@@ -66,6 +63,9 @@ if(MFA_SANITIZE)
 else()
   set(MFA_SIM_SANITIZER_OPTIONS "" CACHE INTERNAL "metal-sim kernel options (none)")
 endif()
+# The executable build's tracing: every load and store a kernel makes calls the race detector and
+# census of the executor (executor.cpp); `func` is the coverage level the tracing needs, and adds
+# no instrumentation of its own. The residency check compiles without it.
 if(MFA_SIM_TRACE)
   set(MFA_SIM_TRACE_OPTIONS -fsanitize-coverage=func,trace-loads,trace-stores
       CACHE INTERNAL "metal-sim kernel tracing options (the race detector and census)")
