@@ -5,6 +5,7 @@ Each seed is one named call in the input format of docs/fuzzing.md: valid proble
 dtype, layout and mask, then one hostile change at a time, so that the fuzzer starts from inputs
 that already reach every validation rule and the reference check. Re-run after changing the
 format, and commit the result:  python3 tests/fuzz/make_corpus.py
+The inputs that long fuzz runs found, beside the seeds in tests/fuzz/found/, are pick_found.py's.
 """
 
 import pathlib
