@@ -2,12 +2,12 @@
 """Picks the inputs of a long fuzz run that reach the most code the seeds do not, into
 tests/fuzz/found/.
 
-Every fuzz run (scripts/hardening) starts from the seeds of make_corpus.py and these inputs, and
-ctest's fuzz_attention_corpus replays both, so that a 30-second run in CI starts where a long
-run ended instead of rediscovering it. libFuzzer's own merge keeps every input that adds a
-feature (hundreds after half an hour); this keeps the few that add the most coverage edges, one
-at a time (greedy set cover): each is run alone through the fuzzer's merge step, whose control
-file lists the edges it reached (its "COV" lines).
+Every fuzz run on small problems (scripts/hardening) starts from the seeds of make_corpus.py and
+these inputs, and ctest's fuzz_attention_corpus replays both, so that a 30-second run in CI
+starts where a long run ended instead of rediscovering it. libFuzzer's own merge keeps every
+input that adds a feature (hundreds after half an hour); this keeps the few that add the most
+coverage edges, one at a time (greedy set cover): each is run alone through the fuzzer's merge
+step, whose control file lists the edges it reached (its "COV" lines).
 
     python3 tests/fuzz/pick_found.py build/fuzz/tests/fuzz/fuzz_attention build/fuzz/corpus
 
@@ -15,7 +15,7 @@ FUZZER is a libFuzzer build of the target (docs/fuzzing.md, "Long runs"); CANDID
 directories of inputs it ran on small problems (a large-problem run decodes its inputs
 differently). The current found/ inputs are candidates too, so a new pick replaces the old one.
 Inputs are files named by their SHA-1, as libFuzzer names them. Re-run it after a long run, and
-empty found/ when the input format changes (its inputs would decode into other calls).
+after a change to the input format (the old inputs would decode into other calls).
 """
 
 import argparse
