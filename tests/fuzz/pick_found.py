@@ -32,33 +32,30 @@ SEEDS = HERE / "corpus"
 FOUND = HERE / "found"
 
 
-def merged(fuzzer, directories, into):
-    """libFuzzer's merge of the directories into `into`: each input that reaches an edge the
-    ones before it did not (the smallest first), every edge of them all kept by a few hundred
-    inputs out of thousands. Only these are measured one by one."""
-    subprocess.run(
-        [fuzzer, "-merge=1", "-use_counters=0", "-use_value_profile=0", "-timeout=60", str(into),
-         *map(str, directories)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True,
-    )  # fmt: skip
-    return inputs(into)
+def merge(fuzzer, into, sources, control=None):
+    """libFuzzer's merge of the source directories into `into`, counting coverage edges only:
+    each input that reaches an edge the ones before it did not is kept (the smallest first).
+    With a control file, the edges each input added are listed there (its "COV" lines). True
+    when the target ran every input without a finding."""
+    command = [fuzzer, "-merge=1", "-use_counters=0", "-use_value_profile=0", "-timeout=60"]
+    if control is not None:
+        command.append(f"-merge_control_file={control}")
+    command += [str(into), *map(str, sources)]
+    run = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    return run.returncode == 0
 
 
 def edges(fuzzer, data):
-    """The coverage edges (libFuzzer's PC indices) that one input reaches, or None if the target
-    failed on it (a finding: reproduce it by running the fuzzer on the input)."""
+    """The coverage edges (libFuzzer's PC indices) that one input reaches, alone in a merge, or
+    None if the target failed on it (a finding: reproduce it by running the fuzzer on the
+    input)."""
     with tempfile.TemporaryDirectory() as work:
         work = pathlib.Path(work)
         (work / "in").mkdir()
         (work / "out").mkdir()
         (work / "in" / "input").write_bytes(data)
         control = work / "control"
-        run = subprocess.run(
-            [fuzzer, "-merge=1", "-use_counters=0", "-use_value_profile=0", "-timeout=60",
-             f"-merge_control_file={control}", str(work / "out"), str(work / "in")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False,
-        )  # fmt: skip
-        if run.returncode != 0 or not control.exists():
+        if not merge(fuzzer, work / "out", [work / "in"], control) or not control.exists():
             return None
         reached = set()
         for line in control.read_text().splitlines():
@@ -86,9 +83,13 @@ def main():
     args = parser.parse_args()
 
     seeds = {p.read_bytes() for p in inputs(SEEDS)}
+    # The candidates that reach some edge the smaller ones do not: a few hundred of thousands,
+    # every edge of them all kept, each then measured alone.
     with tempfile.TemporaryDirectory() as work:
         directories = [d for d in [FOUND, *args.candidates] if d.is_dir()]
-        candidates = {p.read_bytes() for p in merged(args.fuzzer, directories, pathlib.Path(work))}
+        if not merge(args.fuzzer, work, directories):
+            sys.exit("pick_found: the target failed while merging the candidates")
+        candidates = {p.read_bytes() for p in inputs(pathlib.Path(work))}
     candidates -= seeds
     with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
         measured = [*seeds, *candidates]
