@@ -625,8 +625,9 @@ static const Case cases[] = {
      0, false},
     {"decode window inside the cache", MFA_DTYPE_F32, 1, 2, 2, 2, 5000, 64, 48, 700, 300, false, 1,
      true},
-    /* Scores with the rows in the lanes (more than W / 2 rows, at most W): 6 rows at W 8 (AVX2),
-     * 4 bf16 rows at W 4 (NEON, as pairs). */
+    /* Scores with the rows in the lanes (more than W / 2 rows, at most W): 4 rows at W 4 (the
+     * portable build; NEON, bf16 as pairs); AVX2 (W 8) takes its 6 rows in passes of 4 and 2
+     * rows instead. */
     {"decode f32 6 rows", MFA_DTYPE_F32, 1, 6, 2, 2, 1300, 64, 64, -1, -1, true, 0, false},
     {"decode bf16 4 rows", MFA_DTYPE_BF16, 1, 4, 2, 2, 1300, 64, 64, -1, -1, true, 0, false},
     /* Logits that fit f32 although an operand times the scale would not: the scale must

@@ -14,8 +14,9 @@
  * softmax runs row by row, and out is broadcasts (P times rows of V). A unit of more rows, up to
  * W (query groups: 4 new tokens of 4 query heads per KV head are 16 rows), multiplies every
  * element of K and V into each of its rows, which is compute-bound done that way; it keeps its
- * rows in the lanes of one vector through the whole block instead: scores K times Q transposed
- * (one broadcast key element per FMA for all rows, no reduction), the softmax on all rows per
+ * rows in the lanes of one vector through the whole block instead (but on AVX2, whose 8 lanes
+ * make that the slower way: decode_task): scores K times Q transposed (one broadcast key
+ * element per FMA for all rows, no reduction), the softmax on all rows per
  * instruction, and O transposed += P V, one broadcast V element per FMA. f32 and bf16 rows with
  * adjacent elements are read in place, bf16 widened in registers; on a bf16 dot-product build
  * the products multiply bf16 pairs instead (keys as they lie; in the lanes V interleaved a block
@@ -734,8 +735,12 @@ static void decode_task(const mfa_cpu_plan* plan, int64_t task, float* slot) {
 #endif
     /* Otherwise more than W / 2 rows: the rows in the lanes for the whole block (dot_lanes,
      * lanes_scores, lanes_softmax, accumulate_lanes), O transposed in t.o; its rows start and end
-     * in t.v. */
-    const bool lanes = amx || (2 * rows > W && rows <= W);
+     * in t.v. Not on AVX2: with 8 lanes, one broadcast load per FMA leaves the FMAs waiting on
+     * the loads, and its passes of 4 rows (then 2) ran 6 and 8 rows 1.06-1.26x (f32) and
+     * 1.32-1.86x (bf16) as fast on 2 cores of an AMD EPYC (Zen 3), 4k and 32k keys, D 64 and 128.
+     * (Two vectors of rows, 16 rows in the lanes of AVX2 and each broadcast feeding two FMAs, ran
+     * 16 f32 rows 1.02-1.21x as fast as the passes, 12 rows and bf16 rows slower: not kept.) */
+    const bool lanes = amx || (MFA_CPU_VECTOR_BYTES != 32 && 2 * rows > W && rows <= W);
     float* const o_rows = lanes && !amx ? t.v : t.o;
     score_modifiers mods[mfa_cpu_decode_max_rows];
     for (int64_t r = 0; r < rows; ++r) {
