@@ -9,22 +9,21 @@
  * a unit's last range combines them through their log-sum-exps (decode_merge_unit, merge.h), in
  * one pool job per call. Sinks and an initial state enter the first range's rows only.
  *
- * A unit of few rows (at most W / 2: one new token per head, small groups) is bandwidth-bound:
- * its scores are dot products (rows of Q against rows of K, reduced across the vector), its
- * softmax runs row by row, and out is broadcasts (P times rows of V). A unit of more rows, up to
- * W (query groups: 4 new tokens of 4 query heads per KV head are 16 rows), multiplies every
- * element of K and V into each of its rows, which is compute-bound done that way; it keeps its
- * rows in the lanes of one vector through the whole block instead (but on AVX2, whose 8 lanes
- * make that the slower way: decode_task): scores K times Q transposed (one broadcast key
- * element per FMA for all rows, no reduction), the softmax on all rows per
- * instruction, and O transposed += P V, one broadcast V element per FMA. f32 and bf16 rows with
- * adjacent elements are read in place, bf16 widened in registers; on a bf16 dot-product build
- * the products multiply bf16 pairs instead (keys as they lie; in the lanes V interleaved a block
- * at a time as pairs of rows and P rounded to bf16, as the forward pass rounds it); anything else
- * is converted a block at a time into the task's tiles first. On the AMX build, bf16 pairs of a
- * unit of more than W / 4 rows multiply on AMX tiles instead (amx_scores, amx_values; the
- * softmax stays on the lanes). Each products pass prefetches the rows the next pass reads
- * (row_prefetch).
+ * A unit of few rows (at most W / 2: one new token per head, small groups) is bandwidth-bound: its
+ * scores are dot products (rows of Q against rows of K, reduced across the vector), its softmax
+ * runs row by row, and out is broadcasts (P times rows of V). A unit of more rows, up to W (query
+ * groups: 4 new tokens of 4 query heads per KV head are 16 rows), multiplies every element of K and
+ * V into each of its rows, which is compute-bound done that way; it keeps its rows in the lanes of
+ * one vector through the whole block instead (but on AVX2, whose 8 lanes make that the slower way:
+ * decode_task): scores K times Q transposed (one broadcast key element per FMA for all rows, no
+ * reduction), the softmax on all rows per instruction, and O transposed += P V, one broadcast V
+ * element per FMA. f32 and bf16 rows with adjacent elements are read in place, bf16 widened in
+ * registers; on a bf16 dot-product build the products multiply bf16 pairs instead (keys as they
+ * lie; in the lanes V interleaved a block at a time as pairs of rows and P rounded to bf16, as the
+ * forward pass rounds it); anything else is converted a block at a time into the task's tiles
+ * first. On the AMX build, bf16 pairs of a unit of more than W / 4 rows multiply on AMX tiles
+ * instead (amx_scores, amx_values; the softmax stays on the lanes). Each products pass prefetches
+ * the rows the next pass reads (row_prefetch).
  */
 #ifndef MFA_CPU_DECODE_INL
 #define MFA_CPU_DECODE_INL
