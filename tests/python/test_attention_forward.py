@@ -62,6 +62,24 @@ def test_forward_at_the_largest_advertised_head_dim(backend):
 
 
 @pytest.mark.parametrize("backend", backend_only_params())
+def test_a_nan_key_makes_exactly_the_rows_that_see_it_nan(backend):
+    # A NaN score must never become a finite probability, nor a hidden NaN score reach a row:
+    # under the causal mask, key 200 of 300, past the first block of keys, is seen by rows 200..
+    # only, whose running max is finite when it arrives, and those rows alone are NaN.
+    case = Case(300, 300, 32, 32, causal=True)
+    q, k, v = case.inputs(case.rng())
+    k[0, 0, 200, 3] = np.nan
+    out, lse = mfa_native.attention(
+        q, k, v, causal=True, return_lse=True, backend=backend.context()
+    )
+    assert np.isnan(out[0, 0, 200:]).all() and np.isnan(lse[0, 0, 200:]).all()
+    # The rows before it are those of the problem without the keys they do not see.
+    first = Case(200, 200, 32, 32, causal=True)
+    head = (slice(None), slice(None), slice(0, 200))
+    check_forward(first, out[head], lse[head], q[head], k[head], v[head])
+
+
+@pytest.mark.parametrize("backend", backend_only_params())
 def test_rows_whose_scores_all_lie_below_minus_1e30_still_see_their_keys(backend):
     # Finite float32 scores of -1e30 .. -3e30 (q = 1, scale 1). Gaps of 1e30 dwarf float32
     # rounding (~1e23), so the softmax is exactly one-hot on key 0 and out must be its value.
