@@ -137,39 +137,38 @@ if TYPE_CHECKING:
 
 
 class _Layout:
-    """Where each logical axis (batch, heads, sequence, head dim) sits in the caller's arrays."""
+    """Where each logical axis (batch, heads, sequence, head dim) sits in the caller's arrays.
+
+    Its conversions are made once per layout and rank, as gathers of tuple entries: a small
+    call converts the shapes and strides of four arrays or more, and rebuilding the tuples
+    through loops took some 3 us of a [B, N, H, D] call."""
 
     def __init__(self, layout, rank):
         self.rank = rank
         axes = _LAYOUT_AXES[layout]
         # Rank 3 means one batch: no batch axis, the others shift down by one.
         self.axes = axes if rank == 4 else (None,) + tuple(axis - 1 for axis in axes[1:])
-        # logical(padded) -> (batch, heads, seq, dim) of a shape or strides tuple with one
-        # entry put in front (1 for shapes, 0 for strides), which stands for a missing axis.
-        self.logical = operator.itemgetter(*(0 if axis is None else axis + 1 for axis in self.axes))
-        # [B, H, N, D] arrays are the C API's view as they are: no tuples to rebuild.
-        self.identity = self.axes == (0, 1, 2, 3)
+        # (batch, heads, seq, dim) of an array's shape or strides: [B, H, N, D] arrays are the
+        # C API's view as they are; rank 3 gathers from the tuple with one entry put in front
+        # (1 for shapes, 0 for strides), which stands for the missing batch axis.
+        if self.axes == (0, 1, 2, 3):
+            self.sizes = _shape
+            self.view = _shape_and_strides
+        elif rank == 4:
+            gather = operator.itemgetter(*axes)
+            self.sizes = lambda array: gather(array.shape)
+            self.view = lambda view: (gather(view.shape), gather(view.strides))
+        else:
+            padded = operator.itemgetter(*(0 if axis is None else axis + 1 for axis in self.axes))
+            self.sizes = lambda array: padded((1, *array.shape))
+            self.view = lambda view: (padded((1, *view.shape)), padded((0, *view.strides)))
+        place = operator.itemgetter(*(self.axes.index(axis) for axis in range(rank)))
+        # The array shape holding the given logical sizes (batch, heads, seq, dim).
+        self.shape = lambda batch, heads, seq, dim: place((batch, heads, seq, dim))
 
     def size(self, array, logical):
         axis = self.axes[logical]
         return 1 if axis is None else array.shape[axis]
-
-    def sizes(self, array):
-        return array.shape if self.identity else self.logical((1, *array.shape))
-
-    def shape(self, batch, heads, seq, dim):
-        """The array shape holding the given logical sizes in this layout and rank."""
-        shape = [0] * self.rank
-        for axis, size in zip(self.axes, (batch, heads, seq, dim)):
-            if axis is not None:
-                shape[axis] = size
-        return tuple(shape)
-
-    def view(self, view):
-        """(shape, strides) of the C API's [B, H, N, D] view of an array in this layout."""
-        if self.identity:
-            return view.shape, view.strides
-        return self.logical((1, *view.shape)), self.logical((0, *view.strides))
 
     def require_nonempty(self, name, array):
         for logical, axis in enumerate(self.axes):
@@ -185,6 +184,14 @@ class _Layout:
                 f"{name}.shape[{axis}] ({_AXIS_NAMES[logical]}) must equal "
                 f"{other_name}.shape[{axis}] = {other.shape[axis]}, got {array.shape[axis]}"
             )
+
+
+def _shape(array):
+    return array.shape
+
+
+def _shape_and_strides(view):
+    return view.shape, view.strides
 
 
 _LAYOUTS = {(layout, rank): _Layout(layout, rank) for layout in _LAYOUT_AXES for rank in (3, 4)}

@@ -37,7 +37,7 @@ backend they raise NotImplementedError, never a silent copy).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 import torch
 from torch import Tensor
@@ -66,6 +66,10 @@ _FLASH_ATTN_NAMES = {
 }
 
 Result = Union[Tensor, tuple[Tensor, Tensor, Tensor]]
+# mfa's causal, window, scale, softcap and ALiBi slopes, from flash-attn's options (_translate).
+_Translated = tuple[
+    bool, Optional[tuple[int, int]], Optional[float], Optional[float], Optional[Tensor]
+]
 
 
 def _window_bounds(window_size: Any) -> tuple[int, int] | None:
@@ -103,10 +107,11 @@ def _translate(
     softcap: Any,
     alibi_slopes: Any,
     deterministic: Any,
-) -> dict[str, Any]:
-    """mfa's keyword arguments for flash-attn's options, which every function shares. Floats
-    that are floats already skip their conversion: a small call spends more time checking its
-    options than in mfa's kernel otherwise."""
+) -> _Translated:
+    """mfa's (causal, window, scale, softcap, alibi_slopes) for flash-attn's options, which
+    every function shares. Floats that are floats already skip their conversion, and the result
+    is a tuple rather than keywords: a small call spends more time on its options than in mfa's
+    kernel otherwise."""
     if type(dropout_p) is not float:
         dropout_p = _real("dropout_p", dropout_p)
     if dropout_p != 0.0:
@@ -126,13 +131,25 @@ def _translate(
             )
         # flash-attn computes no gradient for the slopes; neither does mfa.
         alibi_slopes = alibi_slopes.detach()
+    # flash-attn's softcap of 0.0 (or less) turns softcapping off.
+    return (
+        _flag("causal", causal),
+        _window_bounds(window_size),
+        softmax_scale,
+        softcap if softcap > 0.0 else None,
+        alibi_slopes,
+    )
+
+
+def _keywords(translated: _Translated) -> dict[str, Any]:
+    """_translate's options as mfa_native's keyword arguments (causal anchored bottom-right)."""
+    causal, window, scale, softcap, alibi_slopes = translated
     return {
-        "causal": _flag("causal", causal),
+        "causal": causal,
         "causal_alignment": "bottom_right",
-        "window": _window_bounds(window_size),
-        "scale": softmax_scale,
-        # flash-attn's 0.0 (or less) turns softcapping off.
-        "softcap": softcap if softcap > 0.0 else None,
+        "window": window,
+        "scale": scale,
+        "softcap": softcap,
         "alibi_slopes": alibi_slopes,
     }
 
@@ -150,7 +167,10 @@ def _flash_attn(q: Tensor, k: Tensor, v: Tensor, return_attn_probs: Any, *flash:
     """The shared body of the three dense functions once q, k and v are separate [B, N, H, D]
     tensors (views into a packed tensor for the packed functions); flash: dropout_p,
     softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic."""
-    options = _options(**_translate(*flash), layout="bshd")
+    causal, window, scale, softcap, alibi_slopes = _translate(*flash)
+    options = _options(
+        causal, "bottom_right", window, scale, None, None, softcap, alibi_slopes, None, "bshd"
+    )
     probabilities = _flag("return_attn_probs", return_attn_probs)
     out, softmax_lse = _attend(q, k, v, options, probabilities)
     return _results(out, softmax_lse, probabilities)
@@ -315,8 +335,10 @@ def flash_attn_varlen_func(
             "flash_attn_varlen_func(block_table=...) is not supported: mfa reads paged KV "
             "caches with dense queries only (flash_attn_with_kvcache)"
         )
-    keywords = _translate(
-        dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic
+    keywords = _keywords(
+        _translate(
+            dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic
+        )
     )
     out, softmax_lse = attention_varlen(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **keywords,
@@ -460,7 +482,9 @@ def flash_attn_with_kvcache(
     _flag("rotary_interleaved", rotary_interleaved)
     if not isinstance(num_splits, int) or isinstance(num_splits, bool):
         raise TypeError(f"num_splits must be an int, got {type(num_splits).__name__}")
-    keywords = _translate(0.0, softmax_scale, causal, window_size, softcap, alibi_slopes, False)
+    keywords = _keywords(
+        _translate(0.0, softmax_scale, causal, window_size, softcap, alibi_slopes, False)
+    )
     batch = q.shape[0]
     if block_table is None:
         k_blocks, v_blocks, table = _dense_cache_as_blocks(k_cache, v_cache, batch, cache_batch_idx)
