@@ -18,6 +18,9 @@
     (MFA_CPU_VECTOR_BYTES == 32 && defined(__AVX__))
 #include <immintrin.h>
 #endif
+#if MFA_CPU_VECTOR_BYTES == 16 && defined(__aarch64__)
+#include <arm_neon.h>
+#endif
 
 namespace {
 
@@ -244,8 +247,8 @@ static inline vf vload_bf16(const char* p) {
 
 /* 2^x for x <= 127, relative error below 1.1e-7 (at most 0.95 ulp of the result with FMAs,
  * 1.22 without, over 7e8 floats spread over [-126, 127]); exactly 0 below -126 (below -126.5 on
- * AVX2: a subnormal between, so -inf gives 0 everywhere); NaN stays NaN, so a non-finite input
- * is never turned into a finite probability.
+ * AVX2 and NEON: a subnormal between, so -inf gives 0 everywhere); NaN stays NaN, so a
+ * non-finite input is never turned into a finite probability.
  * x = n + f with n = round(x), |f| <= 1/2: 2^f from the degree-6 polynomial with the smallest
  * largest relative error over [-1/2, 1/2] (Remez exchange; 1.9e-9 before f32 rounding), times
  * 2^n. One FMA fewer than the degree-7 Taylor series it replaces, at the same accuracy. */
@@ -287,6 +290,19 @@ static inline vf vexp2(vf x) {
     const vf p = exp2_fraction((vf)_mm256_sub_ps(clamped, n));
     const __m256i biased = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
     return p * (vf)_mm256_slli_epi32(biased, 23);
+}
+#elif MFA_CPU_VECTOR_BYTES == 16 && defined(__aarch64__)
+/* NEON: as AVX2's, in the same 14 instructions where the generic version takes 21: fmax and fmin
+ * return NaN for a NaN operand, whichever it is, so the bounds keep NaN (fcvtns makes its scale
+ * 1); frintn rounds. The generic version's bits outside [-126.5, -126) (checked under qemu on
+ * 3.3e8 floats spread over every exponent), as AVX2's. */
+static inline vf vexp2(vf x) {
+    const float32x4_t clamped =
+        vminq_f32(vdupq_n_f32(127.0f), vmaxq_f32(vdupq_n_f32(-127.0f), (float32x4_t)x));
+    const float32x4_t n = vrndnq_f32(clamped);
+    const vf p = exp2_fraction((vf)vsubq_f32(clamped, n));
+    const int32x4_t biased = vaddq_s32(vcvtnq_s32_f32(n), vdupq_n_s32(127));
+    return p * (vf)vshlq_n_s32(biased, 23);
 }
 #else
 static inline vf vexp2(vf x) {
