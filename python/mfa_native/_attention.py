@@ -148,9 +148,10 @@ class _Layout:
         axes = _LAYOUT_AXES[layout]
         # Rank 3 means one batch: no batch axis, the others shift down by one.
         self.axes = axes if rank == 4 else (None,) + tuple(axis - 1 for axis in axes[1:])
-        # (batch, heads, seq, dim) of an array's shape or strides: [B, H, N, D] arrays are the
-        # C API's view as they are; rank 3 gathers from the tuple with one entry put in front
-        # (1 for shapes, 0 for strides), which stands for the missing batch axis.
+        # sizes(array): its (batch, heads, seq, dim); view(view): (shape, strides) of the C
+        # API's [B, H, N, D] view of it. [B, H, N, D] arrays are that view as they are; rank 3
+        # gathers from the tuple with one entry put in front (1 for shapes, 0 for strides),
+        # which stands for the missing batch axis.
         if self.axes == (0, 1, 2, 3):
             self.sizes = _shape
             self.view = _shape_and_strides
